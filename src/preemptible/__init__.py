@@ -1,0 +1,39 @@
+"""preemptible: training runs that survive being stopped.
+
+On the first signal or platform notice the current step finishes, a checkpoint is committed
+atomically and the process exits with a code schedulers understand; the next run resumes bit
+for bit. ``import preemptible`` imports no torch or other heavy library.
+"""
+
+from __future__ import annotations
+
+from ._checkpoint import Checkpoint, CheckpointStore
+from ._errors import (
+    CheckpointError,
+    CheckpointLoadError,
+    CheckpointSaveError,
+    ConfigError,
+    PreemptibleError,
+)
+from ._handler import PreemptionCheckpointHandler
+from ._run import RunInfo, current_run, mark_preempting
+from ._termination import Notice, TerminationConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointLoadError",
+    "CheckpointSaveError",
+    "CheckpointStore",
+    "ConfigError",
+    "Notice",
+    "PreemptibleError",
+    "PreemptionCheckpointHandler",
+    "RunInfo",
+    "TerminationConfig",
+    "__version__",
+    "current_run",
+    "mark_preempting",
+]

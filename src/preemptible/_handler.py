@@ -1,0 +1,302 @@
+"""PreemptionCheckpointHandler: stop at a step boundary, checkpoint atomically, resume exactly."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from . import _run
+from ._checkpoint import _FINAL, Checkpoint, CheckpointStore
+from ._errors import CheckpointSaveError, ConfigError, PreemptibleError
+from ._signals import SignalLatch, normalize_signals, patch_dataloader_workers
+from ._state import apply_payload, build_payload, check_state, read_payload, write_payload
+from ._termination import Durations, Notice, StopRequests, TerminationConfig, Watcher
+
+logger = logging.getLogger("preemptible")
+
+R = TypeVar("R")
+
+
+class PreemptionCheckpointHandler:
+    """Checkpoints ``state`` in ``checkpoint_dir`` when the run is told to stop, and resumes it.
+
+    Signal handlers are installed when the handler is created and restored by ``close()``
+    (called at the end of ``steps()``, by ``with``, and before exiting on a stop)::
+
+        handler = PreemptionCheckpointHandler("ckpt/", state={"model": m, "optimizer": opt})
+        for step in handler.steps(total_steps):
+            train_step(step)
+
+    On the first signal of ``signals`` (default INT, TERM, USR1, USR2) or a notice from
+    ``termination_config.termination_watcher_fn``, the current step finishes, a checkpoint
+    is committed and ``exit_fn`` runs (default ``sys.exit(128 + signum)``). A second signal
+    exits at once with code 1.
+    """
+
+    def __init__(
+        self,
+        checkpoint_dir: str | os.PathLike[str],
+        state: Mapping[str, Any] | None = None,
+        *,
+        termination_config: TerminationConfig | None = None,
+        signals: Iterable[int | str] | None = None,
+        keep: int = 2,
+        save_every_steps: int | None = None,
+        tracker: Any | None = None,
+        weights_only: bool = True,
+    ) -> None:
+        config = termination_config if termination_config is not None else TerminationConfig()
+        if not isinstance(config, TerminationConfig):
+            raise ConfigError(
+                f"termination_config must be a TerminationConfig, not {type(config).__name__}"
+            )
+        self._state = check_state(state)
+        if self._state and config.save_fn is not None:
+            raise ConfigError(
+                "pass either state (preemptible saves it) or termination_config.save_fn "
+                "(you save it), not both"
+            )
+        if save_every_steps is not None and (
+            isinstance(save_every_steps, bool)
+            or not isinstance(save_every_steps, int)
+            or save_every_steps < 1
+        ):
+            raise ConfigError(
+                f"save_every_steps={save_every_steps!r} is not valid; use None or an integer >= 1"
+            )
+        self.config = config
+        self.store = CheckpointStore(checkpoint_dir, keep=keep)
+        self.store.clean_stale_temporaries()
+        self.save_every_steps = save_every_steps
+        self.tracker = tracker  # the trackers issue wires upload/finalize through it
+        self.weights_only = weights_only
+        self.resume_path: Path | None = None
+
+        self._step = 0
+        self._resumed = False
+        self._closed = False
+        self._stopped = False
+        self._last_saved: tuple[int, Path] | None = None
+        self._acted_on = 0
+        self.step_times = Durations()
+        self.save_times = Durations()
+
+        self._requests = StopRequests(config.grace_period)
+        self._latch = SignalLatch(normalize_signals(signals), self._requests.add)
+        self._latch.install()
+        self._watcher: Watcher | None = None
+        if config.termination_watcher_fn is not None:
+            self._watcher = Watcher(
+                config.termination_watcher_fn, self._requests.add, interval=config.poll_interval
+            )
+            self._watcher.start()
+
+    # -- public API --------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.store.directory
+
+    @property
+    def step(self) -> int:
+        """The number of completed steps (the step the next iteration runs)."""
+        return self._step
+
+    @property
+    def notices(self) -> list[Notice]:
+        """Every stop request and warning received so far."""
+        return self._requests.notices
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a stop was requested and the grace policy says not to start another step."""
+        return self._must_stop_now()
+
+    def resume(self) -> int:
+        """Restore the newest checkpoint that loads into ``state``; return the step to start from.
+
+        Without any checkpoint, returns 0 and leaves ``state`` as it is.
+        """
+        extra = self._resume_from_env()
+        if self.config.save_fn is not None:
+            newest = max([*extra, *self.store.committed()], key=lambda c: c.step, default=None)
+            if newest is not None:
+                self._step, self.resume_path = newest.step, newest.path
+        else:
+            found = self.store.load_newest(
+                lambda p: read_payload(p, weights_only=self.weights_only), extra
+            )
+            if found is not None:
+                ckpt, payload = found
+                apply_payload(payload, self._state, ckpt.path)
+                self._step, self.resume_path = payload["step"], ckpt.path
+        self._resumed = True
+        if self.resume_path is not None:
+            self._last_saved = (self._step, self.resume_path)
+            logger.info("preemptible: resumed from %s at step %d", self.resume_path, self._step)
+        return self._step
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yield step numbers from the resumed step up to ``total - 1``.
+
+        Between two steps it saves periodically and acts on stop requests; at the end it
+        closes the handler (restores the signal handlers).
+        """
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise ConfigError(f"total={total!r} is not valid; use an integer >= 0")
+        return self._steps(total)
+
+    def _steps(self, total: int) -> Iterator[int]:
+        self._begin()
+        try:
+            if self._at_boundary():
+                return
+            while self._step < total:
+                started = time.monotonic()
+                yield self._step
+                self._finish_step(started, total)
+                if self._at_boundary():
+                    return
+            if self._step == total:
+                _run.update_record(state="finished", step=self._step)
+        finally:
+            self.close()
+
+    def run(self, step_fn: Callable[..., R], *args: Any, **kwargs: Any) -> R | None:
+        """Run one training step (TensorFlow's style); returns what ``step_fn`` returns, or
+        None when a stop was acted on before the step could start."""
+        if self._stopped:
+            raise PreemptibleError("this handler has already stopped the run; create a new one")
+        first = not self._resumed
+        self._begin()
+        if first and self._at_boundary():
+            return None
+        started = time.monotonic()
+        result = step_fn(*args, **kwargs)
+        self._finish_step(started, None)
+        self._at_boundary()
+        return result
+
+    def save(self) -> Path:
+        """Commit a checkpoint of the current state at the current step; return its path."""
+        started = time.monotonic()
+        step = self._step
+        if self.config.save_fn is not None:
+            path = self.store.save(step, self.config.save_fn)
+        else:
+            payload = build_payload(step, self._state)
+            path = self.store.save(step, lambda tmp: write_payload(payload, tmp))
+        self.save_times.add(time.monotonic() - started)
+        self._last_saved = (step, path)
+        logger.info("preemptible: saved %s (step %d, %.2f s)", path, step, self.save_times.max())
+        return path
+
+    def close(self) -> None:
+        """Restore the previous signal handlers and stop the watcher; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._latch.restore()
+        if self._watcher is not None:
+            self._watcher.stop()
+
+    def __enter__(self) -> PreemptionCheckpointHandler:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------
+    def _begin(self) -> None:
+        if not self._resumed:
+            self.resume()
+        if self._latch.installed:
+            patch_dataloader_workers()  # torch may have been imported after __init__
+
+    def _finish_step(self, started: float, total: int | None) -> None:
+        self.step_times.add(time.monotonic() - started)
+        self._step += 1
+        every = self.save_every_steps
+        if every is not None and (self._step % every == 0 or self._step == total):
+            self.save()
+
+    def _must_stop_now(self) -> bool:
+        return self._requests.must_stop_now(
+            now=time.time(),
+            save_time=self.save_times.max(),
+            step_time=self.step_times.max(),
+            safety=self.config.safety_factor,
+        )
+
+    def _saved_at_current_step(self) -> bool:
+        return self._last_saved is not None and self._last_saved[0] == self._step
+
+    def _at_boundary(self) -> bool:
+        """Act on stop requests between two steps; True when the run stopped here."""
+        notices = self._requests.notices
+        if not notices:
+            return False
+        new, self._acted_on = notices[self._acted_on :], len(notices)
+        if new and not self._must_stop_now() and not self._saved_at_current_step():
+            # A notice with time to spare (or an early warning): an insurance checkpoint
+            # now, which also measures how long the final one will take.
+            try:
+                self.save()
+            except CheckpointSaveError as exc:
+                logger.error("preemptible: insurance checkpoint failed: %s", exc)
+        if not self._must_stop_now():
+            return False
+        self._stop()
+        return True
+
+    def _stop(self) -> None:
+        notice = self._requests.first_stop()
+        assert notice is not None
+        if not self._saved_at_current_step():
+            self.save()
+        assert self._last_saved is not None
+        path = self._last_saved[1]
+        _run.update_record(
+            state="stopped",
+            preempting=True,
+            reason=notice.source,
+            signal=notice.source if notice.signum is not None else None,
+            step=self._step,
+            checkpoint=str(path),
+        )
+        code = notice.exit_code
+        logger.warning(
+            "preemptible: stopped at step %d on %s; checkpoint %s; exiting with %d",
+            self._step,
+            notice.source,
+            path,
+            code,
+        )
+        self._stopped = True
+        self.close()
+        exit_fn = self.config.exit_fn or sys.exit
+        exit_fn(code)
+
+    def _resume_from_env(self) -> list[Checkpoint]:
+        value = os.environ.get("PREEMPTIBLE_RESUME_FROM")
+        if not value:
+            return []
+        path = Path(value)
+        match = _FINAL.match(path.name)
+        if match is None or not path.exists():
+            logger.warning(
+                "preemptible: ignoring PREEMPTIBLE_RESUME_FROM=%s (not an existing step-N.ckpt)",
+                value,
+            )
+            return []
+        return [Checkpoint(int(match.group(1)), path)]

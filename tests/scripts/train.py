@@ -1,0 +1,94 @@
+"""A small real training job used by the integration tests (run as a subprocess).
+
+Every step draws from the global RNGs of random, NumPy and torch (batch indices, noise,
+dropout), so a resume is exact only if all of them are restored. It prints ``step N`` (flushed)
+when step N starts, so a test can send a signal while a chosen step is running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+
+import preemptible
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--out", required=True)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--save-every", type=int, default=None)
+    p.add_argument("--keep", type=int, default=2)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--grace", type=float, default=None)
+    p.add_argument("--width", type=int, default=32)
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(1234)
+    x = torch.randn(512, 16, generator=gen)
+    y = (x @ torch.randn(16, 1, generator=gen)).squeeze(1)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, args.width),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(0.2),
+        torch.nn.Linear(args.width, 1),
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.7)
+    config = preemptible.TerminationConfig(grace_period=args.grace)
+    handler = preemptible.PreemptionCheckpointHandler(
+        args.ckpt,
+        state={"model": model, "optimizer": opt, "scheduler": sched},
+        termination_config=config,
+        save_every_steps=args.save_every,
+        keep=args.keep,
+    )
+    loader_iter = None
+    if args.workers:
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x, y),
+            batch_size=32,
+            num_workers=args.workers,
+            persistent_workers=True,
+        )
+    start = handler.resume()
+    print(f"resumed {start}", flush=True)
+    for step in handler.steps(args.steps):
+        print(f"step {step}", flush=True)
+        if args.workers:
+            if loader_iter is None:
+                loader_iter = iter(loader)
+            try:
+                xb, yb = next(loader_iter)
+            except StopIteration:
+                loader_iter = iter(loader)
+                xb, yb = next(loader_iter)
+        else:
+            idx = torch.randint(0, x.shape[0], (32,))
+            xb, yb = x[idx], y[idx]
+        noise = random.gauss(0, 0.01) + float(np.random.normal(0, 0.01))
+        loss = torch.nn.functional.mse_loss(model(xb).squeeze(1), yb + noise)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    torch.save(model.state_dict(), args.out)
+    print("done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
