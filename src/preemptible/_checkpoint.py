@@ -68,10 +68,11 @@ def _fsync_fd_of(path: Path, flags: int) -> None:
 
 
 def _remove(path: Path) -> None:
+    """Best effort: used on error paths, where the original error is the one to report."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             path.unlink()
 
 

@@ -172,9 +172,8 @@ class PreemptionCheckpointHandler:
         None when a stop was acted on before the step could start."""
         if self._stopped:
             raise PreemptibleError("this handler has already stopped the run; create a new one")
-        first = not self._resumed
         self._begin()
-        if first and self._at_boundary():
+        if self._at_boundary():  # a stop that arrived between two calls
             return None
         started = time.monotonic()
         result = step_fn(*args, **kwargs)
@@ -243,9 +242,9 @@ class PreemptionCheckpointHandler:
 
     def _at_boundary(self) -> bool:
         """Act on stop requests between two steps; True when the run stopped here."""
-        notices = self._requests.notices
-        if not notices:
+        if not self._requests:  # the common case: one attribute read per step
             return False
+        notices = self._requests.notices
         new, self._acted_on = notices[self._acted_on :], len(notices)
         if new and not self._must_stop_now() and not self._saved_at_current_step():
             # A notice with time to spare (or an early warning): an insurance checkpoint

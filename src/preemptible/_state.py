@@ -108,8 +108,42 @@ def build_payload(step: int, state: Mapping[str, Stateful]) -> dict[str, Any]:
     }
 
 
+class _RecordingWriter:
+    """A file wrapper that keeps the OSError of a failed write: torch's serializer turns it
+    into a RuntimeError ("unexpected pos ...") that no longer says what went wrong."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self._fh.write(data))
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._fh.flush()
+        except OSError as exc:
+            self.error = exc
+            raise
+
+
 def write_payload(payload: Mapping[str, Any], path: Path) -> None:
-    _torch().save(dict(payload), str(path))
+    # Opened here rather than by torch, so that a refused open or write surfaces as the
+    # OSError with its errno (ENOSPC, EROFS, EACCES), not as a RuntimeError from C++.
+    torch = _torch()
+    with open(path, "wb") as fh:
+        writer = _RecordingWriter(fh)
+        try:
+            torch.save(dict(payload), writer)
+            writer.flush()
+        except RuntimeError:
+            if writer.error is not None:
+                raise writer.error from None
+            raise
 
 
 def read_payload(path: Path, *, weights_only: bool) -> dict[str, Any]:

@@ -18,6 +18,21 @@ import torch
 import preemptible
 
 
+class SlowState:
+    """Makes every save take a while, so a test can act while a save is running."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def state_dict(self) -> dict[str, float]:
+        print("saving", flush=True)
+        time.sleep(self.seconds)
+        return {"seconds": self.seconds}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        pass
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--ckpt", required=True)
@@ -29,6 +44,7 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--grace", type=float, default=None)
     p.add_argument("--width", type=int, default=32)
+    p.add_argument("--slow-save", type=float, default=0.0, help="seconds each save takes")
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -47,9 +63,12 @@ def main() -> int:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.7)
     config = preemptible.TerminationConfig(grace_period=args.grace)
+    state = {"model": model, "optimizer": opt, "scheduler": sched}
+    if args.slow_save:
+        state["slow"] = SlowState(args.slow_save)
     handler = preemptible.PreemptionCheckpointHandler(
         args.ckpt,
-        state={"model": model, "optimizer": opt, "scheduler": sched},
+        state=state,
         termination_config=config,
         save_every_steps=args.save_every,
         keep=args.keep,

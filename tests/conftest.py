@@ -1,0 +1,135 @@
+"""Shared helpers: spawn real processes, read their output as it comes, wait on conditions."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "scripts"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str = "condition") -> object:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+class Child:
+    """A child process in its own process group, with its output collected line by line."""
+
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        **popen: object,
+    ) -> None:
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(
+            args,
+            cwd=cwd,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            **popen,  # type: ignore[call-overload]
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_line(self, predicate: Callable[[str], bool], timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        for line in list(self.lines):
+            if predicate(line):
+                return line
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no matching line within {timeout} s; output:\n{self.output}")
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(
+                    f"process ended before a matching line; output:\n{self.output}"
+                )
+            if predicate(line):
+                return line
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def signal_group(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"process still running after {timeout} s; output:\n{self.output}"
+            ) from None
+        self._reader.join(timeout=5)
+        return rc
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., Child]]:
+    """Start children with ``spawn(args, ...)``; each is killed with its group at teardown."""
+    children: list[Child] = []
+
+    def start(args: list[str], **kwargs: object) -> Child:
+        child = Child(args, **kwargs)  # type: ignore[arg-type]
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        child.kill()
+
+
+def python_args(script: str, *args: str) -> list[str]:
+    return [sys.executable, str(SCRIPTS / script), *args]

@@ -1,0 +1,156 @@
+"""Signals to real training processes: the second signal, process groups, DataLoader workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import python_args, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); read its state
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_second_signal_during_save_exits_1_within_a_second(tmp_path: Path, spawn) -> None:
+    ckpt = tmp_path / "ckpt"
+    child = spawn(
+        python_args(
+            "train.py",
+            "--ckpt",
+            str(ckpt),
+            "--out",
+            str(tmp_path / "o.pt"),
+            "--steps",
+            "1000",
+            "--slow-save",
+            "30",
+            "--step-sleep",
+            "0.01",
+        )
+    )
+    child.wait_line(lambda line: line == "step 3", timeout=60)
+    child.signal(signal.SIGTERM)
+    child.wait_line(lambda line: line == "saving", timeout=30)
+    sent = time.monotonic()
+    child.signal(signal.SIGTERM)
+    rc = child.wait(10)
+    elapsed = time.monotonic() - sent
+    assert rc == 1, child.output
+    assert elapsed < 1.0, f"took {elapsed:.2f} s to exit on the second signal"
+    assert "received SIGTERM again" in child.output
+    assert not list(ckpt.glob("step-*.ckpt")), "an interrupted save must not be committed"
+
+
+def test_group_sigterm_with_dataloader_workers_saves_and_exits(tmp_path: Path, spawn) -> None:
+    ckpt = tmp_path / "ckpt"
+    child = spawn(
+        python_args(
+            "train.py",
+            "--ckpt",
+            str(ckpt),
+            "--out",
+            str(tmp_path / "o.pt"),
+            "--steps",
+            "10000",
+            "--workers",
+            "2",
+            "--step-sleep",
+            "0.02",
+        )
+    )
+    child.wait_line(lambda line: line == "step 5", timeout=60)
+    members = group_members(child.pid)
+    assert len(members) >= 3, f"expected the trainer and 2 workers, found {members}"
+    child.signal_group(signal.SIGTERM)  # what kill -TERM -PGID, Kubernetes and SLURM do
+    rc = child.wait(60)
+    assert rc == 143, child.output
+    assert "killed by signal" not in child.output
+    assert "exited unexpectedly" not in child.output
+    assert len(list(ckpt.glob("step-*.ckpt"))) == 1
+    wait_for(lambda: not any(_alive(p) for p in members), 10, "workers to exit")
+
+
+def test_group_sigint_with_dataloader_workers_saves_and_exits(tmp_path: Path, spawn) -> None:
+    ckpt = tmp_path / "ckpt"
+    child = spawn(
+        python_args(
+            "train.py",
+            "--ckpt",
+            str(ckpt),
+            "--out",
+            str(tmp_path / "o.pt"),
+            "--steps",
+            "10000",
+            "--workers",
+            "2",
+            "--step-sleep",
+            "0.02",
+        )
+    )
+    child.wait_line(lambda line: line == "step 5", timeout=60)
+    child.signal_group(signal.SIGINT)  # Ctrl+C in a terminal
+    assert child.wait(60) == 130, child.output
+    assert "KeyboardInterrupt" not in child.output
+    assert len(list(ckpt.glob("step-*.ckpt"))) == 1
+
+
+def test_grace_period_keeps_training_then_saves_again(tmp_path: Path, spawn) -> None:
+    ckpt = tmp_path / "ckpt"
+    child = spawn(
+        python_args(
+            "train.py",
+            "--ckpt",
+            str(ckpt),
+            "--out",
+            str(tmp_path / "o.pt"),
+            "--steps",
+            "100000",
+            "--step-sleep",
+            "0.05",
+            "--grace",
+            "3",
+            "--keep",
+            "5",
+        )
+    )
+    child.wait_line(lambda line: line == "step 3", timeout=60)
+    sent = time.time()
+    child.signal(signal.SIGTERM)
+    rc = child.wait(30)
+    assert rc == 143, child.output
+    files = sorted(ckpt.glob("step-*.ckpt"))
+    saved = [int(p.name[5:15]) for p in files]
+    assert len(saved) == 2, f"expected an insurance and a final checkpoint, got {saved}"
+    assert saved[1] - saved[0] >= 10, "training should continue for most of the 3 s window"
+    committed_after = files[1].stat().st_mtime - sent
+    assert 1.5 < committed_after < 3.0, (
+        f"final checkpoint committed {committed_after:.2f} s after the signal; grace was 3 s"
+    )

@@ -1,0 +1,343 @@
+"""PreemptionCheckpointHandler in this process: real signals to ourselves, a recording exit_fn."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import numpy as np
+import pytest
+import torch
+
+import preemptible
+from preemptible import (
+    CheckpointLoadError,
+    ConfigError,
+    PreemptionCheckpointHandler,
+    TerminationConfig,
+)
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def sentinel(signum: int, frame: FrameType | None) -> None:
+    raise AssertionError("sentinel handler called")
+
+
+@pytest.fixture(autouse=True)
+def sentinels():
+    """Install a known handler for every signal, so restoration can be checked exactly."""
+    old = {s: signal.signal(s, sentinel) for s in SIGNALS}
+    yield
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+def assert_restored() -> None:
+    for s in SIGNALS:
+        assert signal.getsignal(s) is sentinel, f"{s.name} handler not restored"
+
+
+class Exits:
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+
+    def __call__(self, code: int) -> None:
+        self.codes.append(code)
+
+
+def model_state() -> dict[str, object]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return {"model": model, "optimizer": opt}
+
+
+def train_step(state: dict[str, object]) -> None:
+    model, opt = state["model"], state["optimizer"]
+    x = torch.randn(8, 4)
+    loss = model(x).pow(2).mean() + random.random() * 0 + float(np.random.rand()) * 0  # type: ignore[operator]
+    opt.zero_grad()  # type: ignore[attr-defined]
+    loss.backward()
+    opt.step()  # type: ignore[attr-defined]
+
+
+def test_signal_stops_after_the_current_step_and_restores_handlers(tmp_path: Path) -> None:
+    exits = Exits()
+    state = model_state()
+    h = PreemptionCheckpointHandler(
+        tmp_path, state, termination_config=TerminationConfig(exit_fn=exits)
+    )
+    ran = []
+    for step in h.steps(10):
+        ran.append(step)
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        train_step(state)
+    assert ran == [0, 1, 2, 3]
+    assert exits.codes == [138]
+    assert [c.step for c in h.store.committed()] == [4]
+    assert_restored()
+
+
+def test_resume_restores_weights_and_rng(tmp_path: Path) -> None:
+    state = model_state()
+    h = PreemptionCheckpointHandler(
+        tmp_path, state, termination_config=TerminationConfig(exit_fn=Exits())
+    )
+    for step in h.steps(5):
+        train_step(state)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+    expected = (torch.rand(3), random.random(), float(np.random.rand()))
+    weights = {k: v.clone() for k, v in state["model"].state_dict().items()}  # type: ignore[attr-defined]
+
+    torch.manual_seed(123)
+    random.seed(123)
+    np.random.seed(123)
+    fresh = model_state()
+    h2 = PreemptionCheckpointHandler(tmp_path, fresh)
+    assert h2.resume() == 3
+    h2.close()
+    for k, v in fresh["model"].state_dict().items():  # type: ignore[attr-defined]
+        assert torch.equal(v, weights[k])
+    assert fresh["optimizer"].state_dict()["state"]  # type: ignore[attr-defined]
+    assert (torch.rand(3), random.random(), float(np.random.rand()))[1:] == expected[1:]
+    assert_restored()
+
+
+def test_handlers_restored_when_the_loop_raises(tmp_path: Path) -> None:
+    h = PreemptionCheckpointHandler(tmp_path, model_state())
+    with pytest.raises(RuntimeError, match="boom"):
+        for step in h.steps(10):
+            if step == 2:
+                raise RuntimeError("boom")
+    assert_restored()
+
+
+def test_handlers_restored_after_normal_end_and_with_statement(tmp_path: Path) -> None:
+    h = PreemptionCheckpointHandler(tmp_path / "a", model_state())
+    assert list(h.steps(3)) == [0, 1, 2]
+    assert_restored()
+    with PreemptionCheckpointHandler(tmp_path / "b", model_state()) as h2:
+        assert signal.getsignal(signal.SIGTERM) is not sentinel
+        h2.save()
+    assert_restored()
+
+
+def test_signal_before_the_first_step(tmp_path: Path) -> None:
+    exits = Exits()
+    h = PreemptionCheckpointHandler(
+        tmp_path, model_state(), termination_config=TerminationConfig(exit_fn=exits)
+    )
+    os.kill(os.getpid(), signal.SIGINT)
+    assert list(h.steps(10)) == []
+    assert exits.codes == [130]
+    assert [c.step for c in h.store.committed()] == [0]
+
+
+def test_run_style_and_should_stop(tmp_path: Path) -> None:
+    exits = Exits()
+    state = model_state()
+    h = PreemptionCheckpointHandler(
+        tmp_path, state, termination_config=TerminationConfig(exit_fn=exits)
+    )
+    calls = 0
+
+    def step_fn() -> int:
+        nonlocal calls
+        calls += 1
+        train_step(state)
+        if calls == 4:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert h.should_stop, "a plain stop request is due at once"
+        return calls
+
+    results = []
+    while not exits.codes:
+        results.append(h.run(step_fn))
+    assert results == [1, 2, 3, 4] and h.step == 4 and exits.codes == [140]
+    assert [c.step for c in h.store.committed()] == [4]
+    with pytest.raises(preemptible.PreemptibleError, match="already stopped"):
+        h.run(train_step, state)
+    assert_restored()
+
+
+def test_watcher_notice_stops_with_143(tmp_path: Path) -> None:
+    exits = Exits()
+    fired = threading.Event()
+    config = TerminationConfig(
+        exit_fn=exits, termination_watcher_fn=fired.is_set, poll_interval=0.01
+    )
+    h = PreemptionCheckpointHandler(tmp_path, model_state(), termination_config=config)
+    steps = 0
+    for step in h.steps(10_000):
+        steps += 1
+        if step == 2:
+            fired.set()
+            # wait for the watcher thread to deliver it, as a real step would take time
+            deadline = 200
+            while not h.notices and deadline:
+                threading.Event().wait(0.01)
+                deadline -= 1
+    assert exits.codes == [143]
+    assert h.notices[0].source == "watcher"
+    assert 3 <= steps <= 4
+
+
+def test_periodic_saves_and_keep(tmp_path: Path) -> None:
+    h = PreemptionCheckpointHandler(tmp_path, model_state(), save_every_steps=3, keep=2)
+    assert list(h.steps(10)) == list(range(10))
+    assert [c.step for c in h.store.committed()] == [10, 9]
+
+
+def test_save_fn_mode_commits_what_the_user_writes(tmp_path: Path) -> None:
+    written = []
+
+    def save_fn(path: Path) -> None:
+        path.mkdir()
+        (path / "weights.bin").write_bytes(b"w")
+        written.append(path)
+
+    exits = Exits()
+    h = PreemptionCheckpointHandler(
+        tmp_path, termination_config=TerminationConfig(save_fn=save_fn, exit_fn=exits)
+    )
+    for step in h.steps(10):
+        if step == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert exits.codes == [143] and written[0].name.startswith(".tmp-")
+    h2 = PreemptionCheckpointHandler(
+        tmp_path, termination_config=TerminationConfig(save_fn=save_fn)
+    )
+    assert h2.resume() == 6
+    assert h2.resume_path == tmp_path / "step-0000000006.ckpt"
+    assert (h2.resume_path / "weights.bin").read_bytes() == b"w"
+    h2.close()
+
+
+def test_run_record_under_a_supervisor(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PREEMPTIBLE_RUN_DIR", str(tmp_path / "run"))
+    h = PreemptionCheckpointHandler(
+        tmp_path / "ckpt", model_state(), termination_config=TerminationConfig(exit_fn=Exits())
+    )
+    for step in h.steps(10):
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+    record = json.loads((tmp_path / "run" / "record.json").read_text())
+    assert record["state"] == "stopped" and record["step"] == 2
+    assert record["signal"] == "SIGTERM" and record["preempting"] is True
+    assert record["checkpoint"].endswith("step-0000000002.ckpt")
+    assert preemptible.current_run().run_dir == tmp_path / "run"
+
+
+def test_corrupt_newest_falls_back_to_older(tmp_path: Path, caplog) -> None:
+    h = PreemptionCheckpointHandler(tmp_path, model_state(), save_every_steps=2, keep=3)
+    list(h.steps(4))
+    newest = tmp_path / "step-0000000004.ckpt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        h2 = PreemptionCheckpointHandler(tmp_path, model_state())
+        assert h2.resume() == 2
+    h2.close()
+    assert "skipping checkpoint" in caplog.text and newest.name in caplog.text
+
+
+class Opaque:
+    """An object that is not a tensor or a plain container."""
+
+
+class HoldsObject:
+    def state_dict(self) -> dict[str, object]:
+        return {"obj": Opaque()}
+
+    def load_state_dict(self, sd: dict[str, object]) -> None:
+        self.loaded = sd
+
+
+def test_weights_only_by_default_and_opt_out(tmp_path: Path) -> None:
+    h = PreemptionCheckpointHandler(tmp_path, {"x": HoldsObject()})
+    h.save()
+    h.close()
+    with pytest.raises(CheckpointLoadError, match="none of the 1 checkpoints"):
+        PreemptionCheckpointHandler(tmp_path, {"x": HoldsObject()}).resume()
+    holder = HoldsObject()
+    h3 = PreemptionCheckpointHandler(tmp_path, {"x": holder}, weights_only=False)
+    assert h3.resume() == 0
+    h3.close()
+    assert isinstance(holder.loaded["obj"], Opaque)
+
+
+def test_resume_from_env(tmp_path: Path, monkeypatch) -> None:
+    other = PreemptionCheckpointHandler(tmp_path / "other", model_state(), save_every_steps=7)
+    list(other.steps(7))
+    monkeypatch.setenv("PREEMPTIBLE_RESUME_FROM", str(tmp_path / "other" / "step-0000000007.ckpt"))
+    h = PreemptionCheckpointHandler(tmp_path / "mine", model_state())
+    assert h.resume() == 7
+    h.close()
+
+
+def test_missing_state_key_is_an_error_not_a_fallback(tmp_path: Path) -> None:
+    h = PreemptionCheckpointHandler(tmp_path, model_state())
+    h.save()
+    h.close()
+    extra = {
+        **model_state(),
+        "scheduler": torch.optim.lr_scheduler.StepLR(
+            torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), 1
+        ),
+    }
+    with pytest.raises(preemptible.CheckpointError, match="no entry for 'scheduler'"):
+        PreemptionCheckpointHandler(tmp_path, extra).resume()
+
+
+def test_off_main_thread_warns_and_still_works(tmp_path: Path, caplog) -> None:
+    out: list[object] = []
+
+    def body() -> None:
+        h = PreemptionCheckpointHandler(tmp_path, model_state())
+        out.append(list(h.steps(2)))
+
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        t = threading.Thread(target=body)
+        t.start()
+        t.join(30)
+    assert out == [[0, 1]]
+    assert "off the main thread" in caplog.text
+    assert_restored()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"state": {"m": object()}}, r"state\['m'\] \(object\) has no state_dict"),
+        ({"state": [1]}, "state must be a mapping"),
+        ({"save_every_steps": 0}, "save_every_steps=0 is not valid"),
+        ({"signals": ["NOPE"]}, "unknown signal 'NOPE'"),
+        ({"termination_config": {"grace_period": 3}}, "must be a TerminationConfig"),
+        (
+            {
+                "state": {"m": torch.nn.Linear(1, 1)},
+                "termination_config": TerminationConfig(save_fn=lambda p: None),
+            },
+            "either state .* or termination_config.save_fn",
+        ),
+    ],
+)
+def test_bad_arguments(tmp_path: Path, kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        PreemptionCheckpointHandler(tmp_path, **kwargs)  # type: ignore[arg-type]
+    assert_restored()
+
+
+def test_steps_total_validation(tmp_path: Path) -> None:
+    h = PreemptionCheckpointHandler(tmp_path)
+    with pytest.raises(ConfigError, match="total=-1 is not valid"):
+        h.steps(-1)
+    h.close()

@@ -1,0 +1,104 @@
+"""The signal latch with real signals delivered to this process and to a forked child."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+
+import pytest
+
+from preemptible import ConfigError, Notice
+from preemptible._signals import SignalLatch, normalize_signals
+
+
+def previous_handler(signum: int, frame: FrameType | None) -> None:
+    raise AssertionError("the previous handler must not run while the latch is installed")
+
+
+@pytest.fixture
+def usr1_previous():
+    old = signal.signal(signal.SIGUSR1, previous_handler)
+    yield
+    signal.signal(signal.SIGUSR1, old)
+
+
+def test_first_signal_notifies_and_restore_puts_back_previous(usr1_previous, caplog) -> None:
+    seen: list[Notice] = []
+    latch = SignalLatch([signal.SIGUSR1], seen.append)
+    assert latch.install()
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        os.kill(os.getpid(), signal.SIGUSR1)
+    assert len(seen) == 1 and seen[0].signum == signal.SIGUSR1 and seen[0].source == "SIGUSR1"
+    assert "received SIGUSR1" in caplog.text
+    latch.restore()
+    assert signal.getsignal(signal.SIGUSR1) is previous_handler
+    latch.restore()  # twice is fine
+    assert signal.getsignal(signal.SIGUSR1) is previous_handler
+
+
+def test_restore_leaves_a_handler_installed_over_ours(usr1_previous) -> None:
+    latch = SignalLatch([signal.SIGUSR1], lambda n: None)
+    latch.install()
+
+    def theirs(signum: int, frame: FrameType | None) -> None:
+        pass
+
+    signal.signal(signal.SIGUSR1, theirs)
+    latch.restore()
+    assert signal.getsignal(signal.SIGUSR1) is theirs
+
+
+def test_off_main_thread_warns_and_does_not_crash(caplog) -> None:
+    result: list[bool] = []
+    latch = SignalLatch([signal.SIGUSR2], lambda n: None)
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        t = threading.Thread(target=lambda: result.append(latch.install()))
+        t.start()
+        t.join(10)
+    assert result == [False]
+    assert "off the main thread" in caplog.text
+    assert not latch.installed
+
+
+@pytest.mark.timeout(30)
+def test_forked_child_ignores_the_inherited_handler() -> None:
+    seen: list[Notice] = []
+    latch = SignalLatch([signal.SIGUSR1], seen.append)
+    latch.install()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: the inherited handler must neither stop nor kill it
+            try:
+                os.kill(os.getpid(), signal.SIGUSR1)
+                os.kill(os.getpid(), signal.SIGUSR1)  # a second one would os._exit(1) in the owner
+                os._exit(0 if not seen else 3)
+            finally:
+                os._exit(4)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert seen == []
+    finally:
+        latch.restore()
+
+
+def test_normalize_signals() -> None:
+    assert normalize_signals(None) == (
+        signal.SIGINT,
+        signal.SIGTERM,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+    )
+    assert normalize_signals(["term", "SIGUSR1", 12, signal.SIGTERM]) == (
+        signal.SIGTERM,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+    )
+    with pytest.raises(ConfigError, match="unknown signal 'BOGUS'"):
+        normalize_signals(["BOGUS"])
+    with pytest.raises(ConfigError, match="SIGKILL cannot be caught"):
+        normalize_signals([signal.SIGKILL])
+    with pytest.raises(ConfigError, match="signals is empty"):
+        normalize_signals([])

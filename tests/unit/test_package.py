@@ -1,0 +1,31 @@
+"""The public surface: __all__ is complete, the import is light, the version is consistent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import version
+
+import preemptible
+
+
+def test_all_lists_every_public_name() -> None:
+    public = {name for name in vars(preemptible) if not name.startswith("_")}
+    modules = {name for name in public if type(getattr(preemptible, name)).__name__ == "module"}
+    assert public - modules - {"annotations"} == set(preemptible.__all__) - {"__version__"}
+
+
+def test_import_pulls_no_heavy_library() -> None:
+    code = (
+        "import sys, preemptible, preemptible.cli\n"
+        "heavy = [m for m in ('torch', 'numpy', 'lightning', 'mlflow', 'wandb', 'psycopg')"
+        " if m in sys.modules]\n"
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_version_matches_the_installed_metadata() -> None:
+    assert preemptible.__version__ == version("preemptible")
