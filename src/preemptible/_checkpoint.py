@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import re
-import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -156,7 +155,7 @@ class CheckpointStore:
         """Commit a new checkpoint for ``step``: ``write(tmp_path)`` creates it (a file or a
         directory), then it is synced, renamed into place, and older ones are pruned."""
         final = self.directory / checkpoint_name(step)
-        tmp = self.directory / f".tmp-{final.name}.{os.getpid()}.{secrets.token_hex(4)}"
+        tmp = self.directory / f".tmp-{final.name}.{os.getpid()}.{os.urandom(4).hex()}"
         try:
             write(tmp)
             if not tmp.exists():
@@ -180,7 +179,7 @@ class CheckpointStore:
     def _commit(self, tmp: Path, final: Path) -> None:
         if tmp.is_dir() and final.exists():
             # rename(2) cannot replace a non-empty directory: move the old one aside first.
-            aside = final.with_name(f".old-{final.name}.{secrets.token_hex(4)}")
+            aside = final.with_name(f".old-{final.name}.{os.urandom(4).hex()}")
             os.rename(final, aside)
             os.rename(tmp, final)
             _remove(aside)

@@ -1,0 +1,34 @@
+# `make demo` and `make test` work on a fresh machine: each builds .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint unit venv clean
+
+venv: $(STAMP)
+
+# torch goes in first and alone: pip takes 2.13.0 from the machine's local CPU wheel, and
+# nothing installed after it can then pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,torch]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/preemptible demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
