@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
@@ -12,13 +13,11 @@ from collections.abc import Sequence
 
 def machine() -> str:
     cpu = "unknown cpu"
-    try:
-        for line in open("/proc/cpuinfo"):
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        for line in fh:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    except OSError:
-        pass
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     try:
         import torch

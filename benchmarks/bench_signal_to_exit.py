@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import subprocess
@@ -109,7 +108,6 @@ def main() -> None:
         f"median of {args.repeats}\n"
     )
     print(table(["state", "wait for boundary", "save", "save rate", "exit", "signal → gone"], rows))
-    _ = os
 
 
 if __name__ == "__main__":
