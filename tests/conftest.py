@@ -131,5 +131,18 @@ def spawn() -> Iterator[Callable[..., Child]]:
         child.kill()
 
 
+def group_members(pgid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
 def python_args(script: str, *args: str) -> list[str]:
     return [sys.executable, str(SCRIPTS / script), *args]

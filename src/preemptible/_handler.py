@@ -261,18 +261,20 @@ class PreemptionCheckpointHandler:
     def _stop(self) -> None:
         notice = self._requests.first_stop()
         assert notice is not None
+        # Written before the save too: if the save is cut short (second signal, SIGKILL at
+        # the end of a grace window), the supervisor still knows a stop was under way.
+        _run.update_record(
+            state="stopping",
+            preempting=True,
+            reason=notice.source,
+            signum=notice.signum,
+            step=self._step,
+        )
         if not self._saved_at_current_step():
             self.save()
         assert self._last_saved is not None
         path = self._last_saved[1]
-        _run.update_record(
-            state="stopped",
-            preempting=True,
-            reason=notice.source,
-            signal=notice.source if notice.signum is not None else None,
-            step=self._step,
-            checkpoint=str(path),
-        )
+        _run.update_record(state="stopped", checkpoint=os.path.abspath(path))
         code = notice.exit_code
         logger.warning(
             "preemptible: stopped at step %d on %s; checkpoint %s; exiting with %d",

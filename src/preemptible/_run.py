@@ -68,7 +68,14 @@ def update_record(**fields: Any) -> Path | None:
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
     record = read_record(run_dir)
-    record.update(fields, pid=os.getpid(), updated_at=time.time())
+    now = time.time()
+    # First times are kept: the supervisor compares them with its own signals to tell a run
+    # marked preemptible from the start from one marked while it was being stopped.
+    if fields.get("preempting") and "preempting_at" not in record:
+        record["preempting_at"] = now
+    if fields.get("state") in ("stopping", "stopped") and "stopped_at" not in record:
+        record["stopped_at"] = now
+    record.update(fields, pid=os.getpid(), updated_at=now)
     path = run_dir / RECORD_NAME
     tmp = run_dir / f".{RECORD_NAME}.{os.getpid()}.tmp"
     with open(tmp, "w") as fh:

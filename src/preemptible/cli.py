@@ -11,10 +11,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
 from . import __version__
+from ._errors import PreemptibleError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "PREEMPTIBLE"}
 
@@ -31,8 +33,118 @@ def main(verbose: bool) -> None:
     )
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     click.echo(f"preemptible: {message}", err=True)
+    sys.exit(code)
+
+
+@main.command(
+    context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False}
+)
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    show_envvar=True,
+    help="Checkpoints of the job (default: .preemptible/runs/RUN_ID/checkpoints); "
+    "each attempt gets the newest as PREEMPTIBLE_RESUME_FROM.",
+)
+@click.option(
+    "--max-failures",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    show_envvar=True,
+    help="Restart a FAILED or CRASHED attempt this many times.",
+)
+@click.option(
+    "--max-preemptions",
+    type=click.IntRange(min=0),
+    default=None,
+    show_envvar=True,
+    help="Restart a PREEMPTED attempt this many times [default: unlimited].",
+)
+@click.option(
+    "--term-timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    show_envvar=True,
+    help="Seconds from the first stop signal to SIGKILL of the job [default: "
+    "PREEMPTIBLE_GRACE_PERIOD - 2, else the SLURM job's time left - 5, else 60].",
+)
+@click.option(
+    "--no-forward-signals",
+    is_flag=True,
+    show_envvar=True,
+    help="Do not pass INT/TERM/HUP/USR1/USR2 on to the job's process group.",
+)
+@click.option(
+    "--pid-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_envvar=True,
+    help="Write the job's pid here while it runs.",
+)
+@click.option(
+    "--run-id",
+    default=None,
+    show_envvar=True,
+    help="Name of the run [default: slurm-JOBID under SLURM, else random].",
+)
+@click.option(
+    "--restart-delay",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds before a restart; doubles per failure.",
+)
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".preemptible"),
+    show_default=True,
+    envvar="PREEMPTIBLE_HOME",
+    show_envvar=True,
+    help="Where run directories go.",
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(
+    checkpoint_dir: Path | None,
+    max_failures: int,
+    max_preemptions: int | None,
+    term_timeout: float | None,
+    no_forward_signals: bool,
+    pid_file: Path | None,
+    run_id: str | None,
+    restart_delay: float,
+    home: Path,
+    command: tuple[str, ...],
+) -> None:
+    """Run COMMAND, pass signals on to all of it, classify every ending, restart and resume.
+
+    Exit code: 0 when the last attempt FINISHED; 128 + signum when it was PREEMPTED; the
+    job's own code when it FAILED.
+    """
+    from .supervisor import Supervisor, SupervisorConfig
+
+    argv = list(command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    try:
+        config = SupervisorConfig(
+            command=argv,
+            checkpoint_dir=checkpoint_dir,
+            max_failures=max_failures,
+            max_preemptions=max_preemptions,
+            term_timeout=term_timeout,
+            forward_signals=not no_forward_signals,
+            pid_file=pid_file,
+            run_id=run_id,
+            restart_delay=restart_delay,
+            home=home,
+        )
+        code = Supervisor(config).run()
+    except PreemptibleError as exc:
+        _fail(str(exc))
     sys.exit(code)
 
 

@@ -232,7 +232,9 @@ def test_run_record_under_a_supervisor(tmp_path: Path, monkeypatch) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
     record = json.loads((tmp_path / "run" / "record.json").read_text())
     assert record["state"] == "stopped" and record["step"] == 2
-    assert record["signal"] == "SIGTERM" and record["preempting"] is True
+    assert record["reason"] == "SIGTERM" and record["signum"] == signal.SIGTERM
+    assert record["preempting"] is True
+    assert record["preempting_at"] == record["stopped_at"] <= record["updated_at"]
     assert record["checkpoint"].endswith("step-0000000002.ckpt")
     assert preemptible.current_run().run_dir == tmp_path / "run"
 

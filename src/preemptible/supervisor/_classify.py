@@ -1,0 +1,123 @@
+"""How an attempt ended: FINISHED, FAILED, PREEMPTED, KILLED or CRASHED.
+
+The exit status alone lies in both directions: a wrapper shell exits 0 after its preempted
+child, a framework exits 0 after it saved on SIGTERM, and a run that was killed because the
+machine went away looks like any other crash. The run record written by the training side
+(``PREEMPTIBLE_RUN_DIR/record.json``) says what really happened, and this table combines
+the two (DESIGN.md):
+
+| how the attempt ended      | no mark  | marked while stopping | marked at start |
+|----------------------------|----------|-----------------------|-----------------|
+| exit 0                     | FINISHED | FINISHED *            | FINISHED *      |
+| exit non-zero              | FAILED   | PREEMPTED             | PREEMPTED       |
+| SIGKILL / lost             | CRASHED  | CRASHED               | PREEMPTED       |
+| SIGINT                     | KILLED   | PREEMPTED             | PREEMPTED       |
+| other signal (TERM, USR1…) | CRASHED  | PREEMPTED             | PREEMPTED       |
+
+* PREEMPTED when the record says the run stopped early (state "stopping"/"stopped").
+
+"Marked at start" means ``mark_preempting()`` was called before any stop began: before the
+handler started stopping and before the supervisor passed on a signal. Such a run declared
+that any disappearance is a preemption (a spot-instance job, W&B's meaning).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class RunState(str, enum.Enum):
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    PREEMPTED = "PREEMPTED"
+    KILLED = "KILLED"
+    CRASHED = "CRASHED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Ending:
+    """The direct child's end: an exit code, a death signal, or lost (nobody saw it end)."""
+
+    exit_code: int | None = None
+    signal: int | None = None
+    lost: bool = False
+
+    def __post_init__(self) -> None:
+        if sum(x is not None for x in (self.exit_code, self.signal)) + self.lost != 1:
+            raise ValueError("an Ending has exactly one of exit_code, signal, lost")
+
+    def describe(self) -> str:
+        if self.lost:
+            return "lost"
+        if self.signal is not None:
+            return f"killed by {_signame(self.signal)}"
+        return f"exit {self.exit_code}"
+
+
+def _signame(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def mark_kind(record: Mapping[str, Any], first_signal_at: float | None) -> str:
+    """ "none", "stopping" or "start" (the table's three columns)."""
+    marked_at = record.get("preempting_at")
+    stopping = record.get("state") in ("stopping", "stopped")
+    if marked_at is None and not stopping:
+        return "none"
+    stop_began = min(
+        (t for t in (record.get("stopped_at"), first_signal_at) if t is not None),
+        default=math.inf,
+    )
+    if marked_at is not None and marked_at < stop_began:
+        return "start"
+    return "stopping"
+
+
+def classify(
+    ending: Ending, record: Mapping[str, Any], *, first_signal_at: float | None = None
+) -> RunState:
+    kind = mark_kind(record, first_signal_at)
+    if ending.exit_code == 0:
+        stopped_early = record.get("state") in ("stopping", "stopped")
+        return RunState.PREEMPTED if stopped_early else RunState.FINISHED
+    if kind == "start":
+        return RunState.PREEMPTED
+    if ending.lost or ending.signal == signal.SIGKILL:
+        return RunState.CRASHED
+    if kind == "stopping":
+        return RunState.PREEMPTED
+    if ending.exit_code is not None:
+        return RunState.FAILED
+    if ending.signal == signal.SIGINT:
+        return RunState.KILLED
+    return RunState.CRASHED
+
+
+def exit_code_for(
+    state: RunState, ending: Ending, record: Mapping[str, Any], forwarded: int | None
+) -> int:
+    """The supervisor's own exit code for an attempt that ended in ``state``."""
+    if state is RunState.FINISHED:
+        return 0
+    if state is RunState.FAILED:
+        return ending.exit_code if ending.exit_code is not None else 1
+    if state is RunState.KILLED:
+        return 128 + signal.SIGINT
+    if state is RunState.PREEMPTED:
+        signum = record.get("signum") or forwarded or ending.signal
+        if signum is None and ending.exit_code is not None and 128 < ending.exit_code < 160:
+            return ending.exit_code  # already 128 + signum, from a program of its own
+        return 128 + int(signum or signal.SIGTERM)
+    # CRASHED
+    return 128 + (ending.signal or signal.SIGKILL)

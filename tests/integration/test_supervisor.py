@@ -1,0 +1,291 @@
+"""``preemptible run`` with real processes: forwarding, the state table, restarts, escalation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import Child, group_members, python_args, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+PY = sys.executable
+
+
+def supervise(spawn, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Child:
+    return spawn(
+        [PY, "-m", "preemptible", "run", "--restart-delay", "0.05", *args], cwd=tmp_path, env=env
+    )
+
+
+def attempts(tmp_path: Path) -> list[dict[str, object]]:
+    files = list((tmp_path / ".preemptible" / "runs").glob("*/attempts.jsonl"))
+    assert len(files) == 1, files
+    return [json.loads(line) for line in files[0].read_text().splitlines()]
+
+
+def read_pid(path: Path) -> int:
+    return int(wait_for(lambda: path.exists() and path.read_text().strip(), 30, f"{path}"))
+
+
+def test_signal_reaches_the_grandchild_under_bash(tmp_path: Path, spawn) -> None:
+    train = " ".join(
+        python_args(
+            "train.py", "--ckpt", "ck", "--out", "o.pt", "--steps", "1000", "--step-sleep", "0.02"
+        )
+    )
+    sup = supervise(spawn, tmp_path, "--", "bash", "-c", f"{train}; echo done")
+    sup.wait_line(lambda line: line == "step 3", timeout=60)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(60) == 143, sup.output
+    assert "received SIGTERM" in sup.output  # the trainer's own latch ran
+    assert "done" not in sup.lines  # bash itself died from the forwarded signal
+    [a] = attempts(tmp_path)
+    assert a["state"] == "PREEMPTED" and a["ending"] == "killed by SIGTERM"
+    assert len(list((tmp_path / "ck").glob("step-*.ckpt"))) == 1
+
+
+def test_sigkill_of_the_supervisor_leaves_no_process_behind(tmp_path: Path, spawn) -> None:
+    pid_file = tmp_path / "job.pid"
+    sup = supervise(
+        spawn,
+        tmp_path,
+        "--pid-file",
+        str(pid_file),
+        "--",
+        "bash",
+        "-c",
+        "sleep 1000 & sleep 1000 & wait",
+    )
+    pgid = read_pid(pid_file)
+    wait_for(lambda: len(group_members(pgid)) >= 3, 30, "bash and two sleeps")
+    sup.proc.kill()  # SIGKILL: no handler of the supervisor runs
+    wait_for(lambda: not group_members(pgid), 1.0, "the job's process group to be gone")
+
+
+@pytest.mark.parametrize(
+    ("mark", "end", "state", "code"),
+    [
+        ("none", "exit0", "FINISHED", 0),
+        ("none", "exit3", "FAILED", 3),
+        ("none", "sigkill", "CRASHED", 137),
+        ("none", "sigint", "KILLED", 130),
+        ("none", "sigterm", "CRASHED", 143),
+        ("stopping", "exit0", "PREEMPTED", 143),
+        ("stopping", "exit3", "PREEMPTED", 143),
+        ("stopping", "sigkill", "CRASHED", 137),
+        ("stopping", "sigint", "PREEMPTED", 130),
+        ("stopping", "sigusr1", "PREEMPTED", 138),
+        ("start", "exit0", "FINISHED", 0),
+        ("start", "exit3", "PREEMPTED", 143),
+        ("start", "sigkill", "PREEMPTED", 137),
+        ("start", "sigint", "PREEMPTED", 130),
+        ("start", "sigterm", "PREEMPTED", 143),
+    ],
+)
+def test_state_table_with_real_endings(
+    mark: str, end: str, state: str, code: int, tmp_path: Path, spawn
+) -> None:
+    sup = supervise(
+        spawn, tmp_path, "--max-preemptions", "0", "--", *python_args("ending.py", mark, end)
+    )
+    assert sup.wait(60) == code, sup.output
+    [a] = attempts(tmp_path)
+    assert a["state"] == state, sup.output
+
+
+def test_a_wrapper_that_exits_0_after_a_preempted_child(tmp_path: Path, spawn) -> None:
+    train = " ".join(
+        python_args(
+            "train.py", "--ckpt", "ck", "--out", "o.pt", "--steps", "1000", "--step-sleep", "0.02"
+        )
+    )
+    pid_file = tmp_path / "trainer.pid"
+    # the trainer is preempted by a signal the supervisor never saw; the shell then exits 0
+    sup = supervise(
+        spawn,
+        tmp_path,
+        "--max-preemptions",
+        "0",
+        "--",
+        "bash",
+        "-c",
+        f"{train} & echo $! > {pid_file}; wait; exit 0",
+    )
+    sup.wait_line(lambda line: line == "step 3", timeout=60)
+    os.kill(read_pid(pid_file), signal.SIGUSR2)
+    assert sup.wait(60) == 140, sup.output
+    [a] = attempts(tmp_path)
+    assert a["state"] == "PREEMPTED" and a["ending"] == "exit 0"
+
+
+def test_restart_resumes_and_ends_bit_exact(tmp_path: Path, spawn) -> None:
+    ref = spawn(
+        python_args(
+            "train.py",
+            "--ckpt",
+            str(tmp_path / "ref"),
+            "--out",
+            str(tmp_path / "ref.pt"),
+            "--steps",
+            "30",
+        )
+    )
+    assert ref.wait(120) == 0
+    pid_file = tmp_path / "job.pid"
+    sup = supervise(
+        spawn,
+        tmp_path,
+        "--checkpoint-dir",
+        "ck",
+        "--pid-file",
+        str(pid_file),
+        "--",
+        *python_args(
+            "train.py", "--ckpt", "ck", "--out", "o.pt", "--steps", "30", "--step-sleep", "0.05"
+        ),
+    )
+    sup.wait_line(lambda line: line == "step 9", timeout=60)
+    os.kill(read_pid(pid_file), signal.SIGTERM)  # a preemption the supervisor did not see
+    assert sup.wait(180) == 0, sup.output
+    first, second = attempts(tmp_path)
+    assert (first["state"], second["state"]) == ("PREEMPTED", "FINISHED")
+    assert "resuming from" in sup.output
+    assert {"resumed 10", "resumed 11"} & set(sup.lines), sup.output
+    a = torch.load(tmp_path / "ref.pt", weights_only=True)
+    b = torch.load(tmp_path / "o.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_term_timeout_escalates_to_sigkill(tmp_path: Path, spawn) -> None:
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('up', flush=True); time.sleep(1000)"
+    )
+    sup = supervise(spawn, tmp_path, "--term-timeout", "1", "--", PY, "-c", stubborn)
+    sup.wait_line(lambda line: line == "up", timeout=30)
+    sent = time.monotonic()
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 137, sup.output
+    assert 0.9 < time.monotonic() - sent < 5
+    assert "SIGKILL in 1 s" in sup.output and "sending SIGKILL" in sup.output
+    [a] = attempts(tmp_path)
+    assert a["state"] == "CRASHED" and a["ending"] == "killed by SIGKILL"
+
+
+def test_second_signal_is_forwarded_and_hard_exits_the_trainer(tmp_path: Path, spawn) -> None:
+    sup = supervise(
+        spawn,
+        tmp_path,
+        "--",
+        *python_args(
+            "train.py",
+            "--ckpt",
+            "ck",
+            "--out",
+            "o.pt",
+            "--steps",
+            "1000",
+            "--slow-save",
+            "30",
+            "--step-sleep",
+            "0.02",
+        ),
+    )
+    sup.wait_line(lambda line: line == "step 3", timeout=60)
+    sup.signal(signal.SIGINT)
+    sup.wait_line(lambda line: line == "saving", timeout=30)
+    sup.signal(signal.SIGINT)
+    assert sup.wait(30) == 130, sup.output
+    [a] = attempts(tmp_path)
+    assert a["state"] == "PREEMPTED" and a["ending"] == "exit 1"
+
+
+def test_no_forward_signals(tmp_path: Path, spawn) -> None:
+    sup = supervise(
+        spawn,
+        tmp_path,
+        "--no-forward-signals",
+        "--term-timeout",
+        "1",
+        "--",
+        *python_args(
+            "train.py", "--ckpt", "ck", "--out", "o.pt", "--steps", "100000", "--step-sleep", "0.02"
+        ),
+    )
+    sup.wait_line(lambda line: line == "step 3", timeout=60)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 137, sup.output
+    assert "received SIGTERM" not in sup.output
+    assert "received; not passed to" in sup.output
+
+
+def test_failure_budget_and_environment(tmp_path: Path, spawn) -> None:
+    code = (
+        "import preemptible, sys; r = preemptible.current_run(); "
+        "print('ENV', r.run_id, r.attempt, r.run_dir.name, r.checkpoint_dir.name, flush=True); "
+        "sys.exit(3)"
+    )
+    sup = supervise(
+        spawn, tmp_path, "--max-failures", "2", "--run-id", "exp-1", "--", PY, "-c", code
+    )
+    assert sup.wait(60) == 3, sup.output
+    assert [line for line in sup.lines if line.startswith("ENV")] == [
+        f"ENV exp-1 {n} attempt-{n} checkpoints" for n in (1, 2, 3)
+    ]
+    assert [a["state"] for a in attempts(tmp_path)] == ["FAILED"] * 3
+    assert "failed 3 times, the --max-failures budget" in sup.output
+
+
+def test_flapping_guard(tmp_path: Path, spawn) -> None:
+    sup = supervise(spawn, tmp_path, "--", *python_args("ending.py", "start", "exit3"))
+    assert sup.wait(60) == 143, sup.output
+    assert len(attempts(tmp_path)) == 5
+    assert "the last 5 attempts each ended within 10 s" in sup.output
+
+
+def test_told_to_stop_means_no_restart(tmp_path: Path, spawn) -> None:
+    sup = supervise(
+        spawn,
+        tmp_path,
+        "--",
+        *python_args(
+            "train.py", "--ckpt", "ck", "--out", "o.pt", "--steps", "100000", "--step-sleep", "0.02"
+        ),
+    )
+    sup.wait_line(lambda line: line == "step 2", timeout=60)
+    sup.signal(signal.SIGUSR1)
+    assert sup.wait(60) == 138, sup.output
+    assert [a["state"] for a in attempts(tmp_path)] == ["PREEMPTED"]
+
+
+def test_slurm_without_scontrol_is_a_clear_error(tmp_path: Path, spawn) -> None:
+    env = {"SLURM_JOB_ID": "4242", "PATH": str(Path(PY).parent)}
+    sup = supervise(spawn, tmp_path, "--", *python_args("ending.py", "stopping", "exit1"), env=env)
+    assert sup.wait(60) == 143, sup.output
+    assert "cannot requeue SLURM job 4242: scontrol is not on PATH" in sup.output
+    assert (tmp_path / ".preemptible" / "runs" / "slurm-4242").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "Missing argument 'COMMAND"),
+        (["--", "/nonexistent/prog"], "cannot start '/nonexistent/prog'"),
+        (["--run-id", "../escape", "--", "true"], "run id '../escape' is not valid"),
+        (["--max-failures", "-1", "--", "true"], "Invalid value for '--max-failures'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path, spawn
+) -> None:
+    sup = supervise(spawn, tmp_path, *args)
+    assert sup.wait(30) == 2, sup.output
+    assert message in sup.output
+    assert "Traceback" not in sup.output

@@ -1,0 +1,93 @@
+"""The state table, cell by cell, and the exit code that goes with each state."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from preemptible.supervisor import Ending, RunState, classify, exit_code_for
+from preemptible.supervisor._slurm import parse_time_left
+
+F, X, P, K, C = (
+    RunState.FINISHED,
+    RunState.FAILED,
+    RunState.PREEMPTED,
+    RunState.KILLED,
+    RunState.CRASHED,
+)
+ENDINGS = {
+    "exit 0": Ending(exit_code=0),
+    "exit non-zero": Ending(exit_code=3),
+    "SIGKILL": Ending(signal=signal.SIGKILL),
+    "lost": Ending(lost=True),
+    "SIGINT": Ending(signal=signal.SIGINT),
+    "SIGTERM": Ending(signal=signal.SIGTERM),
+    "SIGUSR1": Ending(signal=signal.SIGUSR1),
+}
+RECORDS = {
+    "none": {},
+    "stopping": {
+        "state": "stopped",
+        "preempting": True,
+        "preempting_at": 10.0,
+        "stopped_at": 10.0,
+        "signum": 15,
+    },
+    "start": {"preempting": True, "preempting_at": 1.0},
+}
+TABLE = {  # DESIGN.md's table: ending -> (no mark, marked while stopping, marked at start)
+    "exit 0": (F, P, F),
+    "exit non-zero": (X, P, P),
+    "SIGKILL": (C, C, P),
+    "lost": (C, C, P),
+    "SIGINT": (K, P, P),
+    "SIGTERM": (C, P, P),
+    "SIGUSR1": (C, P, P),
+}
+
+
+@pytest.mark.parametrize("ending", list(TABLE))
+@pytest.mark.parametrize("column", [0, 1, 2], ids=["no-mark", "marked-stopping", "marked-start"])
+def test_state_table(ending: str, column: int) -> None:
+    record = RECORDS[list(RECORDS)[column]]
+    assert classify(ENDINGS[ending], record) is TABLE[ending][column]
+
+
+def test_mark_after_the_supervisors_signal_is_not_a_mark_at_start() -> None:
+    record = {"preempting": True, "preempting_at": 20.0}  # a user's SIGTERM handler marked it
+    assert classify(Ending(signal=signal.SIGKILL), record, first_signal_at=19.0) is C
+    assert classify(Ending(signal=signal.SIGKILL), record, first_signal_at=21.0) is P
+
+
+def test_exit_codes() -> None:
+    assert exit_code_for(F, Ending(exit_code=0), {}, None) == 0
+    assert exit_code_for(X, Ending(exit_code=3), {}, None) == 3
+    assert exit_code_for(K, Ending(signal=2), {}, None) == 130
+    assert exit_code_for(P, Ending(exit_code=0), {"signum": 10}, None) == 138
+    assert exit_code_for(P, Ending(signal=15), {}, 12) == 140
+    assert exit_code_for(P, Ending(exit_code=143), {}, None) == 143
+    assert exit_code_for(P, Ending(exit_code=1), {}, None) == 143
+    assert exit_code_for(C, Ending(signal=9), {}, None) == 137
+
+
+def test_ending_needs_exactly_one_cause() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        Ending(exit_code=0, signal=9)
+    with pytest.raises(ValueError, match="exactly one"):
+        Ending()
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1:05", 65),
+        ("2:00:00", 7200),
+        ("1-00:00:10", 86410),
+        ("UNLIMITED", None),
+        ("INVALID", None),
+        ("", None),
+    ],
+)
+def test_parse_slurm_time_left(text: str, seconds: float | None) -> None:
+    assert parse_time_left(text) == seconds
