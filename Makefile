@@ -24,8 +24,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
+# with-services.sh starts a single-node SLURM (installing it with apt if needed) for the
+# tests that need it and stops it afterwards; where it cannot, those tests skip and say why.
 test: lint
-	$(BIN)/python -m pytest
+	bash tests/services/with-services.sh $(BIN)/python -m pytest
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

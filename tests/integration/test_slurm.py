@@ -1,0 +1,109 @@
+"""A real single-node SLURM cluster (started by tests/services/with-services.sh).
+
+sbatch a job that runs ``preemptible run``; ``scancel --batch --signal=USR1`` it the way
+``--signal=B:USR1@T`` would; the supervisor passes the signal on, the trainer saves, the
+supervisor requeues the job; SLURM starts it again with SLURM_RESTART_COUNT=1, it resumes and
+COMPLETES with the exact final weights.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import SCRIPTS, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def slurm_available() -> str | None:
+    flag = os.environ.get("PREEMPTIBLE_TEST_SLURM")
+    if flag and flag != "1":
+        return flag
+    if shutil.which("scontrol") is None:
+        return (
+            "SLURM is not installed; run the suite through make test, or start it with "
+            "bash tests/services/slurm.sh up"
+        )
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    if "is UP" not in ping.stdout:
+        return "no SLURM controller answers; start one with bash tests/services/slurm.sh up"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    reason = slurm_available()
+    if reason:
+        pytest.skip(reason)
+
+
+def job_field(job: str, name: str) -> str | None:
+    out = subprocess.run(
+        ["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30
+    ).stdout
+    m = re.search(rf"\b{name}=(\S+)", out)
+    return m.group(1) if m else None
+
+
+def test_usr1_requeue_resume_complete_bit_exact(slurm: None, tmp_path: Path) -> None:
+    py = sys.executable
+    train = [py, str(SCRIPTS / "train.py"), "--ckpt", "ck", "--steps", "40", "--step-sleep", "0.1"]
+    ref = subprocess.run(
+        [*train[:3], str(tmp_path / "refck"), "--out", str(tmp_path / "ref.pt"), "--steps", "40"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ref.returncode == 0, ref.stderr
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"cd {tmp_path}\n"
+        'echo "restart_count=${SLURM_RESTART_COUNT:-unset}"\n'
+        f"exec {py} -m preemptible run --checkpoint-dir ck -- {' '.join(train)} --out o.pt\n"
+    )
+    out = tmp_path / "job.out"
+    job = (
+        subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "--requeue",
+                "--open-mode=append",
+                "-o",
+                str(out),
+                str(script),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
+    try:
+        wait_for(lambda: out.exists() and "\nstep 5\n" in out.read_text(), 60, "step 5 in the job")
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
+        wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 180, "the job to complete")
+        text = out.read_text()
+        assert job_field(job, "Restarts") == "1", text
+        assert "restart_count=unset" in text and "restart_count=1" in text
+        assert "PREEMPTED (killed by SIGUSR1)" in text or "PREEMPTED (exit 138)" in text, text
+        assert f"requeued SLURM job {job}" in text
+        assert "resuming from" in text and "FINISHED (exit 0)" in text
+        runs = tmp_path / ".preemptible" / "runs" / f"slurm-{job}"
+        assert sorted(p.name for p in runs.glob("attempt-*")) == ["attempt-1", "attempt-2"]
+        a = torch.load(tmp_path / "ref.pt", weights_only=True)
+        b = torch.load(tmp_path / "o.pt", weights_only=True)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
