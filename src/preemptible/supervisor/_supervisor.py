@@ -106,6 +106,7 @@ class Supervisor:
         self.signals: list[tuple[int, float]] = []  # received since the supervisor started
         self.attempts: list[Attempt] = []
         self._group: ProcessGroup | None = None
+        self._pending: list[int] = []
         self._wake_r = self._wake_w = -1
         self._previous: dict[int, Any] = {}
 
@@ -119,9 +120,13 @@ class Supervisor:
     # -- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals.append((signum, time.time()))
+        if not self.config.forward_signals:
+            return
         group = self._group
-        if group is not None and self.config.forward_signals:
+        if group is not None:
             group.signal(signum)  # the whole group: a trainer under bash -c or torchrun too
+        else:
+            self._pending.append(signum)  # the attempt is starting; passed on once it has
 
     def _install(self) -> None:
         self._wake_r, self._wake_w = os.pipe()
@@ -171,7 +176,7 @@ class Supervisor:
         while True:
             if self.signals:
                 logger.warning("preemptible: told to stop before the next attempt; exiting")
-                return code
+                return code if self.attempts else 128 + self.signals[0][0]
             attempt = self._attempt(self._next_number())
             code = attempt.exit_code
             state = attempt.state
@@ -264,6 +269,8 @@ class Supervisor:
                 f"cannot start {self.config.command[0]!r}: {exc.strerror or exc}"
             ) from exc
         self._group = group
+        while self._pending:
+            group.signal(self._pending.pop(0))
         if self.config.pid_file is not None:
             _write_atomic(self.config.pid_file, f"{group.pid}\n")
         logger.info(
