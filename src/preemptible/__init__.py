@@ -18,6 +18,7 @@ from ._errors import (
 from ._handler import PreemptionCheckpointHandler
 from ._run import RunInfo, current_run, mark_preempting
 from ._termination import Notice, TerminationConfig
+from .notices import detect_platform
 
 __version__ = "0.1.0"
 
@@ -35,5 +36,6 @@ __all__ = [
     "TerminationConfig",
     "__version__",
     "current_run",
+    "detect_platform",
     "mark_preempting",
 ]

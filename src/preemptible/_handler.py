@@ -51,7 +51,12 @@ class PreemptionCheckpointHandler:
         tracker: Any | None = None,
         weights_only: bool = True,
     ) -> None:
-        config = termination_config if termination_config is not None else TerminationConfig()
+        if termination_config is None:
+            from .notices import default_config
+
+            config = default_config()  # the detected platform's watchers and grace period
+        else:
+            config = termination_config
         if not isinstance(config, TerminationConfig):
             raise ConfigError(
                 f"termination_config must be a TerminationConfig, not {type(config).__name__}"
@@ -275,6 +280,12 @@ class PreemptionCheckpointHandler:
         assert self._last_saved is not None
         path = self._last_saved[1]
         _run.update_record(state="stopped", checkpoint=os.path.abspath(path))
+        for n in self._requests.notices:
+            if n.acknowledge is not None:
+                try:
+                    n.acknowledge()
+                except Exception as exc:  # the checkpoint is safe; the platform just waits
+                    logger.warning("preemptible: could not acknowledge %s: %s", n.source, exc)
         code = notice.exit_code
         logger.warning(
             "preemptible: stopped at step %d on %s; checkpoint %s; exiting with %d",

@@ -39,6 +39,8 @@ class Notice:
     ``source`` names where it came from ("SIGTERM", "watcher", "gce", ...); ``received_at``
     and ``deadline`` are wall-clock seconds (``time.time()``); ``signum`` is set for signals.
     ``stop=False`` marks an early warning (EC2 rebalance): save once, keep training.
+    ``acknowledge``, when set, is called after the final checkpoint (Azure's StartRequests),
+    so the platform need not wait out the whole notice.
     """
 
     source: str
@@ -47,6 +49,7 @@ class Notice:
     signum: int | None = None
     stop: bool = True
     detail: str = ""
+    acknowledge: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def exit_code(self) -> int:

@@ -149,6 +149,29 @@ def run(
 
 
 @main.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def doctor(as_json: bool) -> None:
+    """Say what would happen here on a preemption, and what to change when it is wrong."""
+    import json
+
+    from ._doctor import diagnose
+
+    try:
+        checks = diagnose()
+    except PreemptibleError as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps([c.as_dict() for c in checks], indent=1))
+        return
+    width = max(len(c.name) for c in checks)
+    marks = {"ok": "ok  ", "warn": "WARN", "info": "    "}
+    for c in checks:
+        click.echo(f"{marks[c.status]} {c.name:<{width}}  {c.detail}")
+        if c.fix and c.status == "warn":
+            click.echo(f"     {'':<{width}}  fix: {c.fix}")
+
+
+@main.command(context_settings=CONTEXT)
 @click.option(
     "--steps",
     type=click.IntRange(min=10),

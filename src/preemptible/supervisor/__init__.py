@@ -1,7 +1,7 @@
 """The supervisor behind ``preemptible run``."""
 
 from ._classify import Ending, RunState, classify, exit_code_for
-from ._supervisor import Attempt, Supervisor, SupervisorConfig, check_run_id
+from ._supervisor import Attempt, Supervisor, SupervisorConfig, check_run_id, term_timeout
 
 __all__ = [
     "Attempt",
@@ -12,4 +12,5 @@ __all__ = [
     "check_run_id",
     "classify",
     "exit_code_for",
+    "term_timeout",
 ]

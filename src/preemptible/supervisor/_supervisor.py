@@ -343,24 +343,28 @@ class Supervisor:
         return attempt
 
     def term_timeout(self) -> tuple[float, str]:
-        """Seconds from the first stop signal to SIGKILL, and where the number came from."""
-        if self.config.term_timeout is not None:
-            return self.config.term_timeout, "--term-timeout"
-        grace = os.environ.get("PREEMPTIBLE_GRACE_PERIOD")
-        if grace:
-            try:
-                return max(float(grace) - 2.0, 1.0), "PREEMPTIBLE_GRACE_PERIOD minus 2 s"
-            except ValueError:
-                logger.warning("preemptible: ignoring PREEMPTIBLE_GRACE_PERIOD=%r", grace)
-        left = _slurm.time_left()
-        if left is not None and left < 10 * DEFAULT_TERM_TIMEOUT:
-            return max(left - 5.0, 5.0), "the SLURM job's time left minus 5 s"
-        return DEFAULT_TERM_TIMEOUT, "the default; set --term-timeout"
+        return term_timeout(self.config.term_timeout)
 
     def _heartbeat(self, number: int, group: ProcessGroup) -> None:
         beat = {"pid": os.getpid(), "attempt": number, "child_pid": group.pid, "at": time.time()}
         with contextlib.suppress(OSError):
             _write_atomic(self.run_dir / "heartbeat.json", json.dumps(beat))
+
+
+def term_timeout(explicit: float | None = None) -> tuple[float, str]:
+    """Seconds from the first stop signal to SIGKILL, and where the number came from."""
+    if explicit is not None:
+        return explicit, "--term-timeout"
+    grace = os.environ.get("PREEMPTIBLE_GRACE_PERIOD")
+    if grace:
+        try:
+            return max(float(grace) - 2.0, 1.0), "PREEMPTIBLE_GRACE_PERIOD minus 2 s"
+        except ValueError:
+            logger.warning("preemptible: ignoring PREEMPTIBLE_GRACE_PERIOD=%r", grace)
+    left = _slurm.time_left()
+    if left is not None and left < 10 * DEFAULT_TERM_TIMEOUT:
+        return max(left - 5.0, 5.0), "the SLURM job's time left minus 5 s"
+    return DEFAULT_TERM_TIMEOUT, "the default; set --term-timeout"
 
 
 def _name(signum: int) -> str:

@@ -1,0 +1,297 @@
+"""Notice sources: each ``poll()`` returns a Notice, None, or raises on a bad answer.
+
+Every request has a short timeout and runs in the watcher's background thread; an
+unreachable, slow, failing or garbage-answering server raises, the composite watcher logs that
+once per source, and polling goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from .._termination import Notice
+from ._http import base_url, request
+
+logger = logging.getLogger("preemptible")
+
+GCE_SPOT_NOTICE = 30.0
+GCE_MAINTENANCE_NOTICE = 60.0
+
+
+class BadAnswer(ValueError):
+    """A metadata server answered something this watcher does not understand."""
+
+
+class Source(Protocol):
+    name: str
+
+    def poll(self) -> Notice | None: ...
+
+
+def _iso_time(text: str) -> float:
+    """'2026-11-29T19:41:00Z' (EC2) -> epoch seconds."""
+    return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp()
+
+
+class GCE:
+    """GCE: ``instance/preempted`` (Spot/preemptible) and ``instance/maintenance-event``.
+
+    Both are checked: a watcher that only looks at maintenance events misses Spot preemption.
+    """
+
+    name = "gce"
+
+    def __init__(self, host: str | None = None, timeout: float = 2.0) -> None:
+        host = host or os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+        self.base = base_url(host) + "/computeMetadata/v1/instance/"
+        self.timeout = timeout
+
+    def _get(self, key: str) -> str:
+        resp = request(
+            "GET", self.base + key, headers={"Metadata-Flavor": "Google"}, timeout=self.timeout
+        )
+        if resp.status != 200:
+            raise BadAnswer(f"GET {self.base}{key}: HTTP {resp.status}")
+        return resp.body.strip()
+
+    def poll(self) -> Notice | None:
+        preempted = self._get("preempted")
+        if preempted == "TRUE":
+            return Notice(
+                source="gce",
+                deadline=time.time()
+                + float(os.environ.get("PREEMPTIBLE_GCE_NOTICE_SECONDS", GCE_SPOT_NOTICE)),
+                detail="GCE preempted this Spot/preemptible VM",
+            )
+        if preempted != "FALSE":
+            raise BadAnswer(f"instance/preempted answered {preempted[:80]!r}, not TRUE/FALSE")
+        event = self._get("maintenance-event")
+        if event == "TERMINATE_ON_HOST_MAINTENANCE":
+            return Notice(
+                source="gce",
+                deadline=time.time() + GCE_MAINTENANCE_NOTICE,
+                detail="GCE host maintenance will terminate this VM",
+            )
+        if event not in ("NONE", "MIGRATE_ON_HOST_MAINTENANCE"):
+            raise BadAnswer(f"instance/maintenance-event answered {event[:80]!r}")
+        return None
+
+
+class EC2:
+    """EC2 with IMDSv2: Spot interruption (a stop with the deadline AWS gives) and the
+    rebalance recommendation (an early warning: insurance checkpoint, keep training)."""
+
+    name = "ec2"
+    TOKEN_TTL = 21600
+
+    def __init__(self, endpoint: str | None = None, timeout: float = 2.0) -> None:
+        endpoint = endpoint or os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT")
+        self.base = base_url(endpoint or "http://169.254.169.254")
+        self.timeout = timeout
+        self._token: str | None = None
+        self._token_expires = 0.0
+        self._warned = False
+
+    def _token_header(self) -> dict[str, str]:
+        if self._token is None or time.monotonic() > self._token_expires:
+            resp = request(
+                "PUT",
+                self.base + "/latest/api/token",
+                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.TOKEN_TTL)},
+                timeout=self.timeout,
+            )
+            if resp.status != 200 or not resp.body.strip():
+                raise BadAnswer(f"PUT /latest/api/token: HTTP {resp.status}")
+            self._token = resp.body.strip()
+            self._token_expires = time.monotonic() + self.TOKEN_TTL - 60
+        return {"X-aws-ec2-metadata-token": self._token}
+
+    def _get(self, path: str) -> tuple[int, str]:
+        for _ in range(2):
+            resp = request(
+                "GET", self.base + path, headers=self._token_header(), timeout=self.timeout
+            )
+            if resp.status == 401:  # the token expired or was revoked: get a new one, once
+                self._token = None
+                continue
+            return resp.status, resp.body
+        raise BadAnswer(f"GET {path}: HTTP 401 even with a fresh token")
+
+    def poll(self) -> Notice | None:
+        status, body = self._get("/latest/meta-data/spot/instance-action")
+        if status == 200:
+            try:
+                action = json.loads(body)
+                deadline = _iso_time(action["time"])
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise BadAnswer(f"spot/instance-action answered {body[:80]!r}") from exc
+            return Notice(
+                source="ec2",
+                deadline=deadline,
+                detail=f"EC2 Spot interruption: {action.get('action')} at {action['time']}",
+            )
+        if status != 404:
+            raise BadAnswer(f"spot/instance-action: HTTP {status}")
+        if not self._warned:
+            status, body = self._get("/latest/meta-data/events/recommendations/rebalance")
+            if status == 200:
+                self._warned = True
+                return Notice(
+                    source="ec2-rebalance",
+                    stop=False,
+                    detail=f"EC2 rebalance recommendation {body.strip()[:80]}",
+                )
+            if status != 404:
+                raise BadAnswer(f"events/recommendations/rebalance: HTTP {status}")
+        return None
+
+
+class Azure:
+    """Azure Scheduled Events: a Preempt or Terminate event is a stop with deadline NotBefore;
+    the event is acknowledged (StartRequests) after the final checkpoint."""
+
+    name = "azure"
+    PATH = "/metadata/scheduledevents?api-version=2020-07-01"
+    STOPS = ("Preempt", "Terminate")
+
+    def __init__(self, endpoint: str | None = None, timeout: float = 2.0) -> None:
+        endpoint = endpoint or os.environ.get("PREEMPTIBLE_AZURE_METADATA_ENDPOINT")
+        self.url = base_url(endpoint or "http://169.254.169.254") + self.PATH
+        self.timeout = timeout
+
+    def poll(self) -> Notice | None:
+        resp = request("GET", self.url, headers={"Metadata": "true"}, timeout=self.timeout)
+        if resp.status != 200:
+            raise BadAnswer(f"scheduledevents: HTTP {resp.status}")
+        try:
+            events = json.loads(resp.body)["Events"]
+            for event in events:
+                if event.get("EventType") in self.STOPS:
+                    return self._notice(event)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise BadAnswer(f"scheduledevents answered {resp.body[:80]!r}") from exc
+        return None
+
+    def _notice(self, event: dict[str, Any]) -> Notice:
+        not_before = event.get("NotBefore") or ""
+        parsed = email.utils.parsedate_to_datetime(not_before) if not_before else None
+        event_id = str(event["EventId"])
+
+        def acknowledge() -> None:
+            body = json.dumps({"StartRequests": [{"EventId": event_id}]}).encode()
+            resp = request(
+                "POST",
+                self.url,
+                data=body,
+                timeout=self.timeout,
+                headers={"Metadata": "true", "Content-Type": "application/json"},
+            )
+            if resp.status != 200:
+                raise BadAnswer(f"acknowledging event {event_id}: HTTP {resp.status}")
+
+        return Notice(
+            source="azure",
+            deadline=parsed.timestamp() if parsed else time.time(),
+            detail=f"Azure {event['EventType']} event {event_id} not before {not_before or 'now'}",
+            acknowledge=acknowledge,
+        )
+
+
+class SlurmTimeLimit:
+    """The job's end time as a deadline: a time limit can be saved for even without
+    ``--signal``. The notice goes out ``lead`` seconds before the end; the grace policy then
+    keeps training until the last safe moment."""
+
+    name = "slurm"
+
+    def __init__(self, job_id: str, lead: float = 300.0, refresh: float = 60.0) -> None:
+        self.job_id = job_id
+        self.lead = lead
+        self.refresh = refresh
+        self._end: float | None = None
+        self._read_at = -float("inf")
+
+    def end_time(self) -> float | None:
+        scontrol = shutil.which("scontrol")
+        if scontrol is None:
+            raise BadAnswer("scontrol is not on PATH")
+        out = subprocess.run(
+            [scontrol, "show", "job", "-o", self.job_id], capture_output=True, text=True, timeout=10
+        )
+        if out.returncode != 0:
+            raise BadAnswer(f"scontrol show job {self.job_id}: {out.stderr.strip()[:120]}")
+        fields = dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
+        if fields.get("TimeLimit") in (None, "UNLIMITED", "Partition_Limit"):
+            return None
+        end = fields.get("EndTime", "Unknown")
+        if end in ("Unknown", "None"):
+            return None
+        return datetime.fromisoformat(end).timestamp()  # SLURM prints local time
+
+    def poll(self) -> Notice | None:
+        now = time.monotonic()
+        if now - self._read_at >= self.refresh:
+            self._read_at = now
+            self._end = self.end_time()  # limits can be changed while the job runs
+        if self._end is not None and time.time() >= self._end - self.lead:
+            return Notice(
+                source="slurm-time-limit",
+                deadline=self._end,
+                detail=f"SLURM job {self.job_id} reaches its time limit at "
+                f"{datetime.fromtimestamp(self._end).isoformat(timespec='seconds')}",
+            )
+        return None
+
+
+class StopFile:
+    """``PREEMPTIBLE_STOP_FILE``: touching the file asks for a stop. The file is removed when
+    the notice is taken, so the resumed run does not stop again at once."""
+
+    name = "stop-file"
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def poll(self) -> Notice | None:
+        if not self.path.exists():
+            return None
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        return Notice(source="stop-file", detail=f"{self.path} appeared")
+
+
+class Composite:
+    """Polls every source in turn; the first notice wins. Failures are logged once per source."""
+
+    def __init__(self, sources: list[Source]) -> None:
+        self.sources = sources
+        self._failed: set[str] = set()
+
+    def __call__(self) -> Notice | None:
+        for source in self.sources:
+            try:
+                notice = source.poll()
+            except Exception as exc:
+                if source.name not in self._failed:
+                    self._failed.add(source.name)
+                    logger.warning(
+                        "preemptible: %s notices unavailable for now (%s: %s); logged once, "
+                        "polling goes on",
+                        source.name,
+                        type(exc).__name__,
+                        exc,
+                    )
+                continue
+            if notice is not None:
+                return notice
+        return None
