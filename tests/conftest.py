@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -17,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "scripts"
+PY = sys.executable
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str = "condition") -> object:
@@ -142,6 +144,22 @@ def group_members(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 pids.append(int(entry.name))
     return pids
+
+
+def supervise(spawn, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Child:
+    return spawn(
+        [PY, "-m", "preemptible", "run", "--restart-delay", "0.05", *args], cwd=tmp_path, env=env
+    )
+
+
+def attempts(tmp_path: Path) -> list[dict[str, object]]:
+    files = list((tmp_path / ".preemptible" / "runs").glob("*/attempts.jsonl"))
+    assert len(files) == 1, files
+    return [json.loads(line) for line in files[0].read_text().splitlines()]
+
+
+def read_pid(path: Path) -> int:
+    return int(wait_for(lambda: path.exists() and path.read_text().strip(), 30, f"{path}"))
 
 
 def python_args(script: str, *args: str) -> list[str]:

@@ -105,6 +105,17 @@ def _notices(platform: str) -> list[Check]:
                     f"touch {source.path} to stop the run at the next step",
                 )
             )
+    if platform == "kubernetes":
+        window = os.environ.get("PREEMPTIBLE_GRACE_PERIOD")
+        checks.append(
+            Check(
+                "notices (kubernetes)",
+                OK if window else WARN,
+                f"SIGTERM, then SIGKILL {window or 'an assumed 30'} s later "
+                "(terminationGracePeriodSeconds)",
+                "set PREEMPTIBLE_GRACE_PERIOD in the pod's env to terminationGracePeriodSeconds",
+            )
+        )
     if not checks:
         checks.append(
             Check(

@@ -107,3 +107,77 @@ def test_usr1_requeue_resume_complete_bit_exact(slurm: None, tmp_path: Path) -> 
         assert all(torch.equal(a[k], b[k]) for k in a)
     finally:
         subprocess.run(["scancel", job], capture_output=True, timeout=30)
+
+
+def test_end_time_watcher_reads_the_real_job(slurm: None, tmp_path: Path) -> None:
+    from preemptible.notices._sources import SlurmTimeLimit
+
+    job = (
+        subprocess.run(
+            ["sbatch", "--parsable", "--time=10", "-o", "/dev/null", "--wrap", "sleep 300"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
+    try:
+        wait_for(lambda: job_field(job, "JobState") == "RUNNING", 60, "the job to start")
+        start = job_field(job, "StartTime")
+        assert start is not None
+        from datetime import datetime
+
+        expected = datetime.fromisoformat(start).timestamp() + 600
+        watcher = SlurmTimeLimit(job, lead=300)
+        assert watcher.end_time() == expected
+        assert watcher.poll() is None, "10 minutes left is more than the 5 minute lead"
+        notice = SlurmTimeLimit(job, lead=700).poll()
+        assert notice is not None and notice.source == "slurm-time-limit"
+        assert notice.deadline == expected - 10
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+
+
+def test_time_limit_without_signal_saves_before_the_limit(slurm: None, tmp_path: Path) -> None:
+    """No --signal: the end-time watcher alone gets the run saved, requeued and finished."""
+    py = sys.executable
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"cd {tmp_path}\n"
+        f"exec {py} -m preemptible run --checkpoint-dir ck -- {py} {SCRIPTS / 'train.py'} "
+        "--ckpt ck --out o.pt --steps 650 --step-sleep 0.1 --keep 5\n"
+    )
+    out = tmp_path / "job.out"
+    job = (
+        subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "--requeue",
+                "--open-mode=append",
+                "--time=1",
+                "-o",
+                str(out),
+                str(script),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
+    try:
+        wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 240, "the job to complete")
+        text = out.read_text()
+        assert "reaches its time limit" in text
+        assert "stopped at step" in text and "on slurm-time-limit" in text
+        assert f"requeued SLURM job {job}" in text and "FINISHED (exit 0)" in text
+        assert "TIMEOUT" not in (job_field(job, "JobState") or "")
+        assert (tmp_path / "o.pt").exists()
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)

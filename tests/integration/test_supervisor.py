@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import Child, group_members, python_args, wait_for
+from tests.conftest import PY, attempts, group_members, python_args, read_pid, supervise, wait_for
 
 pytestmark = pytest.mark.timeout(180)
-PY = sys.executable
-
-
-def supervise(spawn, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Child:
-    return spawn(
-        [PY, "-m", "preemptible", "run", "--restart-delay", "0.05", *args], cwd=tmp_path, env=env
-    )
-
-
-def attempts(tmp_path: Path) -> list[dict[str, object]]:
-    files = list((tmp_path / ".preemptible" / "runs").glob("*/attempts.jsonl"))
-    assert len(files) == 1, files
-    return [json.loads(line) for line in files[0].read_text().splitlines()]
-
-
-def read_pid(path: Path) -> int:
-    return int(wait_for(lambda: path.exists() and path.read_text().strip(), 30, f"{path}"))
 
 
 def test_signal_reaches_the_grandchild_under_bash(tmp_path: Path, spawn) -> None:

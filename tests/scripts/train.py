@@ -62,7 +62,8 @@ def main() -> int:
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.7)
-    config = preemptible.TerminationConfig(grace_period=args.grace)
+    # without --grace: the detected platform's default config (watchers, grace window)
+    config = None if args.grace is None else preemptible.TerminationConfig(grace_period=args.grace)
     state = {"model": model, "optimizer": opt, "scheduler": sched}
     if args.slow_save:
         state["slow"] = SlowState(args.slow_save)

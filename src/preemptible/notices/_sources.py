@@ -214,9 +214,12 @@ class SlurmTimeLimit:
 
     name = "slurm"
 
-    def __init__(self, job_id: str, lead: float = 300.0, refresh: float = 60.0) -> None:
+    def __init__(
+        self, job_id: str, lead: float = 300.0, refresh: float = 60.0, margin: float = 10.0
+    ) -> None:
         self.job_id = job_id
         self.lead = lead
+        self.margin = margin
         self.refresh = refresh
         self._end: float | None = None
         self._read_at = -float("inf")
@@ -246,7 +249,9 @@ class SlurmTimeLimit:
         if self._end is not None and time.time() >= self._end - self.lead:
             return Notice(
                 source="slurm-time-limit",
-                deadline=self._end,
+                # done a little before the limit: SLURM's SIGTERM may come early, its SIGKILL
+                # follows KillWait later, and the supervisor still has to requeue the job
+                deadline=self._end - self.margin,
                 detail=f"SLURM job {self.job_id} reaches its time limit at "
                 f"{datetime.fromtimestamp(self._end).isoformat(timespec='seconds')}",
             )

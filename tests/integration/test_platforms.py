@@ -1,0 +1,202 @@
+"""Each platform, end to end: a notice -> committed checkpoint(s) -> exit code -> run state.
+
+The cloud metadata services are served from 127.0.0.1 (tests/fakes/metadata.py) and found by
+the trainer through each platform's override variable; Kubernetes is a SIGTERM with a grace
+window; the stop file is a file. ``preemptible run`` supervises and classifies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Child, attempts, python_args, supervise
+from tests.fakes.metadata import MetadataServer
+
+pytestmark = pytest.mark.timeout(120)
+WINDOW = 4.0  # seconds of notice each fake platform gives
+
+
+@pytest.fixture
+def server() -> Iterator[MetadataServer]:
+    with MetadataServer() as s:
+        yield s
+
+
+def trainer(tmp_path: Path) -> list[str]:
+    return python_args(
+        "train.py",
+        "--ckpt",
+        str(tmp_path / "ck"),
+        "--out",
+        str(tmp_path / "o.pt"),
+        "--steps",
+        "100000",
+        "--step-sleep",
+        "0.05",
+        "--keep",
+        "10",
+    )
+
+
+def checkpoints(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "ck").glob("step-*.ckpt"))
+
+
+def notice_run(
+    spawn, tmp_path: Path, env: dict[str, str], trigger: Callable[[Child], None], *sup_args: str
+) -> tuple[Child, float]:
+    env = {"PREEMPTIBLE_POLL_INTERVAL": "0.2", **env}
+    sup = supervise(
+        spawn, tmp_path, "--max-preemptions", "0", *sup_args, "--", *trainer(tmp_path), env=env
+    )
+    sup.wait_line(lambda line: line == "step 3", timeout=60)
+    noticed = time.time()
+    trigger(sup)
+    assert sup.wait(60) == 143, sup.output
+    return sup, noticed
+
+
+def assert_used_the_window(tmp_path: Path, noticed: float, sup: Child) -> None:
+    saved = checkpoints(tmp_path)
+    assert len(saved) == 2, f"insurance + final checkpoint expected, got {saved}\n{sup.output}"
+    first, final = (int(p.name[5:15]) for p in saved)
+    assert final - first >= 10, "training should go on after the insurance checkpoint"
+    committed = saved[1].stat().st_mtime - noticed
+    assert 0.4 * WINDOW < committed < WINDOW, f"final checkpoint {committed:.2f} s after notice"
+    [a] = attempts(tmp_path)
+    assert a["state"] == "PREEMPTED", sup.output
+
+
+def test_gce_spot_preemption(server: MetadataServer, tmp_path: Path, spawn) -> None:
+    env = {"GCE_METADATA_HOST": server.host, "PREEMPTIBLE_GCE_NOTICE_SECONDS": str(WINDOW)}
+
+    def preempt(_: Child) -> None:
+        server.state.gce_preempted = "TRUE"
+
+    sup, noticed = notice_run(spawn, tmp_path, env, preempt)
+    assert "GCE preempted this Spot/preemptible VM" in sup.output
+    assert_used_the_window(tmp_path, noticed, sup)
+
+
+def test_ec2_spot_interruption_after_a_rebalance_warning(
+    server: MetadataServer, tmp_path: Path, spawn
+) -> None:
+    env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": server.url}
+
+    def interrupt(sup: Child) -> None:
+        server.state.ec2_rebalance = {"noticeTime": "2026-11-29T10:00:00Z"}
+        sup.wait_line(lambda line: "rebalance" in line, timeout=10)
+        server.state.ec2_interrupt(in_seconds=WINDOW + 1)  # EC2 times have 1 s resolution
+
+    sup, _ = notice_run(spawn, tmp_path, env, interrupt)
+    assert "EC2 Spot interruption: terminate" in sup.output
+    # one insurance save for the rebalance warning, one for the notice, one final
+    assert len(checkpoints(tmp_path)) == 3, sup.output
+    [a] = attempts(tmp_path)
+    assert a["state"] == "PREEMPTED"
+
+
+def test_azure_preempt_event_is_acknowledged_after_the_checkpoint(
+    server: MetadataServer, tmp_path: Path, spawn
+) -> None:
+    env = {"PREEMPTIBLE_AZURE_METADATA_ENDPOINT": server.url}
+    events: list[str] = []
+
+    def preempt(_: Child) -> None:
+        events.append(server.state.azure_event("Preempt", not_before_in=WINDOW))
+
+    sup, noticed = notice_run(spawn, tmp_path, env, preempt)
+    assert_used_the_window(tmp_path, noticed, sup)
+    assert server.state.azure_acks == events
+
+
+def test_kubernetes_sigterm_with_a_grace_period(tmp_path: Path, spawn) -> None:
+    # a 9 s pod window: the trainer aims for 9 - 5 = 4 s, the supervisor SIGKILLs at 7 s
+    env = {"PREEMPTIBLE_PLATFORM": "kubernetes", "PREEMPTIBLE_GRACE_PERIOD": str(WINDOW + 5)}
+    sup, noticed = notice_run(spawn, tmp_path, env, lambda s: s.signal(signal.SIGTERM))
+    assert "SIGKILL in 7 s" in sup.output
+    assert_used_the_window(tmp_path, noticed, sup)
+
+
+def test_stop_file(tmp_path: Path, spawn) -> None:
+    stop = tmp_path / "STOP"
+    notice_run(spawn, tmp_path, {"PREEMPTIBLE_STOP_FILE": str(stop)}, lambda s: stop.touch())
+    assert len(checkpoints(tmp_path)) == 1
+    assert not stop.exists()
+    assert (
+        json.loads(
+            (
+                next((tmp_path / ".preemptible" / "runs").glob("*/attempt-1")) / "record.json"
+            ).read_text()
+        )["reason"]
+        == "stop-file"
+    )
+
+
+def doctor(env: dict[str, str]) -> dict[str, dict[str, str]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "preemptible", "doctor", "--json"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return {c["name"]: c for c in json.loads(out.stdout)}
+
+
+def test_doctor_in_each_simulated_platform(server: MetadataServer, tmp_path: Path) -> None:
+    clean = {
+        v: ""
+        for v in (
+            "SLURM_JOB_ID",
+            "KUBERNETES_SERVICE_HOST",
+            "PREEMPTIBLE_PLATFORM",
+            "PREEMPTIBLE_GRACE_PERIOD",
+        )
+    }
+    gce = doctor({**clean, "GCE_METADATA_HOST": server.host})
+    assert gce["platform"]["detail"].startswith("gce (GCE_METADATA_HOST is set)")
+    assert gce["notices (gce)"]["status"] == "ok" and "reachable" in gce["notices (gce)"]["detail"]
+
+    server.state.ec2_interrupt(in_seconds=120)
+    ec2 = doctor({**clean, "AWS_EC2_METADATA_SERVICE_ENDPOINT": server.url})
+    assert ec2["notices (ec2)"]["status"] == "warn"
+    assert "a notice is pending now" in ec2["notices (ec2)"]["detail"]
+
+    server.state.fault["azure"] = "500"
+    azure = doctor({**clean, "PREEMPTIBLE_AZURE_METADATA_ENDPOINT": server.url})
+    assert azure["notices (azure)"]["status"] == "warn"
+    assert "did not answer" in azure["notices (azure)"]["detail"]
+    assert "reachable" in azure["notices (azure)"]["fix"]
+
+    k8s = doctor({**clean, "KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    assert k8s["platform"]["detail"].startswith("kubernetes")
+    assert k8s["notices (kubernetes)"]["status"] == "warn"
+    assert "PREEMPTIBLE_GRACE_PERIOD" in k8s["notices (kubernetes)"]["fix"]
+    assert "window after SIGTERM" in k8s["on preemption"]["detail"]
+    k8s = doctor({**clean, "KUBERNETES_SERVICE_HOST": "10.0.0.1", "PREEMPTIBLE_GRACE_PERIOD": "90"})
+    assert k8s["notices (kubernetes)"]["status"] == "ok"
+    assert "88 s after the first stop signal" in k8s["term-timeout"]["detail"]
+
+    local = doctor({**clean, "PREEMPTIBLE_DMI_DIR": str(tmp_path), "WORLD_SIZE": "2"})
+    assert local["platform"]["detail"].startswith("local")
+    assert "USR2" in local["nccl"]["fix"]
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "preemptible", "doctor"],
+        env={**os.environ, **clean, "PREEMPTIBLE_PLATFORM": "vax"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "WARN platform" in bad.stdout and "'vax' is not valid" in bad.stdout
