@@ -181,3 +181,41 @@ def test_time_limit_without_signal_saves_before_the_limit(slurm: None, tmp_path:
         assert (tmp_path / "o.pt").exists()
     finally:
         subprocess.run(["scancel", job], capture_output=True, timeout=30)
+
+
+def test_doctor_inside_a_job(slurm: None, tmp_path: Path) -> None:
+    out = tmp_path / "doctor.json"
+    job = (
+        subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "--requeue",
+                "--time=30",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                f"{sys.executable} -m preemptible doctor --json > {out}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
+    try:
+        wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 60, "the doctor job")
+        import json
+
+        checks = {c["name"]: c for c in json.loads(out.read_text())}
+        assert checks["platform"]["detail"].startswith("slurm (SLURM_JOB_ID is set)")
+        assert checks["slurm"]["status"] == "ok" and "Requeue=1" in checks["slurm"]["detail"]
+        assert "ends at its time limit" in checks["notices (slurm)"]["detail"]
+        assert (
+            "SLURM job's time left" in checks["term-timeout"]["detail"]
+            or "default" in checks["term-timeout"]["detail"]
+        )
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)

@@ -183,3 +183,38 @@ def test_composite_logs_each_failing_source_once(
     assert n is not None and n.source == "stop-file"
     assert not stop.exists(), "the stop file is taken, so the resumed run goes on"
     assert caplog.text.count("gce notices unavailable") == 1
+
+
+@pytest.mark.parametrize("kind", ["gce", "ec2", "azure"])
+def test_watcher_thread_sees_a_notice_within_one_poll(kind: str, server: MetadataServer) -> None:
+    from preemptible._termination import Notice, Watcher
+    from tests.conftest import wait_for
+
+    source = {
+        "gce": lambda: GCE(server.host),
+        "ec2": lambda: EC2(server.url),
+        "azure": lambda: Azure(server.url),
+    }[kind]()
+    seen: list[tuple[float, Notice]] = []
+    interval = 0.2
+    watcher = Watcher(
+        Composite([source]),
+        lambda n: seen.append((time.monotonic(), n)),
+        interval=interval,
+        name=kind,
+    )
+    watcher.start()
+    try:
+        wait_for(lambda: len(server.state.requests) >= 2, 10, "the first polls")
+        flipped = time.monotonic()
+        if kind == "gce":
+            server.state.gce_preempted = "TRUE"
+        elif kind == "ec2":
+            server.state.ec2_interrupt(in_seconds=120)
+        else:
+            server.state.azure_event("Preempt", not_before_in=30)
+        wait_for(lambda: seen, 5, "the notice")
+    finally:
+        watcher.stop()
+    assert seen[0][0] - flipped <= interval + 0.15, "seen later than one poll interval"
+    assert seen[0][1].stop
