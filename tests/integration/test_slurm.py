@@ -8,16 +8,20 @@ COMPLETES with the exact final weights.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 import torch
 
+from preemptible.notices._sources import SlurmTimeLimit
 from tests.conftest import SCRIPTS, wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -45,6 +49,23 @@ def slurm() -> None:
         pytest.skip(reason)
 
 
+@pytest.fixture
+def sbatch(slurm: None) -> Iterator[Callable[..., str]]:
+    """``sbatch(*args)`` submits a job and returns its id; every job is cancelled at teardown."""
+    jobs: list[str] = []
+
+    def submit(*args: str) -> str:
+        out = subprocess.run(
+            ["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=30, check=True
+        )
+        jobs.append(out.stdout.strip().split(";")[0])
+        return jobs[-1]
+
+    yield submit
+    for job in jobs:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+
+
 def job_field(job: str, name: str) -> str | None:
     out = subprocess.run(
         ["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30
@@ -53,7 +74,7 @@ def job_field(job: str, name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def test_usr1_requeue_resume_complete_bit_exact(slurm: None, tmp_path: Path) -> None:
+def test_usr1_requeue_resume_complete_bit_exact(sbatch, tmp_path: Path) -> None:
     py = sys.executable
     train = [py, str(SCRIPTS / "train.py"), "--ckpt", "ck", "--steps", "40", "--step-sleep", "0.1"]
     ref = subprocess.run(
@@ -71,76 +92,38 @@ def test_usr1_requeue_resume_complete_bit_exact(slurm: None, tmp_path: Path) -> 
         f"exec {py} -m preemptible run --checkpoint-dir ck -- {' '.join(train)} --out o.pt\n"
     )
     out = tmp_path / "job.out"
-    job = (
-        subprocess.run(
-            [
-                "sbatch",
-                "--parsable",
-                "--requeue",
-                "--open-mode=append",
-                "-o",
-                str(out),
-                str(script),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        .stdout.strip()
-        .split(";")[0]
-    )
-    try:
-        wait_for(lambda: out.exists() and "\nstep 5\n" in out.read_text(), 60, "step 5 in the job")
-        subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
-        wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 180, "the job to complete")
-        text = out.read_text()
-        assert job_field(job, "Restarts") == "1", text
-        assert "restart_count=unset" in text and "restart_count=1" in text
-        assert "PREEMPTED (killed by SIGUSR1)" in text or "PREEMPTED (exit 138)" in text, text
-        assert f"requeued SLURM job {job}" in text
-        assert "resuming from" in text and "FINISHED (exit 0)" in text
-        runs = tmp_path / ".preemptible" / "runs" / f"slurm-{job}"
-        assert sorted(p.name for p in runs.glob("attempt-*")) == ["attempt-1", "attempt-2"]
-        a = torch.load(tmp_path / "ref.pt", weights_only=True)
-        b = torch.load(tmp_path / "o.pt", weights_only=True)
-        assert all(torch.equal(a[k], b[k]) for k in a)
-    finally:
-        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    job = sbatch("--requeue", "--open-mode=append", "-o", str(out), str(script))
+    wait_for(lambda: out.exists() and "\nstep 5\n" in out.read_text(), 60, "step 5 in the job")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
+    wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 180, "the job to complete")
+    text = out.read_text()
+    assert job_field(job, "Restarts") == "1", text
+    assert "restart_count=unset" in text and "restart_count=1" in text
+    assert "PREEMPTED (killed by SIGUSR1)" in text or "PREEMPTED (exit 138)" in text, text
+    assert f"requeued SLURM job {job}" in text
+    assert "resuming from" in text and "FINISHED (exit 0)" in text
+    runs = tmp_path / ".preemptible" / "runs" / f"slurm-{job}"
+    assert sorted(p.name for p in runs.glob("attempt-*")) == ["attempt-1", "attempt-2"]
+    a = torch.load(tmp_path / "ref.pt", weights_only=True)
+    b = torch.load(tmp_path / "o.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_end_time_watcher_reads_the_real_job(slurm: None, tmp_path: Path) -> None:
-    from preemptible.notices._sources import SlurmTimeLimit
-
-    job = (
-        subprocess.run(
-            ["sbatch", "--parsable", "--time=10", "-o", "/dev/null", "--wrap", "sleep 300"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        .stdout.strip()
-        .split(";")[0]
-    )
-    try:
-        wait_for(lambda: job_field(job, "JobState") == "RUNNING", 60, "the job to start")
-        start = job_field(job, "StartTime")
-        assert start is not None
-        from datetime import datetime
-
-        expected = datetime.fromisoformat(start).timestamp() + 600
-        watcher = SlurmTimeLimit(job, lead=300)
-        assert watcher.end_time() == expected
-        assert watcher.poll() is None, "10 minutes left is more than the 5 minute lead"
-        notice = SlurmTimeLimit(job, lead=700).poll()
-        assert notice is not None and notice.source == "slurm-time-limit"
-        assert notice.deadline == expected - 10
-    finally:
-        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+def test_end_time_watcher_reads_the_real_job(sbatch, tmp_path: Path) -> None:
+    job = sbatch("--time=10", "-o", "/dev/null", "--wrap", "sleep 300")
+    wait_for(lambda: job_field(job, "JobState") == "RUNNING", 60, "the job to start")
+    start = job_field(job, "StartTime")
+    assert start is not None
+    expected = datetime.fromisoformat(start).timestamp() + 600
+    watcher = SlurmTimeLimit(job, lead=300)
+    assert watcher.end_time() == expected
+    assert watcher.poll() is None, "10 minutes left is more than the 5 minute lead"
+    notice = SlurmTimeLimit(job, lead=700).poll()
+    assert notice is not None and notice.source == "slurm-time-limit"
+    assert notice.deadline == expected - 10
 
 
-def test_time_limit_without_signal_saves_before_the_limit(slurm: None, tmp_path: Path) -> None:
+def test_time_limit_without_signal_saves_before_the_limit(sbatch, tmp_path: Path) -> None:
     """No --signal: the end-time watcher alone gets the run saved, requeued and finished."""
     py = sys.executable
     script = tmp_path / "job.sh"
@@ -151,71 +134,32 @@ def test_time_limit_without_signal_saves_before_the_limit(slurm: None, tmp_path:
         "--ckpt ck --out o.pt --steps 650 --step-sleep 0.1 --keep 5\n"
     )
     out = tmp_path / "job.out"
-    job = (
-        subprocess.run(
-            [
-                "sbatch",
-                "--parsable",
-                "--requeue",
-                "--open-mode=append",
-                "--time=1",
-                "-o",
-                str(out),
-                str(script),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        .stdout.strip()
-        .split(";")[0]
-    )
-    try:
-        wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 240, "the job to complete")
-        text = out.read_text()
-        assert "reaches its time limit" in text
-        assert "stopped at step" in text and "on slurm-time-limit" in text
-        assert f"requeued SLURM job {job}" in text and "FINISHED (exit 0)" in text
-        assert "TIMEOUT" not in (job_field(job, "JobState") or "")
-        assert (tmp_path / "o.pt").exists()
-    finally:
-        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    job = sbatch("--requeue", "--open-mode=append", "--time=1", "-o", str(out), str(script))
+    wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 240, "the job to complete")
+    text = out.read_text()
+    assert "reaches its time limit" in text
+    assert "stopped at step" in text and "on slurm-time-limit" in text
+    assert f"requeued SLURM job {job}" in text and "FINISHED (exit 0)" in text
+    assert "TIMEOUT" not in (job_field(job, "JobState") or "")
+    assert (tmp_path / "o.pt").exists()
 
 
-def test_doctor_inside_a_job(slurm: None, tmp_path: Path) -> None:
+def test_doctor_inside_a_job(sbatch, tmp_path: Path) -> None:
     out = tmp_path / "doctor.json"
-    job = (
-        subprocess.run(
-            [
-                "sbatch",
-                "--parsable",
-                "--requeue",
-                "--time=30",
-                "-o",
-                "/dev/null",
-                "--wrap",
-                f"{sys.executable} -m preemptible doctor --json > {out}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        .stdout.strip()
-        .split(";")[0]
+    job = sbatch(
+        "--requeue",
+        "--time=30",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        f"{sys.executable} -m preemptible doctor --json > {out}",
     )
-    try:
-        wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 60, "the doctor job")
-        import json
-
-        checks = {c["name"]: c for c in json.loads(out.read_text())}
-        assert checks["platform"]["detail"].startswith("slurm (SLURM_JOB_ID is set)")
-        assert checks["slurm"]["status"] == "ok" and "Requeue=1" in checks["slurm"]["detail"]
-        assert "ends at its time limit" in checks["notices (slurm)"]["detail"]
-        assert (
-            "SLURM job's time left" in checks["term-timeout"]["detail"]
-            or "default" in checks["term-timeout"]["detail"]
-        )
-    finally:
-        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 60, "the doctor job")
+    checks = {c["name"]: c for c in json.loads(out.read_text())}
+    assert checks["platform"]["detail"].startswith("slurm (SLURM_JOB_ID is set)")
+    assert checks["slurm"]["status"] == "ok" and "Requeue=1" in checks["slurm"]["detail"]
+    assert "ends at its time limit" in checks["notices (slurm)"]["detail"]
+    assert (
+        "SLURM job's time left" in checks["term-timeout"]["detail"]
+        or "default" in checks["term-timeout"]["detail"]
+    )
