@@ -1,0 +1,177 @@
+"""A small real Lightning fit used by the tests (run as a subprocess).
+
+Prints ``batch E B`` as each training batch starts and ``rank R pid P`` at fit start. Dropout
+and a noise term draw from the global RNGs every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import sys
+import time
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from preemptible.lightning import GracefulInterruptCallback
+
+
+class Model(pl.LightningModule):
+    def __init__(self, step_sleep: float, slow_save: float = 0.0) -> None:
+        super().__init__()
+        self.slow_save = slow_save
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
+        )
+        self.step_sleep = step_sleep
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        print(f"batch {self.current_epoch} {batch_idx}", flush=True)
+        if os.environ.get("FIT_DEBUG"):
+            import hashlib
+
+            state = hashlib.md5(bytes(torch.get_rng_state().numpy())).hexdigest()[:8]
+            weights = sum(float(p.sum()) for p in self.parameters())
+            print(f"debug rng {state} w {weights:.8f} x {float(batch[0].sum()):.5f}", flush=True)
+        x, y = batch
+        noise = torch.randn_like(y) * 0.01 + random.random() * 0.0
+        loss = torch.nn.functional.mse_loss(self.net(x), y + noise)
+        if self.step_sleep:
+            time.sleep(self.step_sleep)
+        return loss
+
+    def on_save_checkpoint(self, checkpoint):  # type: ignore[no-untyped-def]
+        if self.slow_save:
+            print("saving", flush=True)
+            time.sleep(self.slow_save)
+
+    def validation_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        if self.step_sleep:
+            time.sleep(1.0)  # a slow validation the stop must not wait for
+        print(f"val {batch_idx}", flush=True)
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        opt = torch.optim.Adam(self.parameters(), lr=1e-2)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.9)]
+
+
+class DebugProbe(pl.Callback):
+    def _p(self, what):  # type: ignore[no-untyped-def]
+        import hashlib
+
+        print(
+            f"debug {what} {hashlib.md5(bytes(torch.get_rng_state().numpy())).hexdigest()[:8]}",
+            flush=True,
+        )
+
+    def on_validation_start(self, trainer, pl_module):  # type: ignore[no-untyped-def]
+        self._p("val-start")
+
+    def on_validation_end(self, trainer, pl_module):  # type: ignore[no-untyped-def]
+        self._p("val-end")
+
+    def on_train_batch_end(self, trainer, pl_module, *a):  # type: ignore[no-untyped-def]
+        self._p("batch-end")
+
+    def on_train_batch_start(self, trainer, pl_module, *a):  # type: ignore[no-untyped-def]
+        self._p("batch-start")
+
+
+class TrainEndProbe(pl.Callback):
+    def on_train_end(self, trainer, pl_module):  # type: ignore[no-untyped-def]
+        print("later train-end hook ran", flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--save-dir", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--exit-code", default="0")
+    p.add_argument("--val", action="store_true")
+    p.add_argument("--slow-save", type=float, default=0.0)
+    p.add_argument("--tracker", choices=["none", "local", "mlflow", "wandb"], default="none")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+
+    pl.seed_everything(0, workers=True)
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(96, 8, generator=gen)
+    y = x.sum(1, keepdim=True)
+    train = DataLoader(
+        TensorDataset(x, y),
+        batch_size=8,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+    )
+    val = DataLoader(TensorDataset(x[:16], y[:16]), batch_size=8) if args.val else None
+
+    tracker = None
+    if args.tracker == "local":
+        from preemptible.trackers import LocalTracker
+
+        tracker = LocalTracker(os.path.join(args.save_dir, "tracker.jsonl"))
+    elif args.tracker == "mlflow":
+        import mlflow
+
+        from preemptible.trackers import MLflowTracker
+
+        mlflow.set_tracking_uri(f"sqlite:///{args.save_dir}/mlflow.db")
+        if mlflow.get_experiment_by_name("fit") is None:
+            mlflow.create_experiment("fit", artifact_location=f"{args.save_dir}/artifacts")
+        mlflow.set_experiment("fit")
+        run = mlflow.start_run()
+        print(f"mlflow run {run.info.run_id}", flush=True)
+        tracker = MLflowTracker()
+    elif args.tracker == "wandb":
+        import wandb
+
+        from preemptible.trackers import WandbTracker
+
+        os.environ["WANDB_MODE"] = "offline"
+        tracker = WandbTracker(wandb.init(project="fit", dir=args.save_dir))
+
+    exit_code = None if args.exit_code == "signal" else int(args.exit_code)
+    callback = GracefulInterruptCallback(args.save_dir, tracker, exit_code=exit_code)
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        callbacks=[callback, TrainEndProbe()]
+        + ([DebugProbe()] if os.environ.get("FIT_DEBUG") else []),
+        val_check_interval=4 if args.val else None,
+        num_sanity_val_steps=0,
+    )
+    print(f"rank {trainer.global_rank} pid {os.getpid()}", flush=True)
+    model = Model(args.step_sleep, args.slow_save)
+    try:
+        trainer.fit(model, train, val, ckpt_path=callback.ckpt_path if args.resume else None)
+        if trainer.global_rank == 0:
+            torch.save(model.state_dict(), args.out)
+    finally:
+        # the owner's pattern that used to overwrite the truth: "success" in a finally block
+        if tracker is not None:
+            tracker.finalize("finished")
+    print("fit done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
