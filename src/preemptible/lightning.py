@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
@@ -119,13 +119,11 @@ class _SkipFirst:
 
 
 def _skip_first_batches(trainer: pl.Trainer, skip: int) -> None:
-    from lightning.pytorch.utilities.combined_loader import _Stateful
-
     combined = trainer.fit_loop._combined_loader
     if combined is None:
         return
     loaders = combined.flattened
-    if any(isinstance(dl, _Stateful) for dl in loaders):
+    if any(hasattr(dl, "state_dict") and hasattr(dl, "load_state_dict") for dl in loaders):
         return  # a stateful loader restores its own position (Lightning's "combined_loader")
     combined.flattened = [_SkipFirst(dl, skip) for dl in loaders]
 
@@ -318,7 +316,7 @@ class GracefulInterruptCallback(pl.Callback):
         batch-end state is restored at once, before the next epoch's iterator is drawn.
         """
         loop = trainer.fit_loop.epoch_loop
-        done = loop.batch_progress.current.processed
+        done = cast(Any, loop.batch_progress.current).processed
         total = trainer.num_training_batches
         mid_epoch = 0 < done < total and state.get("epoch_rng") is not None
         if mid_epoch:
@@ -396,7 +394,7 @@ class GracefulInterruptCallback(pl.Callback):
         # a validation due after this batch is skipped now (it would eat the notice window)
         # and run first thing on resume, so metrics and random draws stay as without a stop
         with contextlib.suppress(Exception):
-            loop = trainer.fit_loop.epoch_loop
+            loop: Any = trainer.fit_loop.epoch_loop
             self._val_due = bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
         rank_zero = self._is_rank_zero(trainer)
         if rank_zero:

@@ -103,6 +103,7 @@ def main() -> int:
     p.add_argument("--tracker", choices=["none", "local", "mlflow", "wandb"], default="none")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    os.makedirs(args.save_dir, exist_ok=True)
 
     pl.seed_everything(0, workers=True)
     torch.set_num_threads(1)

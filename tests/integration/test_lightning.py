@@ -1,0 +1,184 @@
+"""GracefulInterruptCallback in real Lightning fits on CPU, real signals, subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import Child, attempts, python_args, supervise
+from tests.wandb_records import summary
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def fit_args(d: Path, *extra: str) -> list[str]:
+    return python_args("fit.py", "--save-dir", str(d), "--out", str(d / "o.pt"), *extra)
+
+
+def batch_line(epoch: int, batch: int):  # type: ignore[no-untyped-def]
+    return lambda line: line == f"batch {epoch} {batch}"
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, Path]:
+    out = {}
+    for val in (False, True):
+        d = tmp_path_factory.mktemp(f"ref-val{val}")
+        child = Child(fit_args(d, *(["--val"] if val else [])))
+        try:
+            assert child.wait(180) == 0, child.output
+        finally:
+            child.kill()
+        out[val] = d / "o.pt"
+    return out
+
+
+@pytest.mark.parametrize(
+    ("epoch", "batch", "val"),
+    [(1, 5, False), (1, 0, False), (1, 11, False), (0, 3, True), (1, 7, True)],
+    ids=["mid-epoch", "first-batch", "last-batch", "validation-due", "validation-due-2"],
+)
+def test_interrupt_then_resume_is_bit_exact(
+    epoch: int, batch: int, val: bool, references: dict[bool, Path], tmp_path: Path, spawn
+) -> None:
+    extra = ["--step-sleep", "0.05", *(["--val"] if val else [])]
+    first = spawn(fit_args(tmp_path, *extra))
+    first.wait_line(batch_line(epoch, batch), timeout=120)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0, first.output
+    assert (tmp_path / "resume.ckpt").exists()
+    assert "later train-end hook ran" not in first.output
+    second = spawn(fit_args(tmp_path, "--resume", *(["--val"] if val else [])))
+    assert second.wait(180) == 0, second.output
+    assert second.lines.count(f"batch {epoch} {batch}") == 0, "a trained batch was replayed"
+    assert same_weights(references[val], tmp_path / "o.pt")
+
+
+def test_contract_on_ctrl_c_to_the_group(tmp_path: Path, spawn) -> None:
+    child = spawn(fit_args(tmp_path, "--step-sleep", "0.05"))
+    child.wait_line(batch_line(0, 4), timeout=120)
+    child.signal_group(signal.SIGINT)
+    assert child.wait(60) == 0, child.output  # the contract's default exit code
+    out = child.output
+    assert "INFO Added GracefulInterrupt callback" in out
+    assert f"saving {tmp_path}/resume.ckpt" in out
+    assert "fit interrupted; exiting with 0" in out
+    assert "later train-end hook ran" not in out
+    assert "KeyboardInterrupt" not in out
+
+
+def test_sigterm_skips_a_due_validation(tmp_path: Path, spawn) -> None:
+    child = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--val"))
+    child.wait_line(batch_line(0, 3), timeout=120)  # validation (2 s) is due after this batch
+    sent = time.monotonic()
+    child.signal(signal.SIGTERM)
+    assert child.wait(60) == 0, child.output
+    elapsed = time.monotonic() - sent
+    assert "val 0" not in child.lines
+    assert elapsed < 2.0 + 1.0, f"{elapsed:.2f} s from signal to exit"  # batch + save + 2 s
+
+
+def test_group_sigterm_with_workers(tmp_path: Path, spawn) -> None:
+    child = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--workers", "2"))
+    child.wait_line(batch_line(0, 5), timeout=120)
+    child.signal_group(signal.SIGTERM)
+    assert child.wait(60) == 0, child.output
+    assert "killed by signal" not in child.output
+    assert (tmp_path / "resume.ckpt").exists()
+
+
+def test_second_signal_during_the_save_exits_1_at_once(tmp_path: Path, spawn) -> None:
+    child = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--slow-save", "30"))
+    child.wait_line(batch_line(0, 3), timeout=120)
+    child.signal(signal.SIGINT)
+    child.wait_line(lambda line: line == "saving", timeout=30)
+    sent = time.monotonic()
+    child.signal(signal.SIGINT)
+    assert child.wait(10) == 1, child.output
+    assert time.monotonic() - sent < 1.0
+
+
+def test_exit_code_option_and_run_record(tmp_path: Path, spawn) -> None:
+    sup = supervise(
+        spawn, tmp_path, "--max-preemptions", "0", "--", *fit_args(tmp_path, "--step-sleep", "0.05")
+    )
+    sup.wait_line(batch_line(0, 4), timeout=120)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(60) == 143, sup.output  # the fit exits 0, the record says preempted
+    [a] = attempts(tmp_path)
+    assert a["state"] == "PREEMPTED" and a["ending"] == "exit 0"
+    child = spawn(fit_args(tmp_path / "b", "--step-sleep", "0.05", "--exit-code", "signal"))
+    child.wait_line(batch_line(0, 4), timeout=120)
+    child.signal(signal.SIGTERM)
+    assert child.wait(60) == 143, child.output
+
+
+@pytest.mark.parametrize("tracker", ["local", "mlflow", "wandb"])
+def test_tracker_finalized_once_with_the_truth(tracker: str, tmp_path: Path, spawn) -> None:
+    child = spawn(
+        fit_args(tmp_path, "--step-sleep", "0.05", "--tracker", tracker),
+        env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )
+    child.wait_line(batch_line(0, 4), timeout=120)
+    child.signal(signal.SIGTERM)
+    assert child.wait(120) == 0, child.output
+    if tracker == "local":
+        events = [
+            json.loads(line) for line in (tmp_path / "tracker.jsonl").read_text().splitlines()
+        ]
+        assert [(e["event"], e.get("status")) for e in events] == [
+            ("checkpoint", None),
+            ("finalize", "preempted"),
+        ]
+    elif tracker == "mlflow":
+        from mlflow.tracking import MlflowClient
+
+        run_id = next(line.split()[-1] for line in child.lines if line.startswith("mlflow run"))
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED"
+        assert run.data.tags["preemptible.status"] == "preempted"
+        assert [a.path for a in client.list_artifacts(run_id, "checkpoints")] == [
+            "checkpoints/resume.ckpt"
+        ]
+    else:
+        found = summary(tmp_path)
+        assert found["exit_codes"] == [143] and found["preempting"] is True
+
+
+def test_ddp_signal_to_one_rank_stops_both_at_the_same_batch(tmp_path: Path, spawn) -> None:
+    for target in (0, 1):
+        d = tmp_path / f"rank{target}"
+        child = spawn(
+            fit_args(d, "--step-sleep", "0.05", "--devices", "2", "--epochs", "20"),
+            env={"MASTER_PORT": str(29400 + target)},
+        )
+        pids = {}
+        for _ in range(2):
+            line = child.wait_line(
+                lambda line, seen=pids: line.startswith("rank ") and line.split()[1] not in seen,
+                timeout=120,
+            )
+            pids[line.split()[1]] = int(line.split()[3])
+        # both ranks print to one pipe, so lines can run together: match a substring
+        child.wait_line(lambda line: "batch 0 4" in line, timeout=120)
+        os.kill(pids[str(target)], signal.SIGTERM)
+        assert child.wait(120) == 0, child.output
+        steps = {
+            line.split("global step ")[1].split(",")[0]
+            for line in child.lines
+            if "saving" in line and "global step" in line
+        }
+        assert len(steps) == 1, f"ranks stopped at different steps: {steps}\n{child.output}"
+        assert (d / "resume.ckpt").exists()
