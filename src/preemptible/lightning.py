@@ -204,6 +204,7 @@ class GracefulInterruptCallback(pl.Callback):
         self._val_due = False
         self._pending_rng: dict[str, Any] | None = None
         self._resume_state: dict[str, Any] | None = None
+        self._fit = 0
 
     @property
     def ckpt_path(self) -> Path:
@@ -216,11 +217,13 @@ class GracefulInterruptCallback(pl.Callback):
     # -- contract hooks ------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.trainer = trainer
-        if stage != "fit" or os.getpid() != self._creator:
+        if stage != "fit":
             return
         global _fits
         _fits += 1
-        self._fit = _fits
+        self._fit = _fits  # counted in every process, so all ranks use the same store keys
+        if os.getpid() != self._creator:
+            return
         self._requests = StopRequests()
         self._interrupted = False
         self._batches = 0

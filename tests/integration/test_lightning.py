@@ -31,38 +31,54 @@ def same_weights(a: Path, b: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, Path]:
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {}
-    for val in (False, True):
-        d = tmp_path_factory.mktemp(f"ref-val{val}")
-        child = Child(fit_args(d, *(["--val"] if val else [])))
+    for kind, extra in KINDS.items():
+        d = tmp_path_factory.mktemp(f"ref-{kind}")
+        child = Child(fit_args(d, *extra))
         try:
             assert child.wait(180) == 0, child.output
         finally:
             child.kill()
-        out[val] = d / "o.pt"
+        out[kind] = d / "o.pt"
     return out
 
 
+KINDS = {"plain": [], "val": ["--val"], "shuffle": ["--shuffle"]}
+
+
 @pytest.mark.parametrize(
-    ("epoch", "batch", "val"),
-    [(1, 5, False), (1, 0, False), (1, 11, False), (0, 3, True), (1, 7, True)],
-    ids=["mid-epoch", "first-batch", "last-batch", "validation-due", "validation-due-2"],
+    ("epoch", "batch", "kind"),
+    [
+        (1, 5, "plain"),
+        (1, 0, "plain"),
+        (1, 11, "plain"),
+        (0, 3, "val"),
+        (1, 7, "val"),
+        (1, 6, "shuffle"),
+    ],
+    ids=[
+        "mid-epoch",
+        "first-batch",
+        "last-batch",
+        "validation-due",
+        "validation-due-2",
+        "shuffled",
+    ],
 )
 def test_interrupt_then_resume_is_bit_exact(
-    epoch: int, batch: int, val: bool, references: dict[bool, Path], tmp_path: Path, spawn
+    epoch: int, batch: int, kind: str, references: dict[str, Path], tmp_path: Path, spawn
 ) -> None:
-    extra = ["--step-sleep", "0.05", *(["--val"] if val else [])]
-    first = spawn(fit_args(tmp_path, *extra))
+    first = spawn(fit_args(tmp_path, "--step-sleep", "0.05", *KINDS[kind]))
     first.wait_line(batch_line(epoch, batch), timeout=120)
     first.signal(signal.SIGTERM)
     assert first.wait(60) == 0, first.output
     assert (tmp_path / "resume.ckpt").exists()
     assert "later train-end hook ran" not in first.output
-    second = spawn(fit_args(tmp_path, "--resume", *(["--val"] if val else [])))
+    second = spawn(fit_args(tmp_path, "--resume", *KINDS[kind]))
     assert second.wait(180) == 0, second.output
     assert second.lines.count(f"batch {epoch} {batch}") == 0, "a trained batch was replayed"
-    assert same_weights(references[val], tmp_path / "o.pt")
+    assert same_weights(references[kind], tmp_path / "o.pt")
 
 
 def test_contract_on_ctrl_c_to_the_group(tmp_path: Path, spawn) -> None:

@@ -100,6 +100,7 @@ def main() -> int:
     p.add_argument("--exit-code", default="0")
     p.add_argument("--val", action="store_true")
     p.add_argument("--slow-save", type=float, default=0.0)
+    p.add_argument("--shuffle", action="store_true")
     p.add_argument("--tracker", choices=["none", "local", "mlflow", "wandb"], default="none")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")

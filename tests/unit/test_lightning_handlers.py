@@ -109,3 +109,44 @@ def test_fit_in_a_thread_warns_instead_of_crashing(
     assert errors == []
     assert "off the main thread" in caplog.text
     assert_restored()
+
+
+class FlakyTracker:
+    """A test double of preemptible's own Tracker protocol (not of MLflow or W&B)."""
+
+    def __init__(self, fail: str | None) -> None:
+        self.fail, self.calls = fail, []  # type: ignore[var-annotated]
+
+    def upload_checkpoint(self, path: Path) -> None:
+        self.calls.append(("upload", Path(path).exists()))
+        if self.fail == "upload":
+            raise OSError("upload refused")
+
+    def mark_preempting(self) -> None:
+        self.calls.append(("preempting", None))
+
+    def finalize(self, status: str) -> None:
+        self.calls.append(("finalize", status))
+
+
+def test_a_failed_upload_skips_finalization_and_is_not_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tracker = FlakyTracker("upload")
+    with caplog.at_level(logging.ERROR, logger="preemptible"), pytest.raises(SystemExit):
+        fit(Model(signal_at=2), tmp_path, tracker=tracker)
+    assert tracker.calls == [("upload", True)]
+    assert "tracker upload failed: OSError: upload refused" in caplog.text
+    assert_restored()
+
+
+def test_a_failed_save_still_uploads_and_finalizes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")  # save_dir/resume.ckpt cannot be created under a file
+    tracker = FlakyTracker(None)
+    with caplog.at_level(logging.ERROR, logger="preemptible"), pytest.raises(SystemExit):
+        fit(Model(signal_at=2), blocker, tracker=tracker)
+    assert tracker.calls == [("upload", False), ("finalize", "preempted")]
+    assert "saving" in caplog.text and "failed" in caplog.text
