@@ -8,6 +8,7 @@ of a serialized ``wandb_internal_pb2.Record``.
 from __future__ import annotations
 
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ def records(path: Path) -> list[Any]:
         if kind == 0 and length == 0:
             break
         chunk = data[pos + HEADER : pos + HEADER + length]
+        if len(chunk) < length:
+            break  # the writer has not finished this record yet
         pos += HEADER + length
         if kind in (FULL, FIRST):
             pending = chunk
@@ -44,8 +47,22 @@ def records(path: Path) -> list[Any]:
     return out
 
 
-def summary(run_dir: Path) -> dict[str, Any]:
-    """exit code, preempting flag and artifact names of the newest offline run under run_dir."""
+def summary(run_dir: Path, timeout: float = 30.0) -> dict[str, Any]:
+    """exit code, preempting flag and artifact names of the newest offline run under run_dir.
+
+    W&B's writer (a separate wandb-core process) may still be flushing the file when
+    ``finish()`` returns or the training process exits: wait, with a deadline, until the
+    run's exit record is in it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        found = _summary(run_dir)
+        if found["exit_codes"] or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
     files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert files, f"no offline run under {run_dir}"
     found: dict[str, Any] = {"exit_codes": [], "preempting": False, "artifacts": []}
