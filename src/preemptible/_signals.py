@@ -96,6 +96,22 @@ class SignalLatch:
         """(signum, wall time) of every signal handled so far, oldest first."""
         return list(self._received)
 
+    def handles(self, handler: object) -> bool:
+        """Whether ``handler`` is this latch's handler (e.g. found in someone's snapshot)."""
+        return handler == self._handle
+
+    def previous(self, sig: int) -> _Handler:
+        """The handler that was installed for ``sig`` before this latch."""
+        return self._previous.get(sig, signal.SIG_DFL)
+
+    def reclaim(self) -> None:
+        """Put this latch's handler back where someone installed theirs over it."""
+        if not self._previous or os.getpid() != self._owner_pid:
+            return
+        for sig in self.signals:
+            if signal.getsignal(sig) != self._handle:
+                signal.signal(sig, self._handle)
+
     def install(self) -> bool:
         """Install the handlers; False (with a warning) when that is impossible here."""
         if threading.current_thread() is not threading.main_thread():

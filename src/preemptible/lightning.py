@@ -354,15 +354,13 @@ class GracefulInterruptCallback(pl.Callback):
         latch = self._latch
         if latch is None or not latch.installed:
             return
-        for sig in latch.signals:
-            if signal.getsignal(sig) is not latch._handle:
-                signal.signal(sig, latch._handle)
+        latch.reclaim()
         connector = getattr(trainer, "_signal_connector", None)
         originals = getattr(connector, "_original_handlers", None)
         if isinstance(originals, dict):
             for sig, handler in list(originals.items()):
-                if handler == latch._handle:
-                    originals[sig] = latch._previous.get(sig, signal.SIG_DFL)
+                if latch.handles(handler):
+                    originals[sig] = latch.previous(sig)
 
     def _close(self) -> None:
         if self._agreement is not None:

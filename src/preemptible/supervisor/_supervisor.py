@@ -20,6 +20,7 @@ from typing import Any
 from .._checkpoint import CheckpointStore
 from .._errors import ConfigError, PreemptibleError
 from .._run import read_record
+from ..notices import grace_period_from_env
 from . import _slurm
 from ._classify import Ending, RunState, classify, exit_code_for
 from ._process import ProcessGroup, become_subreaper
@@ -355,12 +356,13 @@ def term_timeout(explicit: float | None = None) -> tuple[float, str]:
     """Seconds from the first stop signal to SIGKILL, and where the number came from."""
     if explicit is not None:
         return explicit, "--term-timeout"
-    grace = os.environ.get("PREEMPTIBLE_GRACE_PERIOD")
-    if grace:
-        try:
-            return max(float(grace) - 2.0, 1.0), "PREEMPTIBLE_GRACE_PERIOD minus 2 s"
-        except ValueError:
-            logger.warning("preemptible: ignoring PREEMPTIBLE_GRACE_PERIOD=%r", grace)
+    try:
+        grace = grace_period_from_env()
+    except ConfigError as exc:
+        logger.warning("preemptible: ignoring it: %s", exc)
+        grace = None
+    if grace is not None:
+        return max(grace - 2.0, 1.0), "PREEMPTIBLE_GRACE_PERIOD minus 2 s"
     left = _slurm.time_left()
     if left is not None and left < 10 * DEFAULT_TERM_TIMEOUT:
         return max(left - 5.0, 5.0), "the SLURM job's time left minus 5 s"
