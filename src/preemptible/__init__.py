@@ -11,6 +11,7 @@ from ._checkpoint import Checkpoint, CheckpointStore
 from ._errors import (
     CheckpointError,
     CheckpointLoadError,
+    CheckpointLockError,
     CheckpointSaveError,
     ConfigError,
     PreemptibleError,
@@ -26,6 +27,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CheckpointLoadError",
+    "CheckpointLockError",
     "CheckpointSaveError",
     "CheckpointStore",
     "ConfigError",

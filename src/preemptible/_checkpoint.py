@@ -7,30 +7,63 @@ directory so the rename itself is durable. A reader only ever considers final na
 old set plus one complete new one, never a half-written "latest". Older checkpoints are
 pruned only after the new one is committed, so ``keep=1`` is safe as well.
 
-A checkpoint is a file or a directory; the store does not care what is inside.
+A checkpoint is a regular file or a directory; the store does not care what is inside.
+Anything else under a checkpoint name (a FIFO, a socket, a dangling link) is not one: opening
+a FIFO would block the resume forever.
+
+The directory may be shared (NFS, Lustre, a bucket mount) between hosts, so a temporary
+carries the writer's host as well as its pid: a pid only says something on its own host.
+``lock()`` keeps a second writer out of the directory altogether.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import logging
 import os
 import re
 import shutil
+import socket
+import stat
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from ._errors import CheckpointLoadError, CheckpointSaveError, ConfigError
+from ._errors import CheckpointLoadError, CheckpointLockError, CheckpointSaveError, ConfigError
 
 logger = logging.getLogger("preemptible")
 
 T = TypeVar("T")
 
 _FINAL = re.compile(r"^step-(\d+)\.ckpt$")
-_TEMP = re.compile(r"^\.tmp-step-(\d+)\.ckpt\.(\d+)\.[0-9a-f]+$")
+# .tmp-step-<N>.ckpt.<host>.<pid>.<hex>; older versions wrote no <host> (the pid is local).
+_TEMP = re.compile(r"^\.tmp-step-(\d+)\.ckpt\.(?:([A-Za-z0-9-]+)\.)?(\d+)\.[0-9a-f]+$")
 _OLD = re.compile(r"^\.old-(step-\d+\.ckpt)\.[0-9a-f]+$")
+
+LOCK_NAME = ".preemptible.lock"
+"""The advisory lock file of ``CheckpointStore.lock()``; it never looks like a checkpoint."""
+
+QUARANTINE_SUFFIX = ".unloadable"
+"""Appended to a checkpoint that does not load while an older one does; never deleted."""
+
+FOREIGN_TEMP_MAX_AGE = 3600.0
+"""Seconds without a write after which another host's temporary counts as abandoned.
+
+Whether a writer on another host is alive cannot be known from here, and a live writer
+touches its temporary at least once per file it writes; an hour without any write means the
+writer is gone (also allows for clock skew between hosts and the file server)."""
+
+_PID_LIMIT = 4_194_304  # Linux's PID_MAX_LIMIT: no process on this host has a pid this high
+_HOST_CHARS = re.compile(r"[^A-Za-z0-9-]")
+_HOST_MAX = 63
+
+_locked_here: set[tuple[int, int]] = set()  # (st_dev, st_ino) of lock files this process holds
+_locked_here_guard = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -41,6 +74,11 @@ class Checkpoint:
 
 def checkpoint_name(step: int) -> str:
     return f"step-{step:010d}.ckpt"
+
+
+def host_tag() -> str:
+    """This host's name as it appears in temporary names: [A-Za-z0-9-] only, at most 63."""
+    return _HOST_CHARS.sub("-", socket.gethostname())[:_HOST_MAX] or "unknown"
 
 
 def fsync_path(path: Path) -> None:
@@ -76,6 +114,8 @@ def _remove(path: Path) -> None:
 
 
 def _pid_alive(pid: int) -> bool:
+    if not 0 < pid < _PID_LIMIT:  # os.kill(0, ...) is our own group; huge ones overflow
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -83,6 +123,33 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _newest_mtime(path: Path) -> float:
+    """The time of the last write anywhere in a temporary (a file or a directory tree)."""
+    newest = path.lstat().st_mtime
+    if path.is_dir() and not path.is_symlink():
+        for root, dirs, files in os.walk(path):
+            for name in [*dirs, *files]:
+                with contextlib.suppress(OSError):
+                    newest = max(newest, os.lstat(os.path.join(root, name)).st_mtime)
+    return newest
+
+
+def _is_checkpoint_kind(path: Path) -> bool:
+    try:
+        mode = path.stat().st_mode  # follows links: a link to a file or directory is fine
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
+
+
+def _describe_holder(fd: int) -> str:
+    try:
+        host, pid = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
+    except (OSError, ValueError):
+        return "held by another process"
+    return f"held by pid {pid} on host {host}"
 
 
 class CheckpointStore:
@@ -93,6 +160,9 @@ class CheckpointStore:
             raise ConfigError(f"keep={keep!r} is not valid; use an integer >= 1")
         self.directory = Path(directory)
         self.keep = keep
+        self._lock_fd: int | None = None
+        self._lock_key: tuple[int, int] | None = None
+        self._warned_foreign: set[str] = set()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -111,7 +181,7 @@ class CheckpointStore:
         found = []
         for entry in self._entries():
             m = _FINAL.match(entry.name)
-            if m:
+            if m and _is_checkpoint_kind(entry):
                 found.append(Checkpoint(int(m.group(1)), entry))
         found.sort(key=lambda c: c.step, reverse=True)
         return found
@@ -125,15 +195,27 @@ class CheckpointStore:
     ) -> tuple[Checkpoint, T] | None:
         """Load the newest checkpoint that loads; skip (with a warning) those that do not.
 
-        Returns None when there is no checkpoint at all. Raises ``CheckpointLoadError`` when
-        checkpoints exist but none loads: starting over silently would throw away progress.
+        Newer ones that do not load are renamed to ``<name>.unloadable`` once an older one has
+        loaded: left under their names they would count as the newest for retention (and get
+        the good ones pruned) and be retried on every resume. Returns None when there is no
+        checkpoint at all. Raises ``CheckpointLoadError`` when checkpoints exist but none
+        loads: starting over silently would throw away progress (and nothing is renamed).
         """
-        candidates = {c.path: c for c in [*(extra or []), *self.committed()]}
+        candidates: dict[Path, Checkpoint] = {}
+        for ckpt in [*(extra or []), *self.committed()]:
+            if not _is_checkpoint_kind(ckpt.path):
+                logger.warning(
+                    "preemptible: ignoring %s: not an existing regular file or directory",
+                    ckpt.path,
+                )
+                continue
+            candidates.setdefault(Path(os.path.realpath(ckpt.path)), ckpt)
         ordered = sorted(candidates.values(), key=lambda c: c.step, reverse=True)
         failures: list[str] = []
+        unloadable: list[Path] = []
         for ckpt in ordered:
             try:
-                return ckpt, load(ckpt.path)
+                loaded = load(ckpt.path)
             except Exception as exc:
                 logger.warning(
                     "preemptible: skipping checkpoint %s: it does not load (%s: %s)",
@@ -142,6 +224,11 @@ class CheckpointStore:
                     exc,
                 )
                 failures.append(f"{ckpt.path.name}: {type(exc).__name__}: {exc}")
+                unloadable.append(ckpt.path)
+                continue
+            for path in unloadable:
+                self._quarantine(path)
+            return ckpt, loaded
         if failures:
             raise CheckpointLoadError(
                 f"none of the {len(failures)} checkpoints in {self.directory} loads "
@@ -150,12 +237,36 @@ class CheckpointStore:
             )
         return None
 
+    def _quarantine(self, path: Path) -> None:
+        if os.path.realpath(path.parent) != os.path.realpath(self.directory):
+            return  # not ours to rename (PREEMPTIBLE_RESUME_FROM elsewhere)
+        target = path.with_name(path.name + QUARANTINE_SUFFIX)
+        if target.exists() or target.is_symlink():
+            target = path.with_name(f"{path.name}{QUARANTINE_SUFFIX}-{os.urandom(4).hex()}")
+        try:
+            os.rename(path, target)
+        except OSError as exc:
+            logger.warning(
+                "preemptible: could not rename unloadable checkpoint %s to %s: %s",
+                path,
+                target.name,
+                exc.strerror or exc,
+            )
+            return
+        logger.warning(
+            "preemptible: renamed unloadable checkpoint %s to %s (an older one loaded)",
+            path,
+            target.name,
+        )
+
     # -- writing ---------------------------------------------------------------------------
     def save(self, step: int, write: Callable[[Path], None]) -> Path:
         """Commit a new checkpoint for ``step``: ``write(tmp_path)`` creates it (a file or a
         directory), then it is synced, renamed into place, and older ones are pruned."""
         final = self.directory / checkpoint_name(step)
-        tmp = self.directory / f".tmp-{final.name}.{os.getpid()}.{os.urandom(4).hex()}"
+        tmp = self.directory / (
+            f".tmp-{final.name}.{host_tag()}.{os.getpid()}.{os.urandom(4).hex()}"
+        )
         try:
             write(tmp)
             if not tmp.exists():
@@ -173,7 +284,7 @@ class CheckpointStore:
                 "the previous checkpoints are intact",
                 final,
             ) from exc
-        self.prune()
+        self.prune(step, keep_path=final)
         return final
 
     def _commit(self, tmp: Path, final: Path) -> None:
@@ -186,28 +297,70 @@ class CheckpointStore:
         else:
             os.replace(tmp, final)
 
-    def prune(self) -> None:
-        for ckpt in self.committed()[self.keep :]:
+    def prune(self, upto: int | None = None, *, keep_path: Path | None = None) -> None:
+        """Keep the newest ``keep`` checkpoints at or below step ``upto`` (all when None).
+
+        After a save, ``upto`` is the step just committed: a checkpoint with a higher step was
+        not written by this run (a copied or foreign file, one that does not load), so it is
+        neither counted nor deleted; counting it would prune the good ones.
+        """
+        committed = self.committed()
+        if upto is not None:
+            above = [c.path.name for c in committed if c.step > upto]
+            if above and not set(above) <= self._warned_foreign:
+                self._warned_foreign.update(above)
+                logger.warning(
+                    "preemptible: leaving %s in %s alone: a step above the one just saved (%d) "
+                    "was not written by this run; move it away if it is stale",
+                    ", ".join(sorted(above)),
+                    self.directory,
+                    upto,
+                )
+            committed = [c for c in committed if c.step <= upto]
+        kept = 0 if keep_path is None else 1
+        for ckpt in committed:
+            if keep_path is not None and ckpt.path == keep_path:
+                continue
+            if kept < self.keep:
+                kept += 1
+                continue
             try:
                 _remove(ckpt.path)
             except OSError as exc:  # pragma: no cover - best effort
                 logger.warning("preemptible: could not prune %s: %s", ckpt.path, exc)
 
     def clean_stale_temporaries(self) -> list[Path]:
-        """Remove temporaries left by writers that no longer run (killed mid-save)."""
+        """Remove temporaries left by writers that no longer run (killed mid-save).
+
+        One of this host is stale when its pid is dead; one of another host (shared file
+        system) only when nothing in it was written for ``FOREIGN_TEMP_MAX_AGE`` seconds.
+        """
         removed = []
+        me = host_tag()
+        now = time.time()
         for entry in self._entries():
-            m = _TEMP.match(entry.name)
-            if m and not _pid_alive(int(m.group(2))):
-                _remove(entry)
-                removed.append(entry)
+            if m := _TEMP.match(entry.name):
+                host, pid = m.group(2), int(m.group(3))
+                if host is None or host == me:
+                    stale = not _pid_alive(pid)
+                else:
+                    try:
+                        stale = now - _newest_mtime(entry) > FOREIGN_TEMP_MAX_AGE
+                    except OSError:  # gone meanwhile: its writer committed or cleaned it
+                        stale = False
+                if stale:
+                    _remove(entry)
+                    removed.append(entry)
             elif old := _OLD.match(entry.name):
                 final = self.directory / old.group(1)
                 if final.exists():
                     _remove(entry)
                     removed.append(entry)
                 else:  # killed between the two renames of _commit: the old one is still good
-                    os.rename(entry, final)
+                    try:
+                        os.rename(entry, final)
+                    except OSError as exc:
+                        logger.warning("preemptible: could not restore %s: %s", entry, exc)
         if removed:
             logger.info(
                 "preemptible: removed %d unfinished checkpoint file(s) in %s",
@@ -215,6 +368,85 @@ class CheckpointStore:
                 self.directory,
             )
         return removed
+
+    # -- the writer's lock -------------------------------------------------------------------
+    def lock(self) -> bool:
+        """Make this store the only writer of its directory until ``unlock()`` or exit.
+
+        An advisory ``flock`` on ``.preemptible.lock``: released by the kernel when the process
+        ends, however it ends. Raises ``CheckpointLockError`` when another process, or another
+        store in this process, holds it. Where no lock can be taken (a read-only directory, a
+        file system without locks) it warns and returns False: the run can still resume.
+        """
+        if self._lock_fd is not None:
+            return True
+        path = self.directory / LOCK_NAME
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            logger.warning(
+                "preemptible: cannot lock checkpoint directory %s (%s); make sure no other "
+                "run writes to it",
+                self.directory,
+                exc.strerror or exc,
+            )
+            return False
+        locked = False
+        try:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            with _locked_here_guard:
+                # flock already refuses a second descriptor in this process on local file
+                # systems, but NFS emulates it with POSIX locks, which a process shares.
+                if key in _locked_here:
+                    raise self._in_use(
+                        f"held by another handler in this process, pid {os.getpid()}"
+                    )
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                        raise self._in_use(_describe_holder(fd)) from None
+                    logger.warning(
+                        "preemptible: cannot lock checkpoint directory %s (%s); make sure no "
+                        "other run writes to it",
+                        self.directory,
+                        exc.strerror or exc,
+                    )
+                    return False
+                _locked_here.add(key)
+                locked = True
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{socket.gethostname()} {os.getpid()}\n".encode(), 0)
+        finally:
+            if not locked:
+                os.close(fd)
+        self._lock_fd, self._lock_key = fd, key
+        return True
+
+    def unlock(self) -> None:
+        """Release the lock taken by ``lock()``; does nothing when not held. The file stays:
+        removing it would let two writers lock two different files of the same name."""
+        fd, key = self._lock_fd, self._lock_key
+        if fd is None:
+            return
+        self._lock_fd = self._lock_key = None
+        with _locked_here_guard:
+            _locked_here.discard(key)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # closing the only descriptor releases the flock
+
+    def _in_use(self, holder: str) -> CheckpointLockError:
+        return CheckpointLockError(
+            f"checkpoint directory {self.directory} is in use ({holder}); two runs writing to "
+            "one directory would mix their checkpoints",
+            self.directory,
+        )
+
+    @property
+    def locked(self) -> bool:
+        return self._lock_fd is not None
 
     def _entries(self) -> Iterator[Path]:
         try:

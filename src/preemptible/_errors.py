@@ -4,7 +4,8 @@
     ├── ConfigError (ValueError)  a bad argument or environment value; lists what is valid
     └── CheckpointError           a checkpoint problem; the message names the path
         ├── CheckpointSaveError   writing or committing failed; older ones are untouched
-        └── CheckpointLoadError   checkpoints exist but none of them loads
+        ├── CheckpointLoadError   checkpoints exist but none of them loads (or does not fit)
+        └── CheckpointLockError   another writer holds the checkpoint directory
 
 Lower-level errors (OSError, pickle and torch errors) are mapped once, where they happen,
 with ``raise ... from exc`` so the original cause stays visible.
@@ -37,3 +38,7 @@ class CheckpointSaveError(CheckpointError):
 
 class CheckpointLoadError(CheckpointError):
     """Committed checkpoints exist, but none of them could be loaded."""
+
+
+class CheckpointLockError(CheckpointError):
+    """Another handler or process already writes checkpoints to this directory."""
