@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from . import _run
 from ._checkpoint import _FINAL, Checkpoint, CheckpointStore
+from ._env import env_str
 from ._errors import CheckpointSaveError, ConfigError, PreemptibleError
 from ._signals import SignalLatch, normalize_signals, patch_dataloader_workers
 from ._state import apply_payload, build_payload, check_state, read_payload, write_payload
@@ -33,15 +34,20 @@ class PreemptionCheckpointHandler:
         for step in handler.steps(total_steps):
             train_step(step)
 
-    On the first signal of ``signals`` (default INT, TERM, USR1, USR2) or a notice from
+    On the first signal of ``signals`` (default INT, TERM, HUP, USR1, USR2) or a notice from
     ``termination_config.termination_watcher_fn``, the current step finishes, a checkpoint
     is committed and ``exit_fn`` runs (default ``sys.exit(128 + signum)``). A second signal
-    exits at once with code 1.
+    exits at once with code 1 (one within 0.5 s of the first is the same stop delivered
+    twice and is not acted on).
+
+    ``checkpoint_dir`` may be None under ``preemptible run``: the supervisor's
+    ``PREEMPTIBLE_CHECKPOINT_DIR`` is used. One handler writes to a directory at a time: a
+    second one (in any process) raises ``CheckpointLockError``.
     """
 
     def __init__(
         self,
-        checkpoint_dir: str | os.PathLike[str],
+        checkpoint_dir: str | os.PathLike[str] | None = None,
         state: Mapping[str, Any] | None = None,
         *,
         termination_config: TerminationConfig | None = None,
@@ -75,32 +81,46 @@ class PreemptionCheckpointHandler:
             raise ConfigError(
                 f"save_every_steps={save_every_steps!r} is not valid; use None or an integer >= 1"
             )
+        chosen_signals = normalize_signals(signals)
         self.config = config
-        self.store = CheckpointStore(checkpoint_dir, keep=keep)
-        self.store.clean_stale_temporaries()
+        self.store = CheckpointStore(_choose_directory(checkpoint_dir), keep=keep)
+        self._locked = False
+        self._watcher: Watcher | None = None
+        self._requests = StopRequests(config.grace_period)
+        self._latch = SignalLatch(chosen_signals, self._requests.add)
         self.save_every_steps = save_every_steps
         self.tracker = tracker  # the trackers issue wires upload/finalize through it
         self.weights_only = weights_only
         self.resume_path: Path | None = None
 
         self._step = 0
+        self._resumed_step: int | None = None
+        self._warned_same_step = False
         self._resumed = False
-        self._closed = False
         self._stopped = False
         self._last_saved: tuple[int, Path] | None = None
         self._acted_on = 0
         self.step_times = Durations()
         self.save_times = Durations()
 
-        self._requests = StopRequests(config.grace_period)
-        self._latch = SignalLatch(normalize_signals(signals), self._requests.add)
-        self._latch.install()
-        self._watcher: Watcher | None = None
-        if config.termination_watcher_fn is not None:
-            self._watcher = Watcher(
-                config.termination_watcher_fn, self._requests.add, interval=config.poll_interval
-            )
-            self._watcher.start()
+        try:
+            if _is_rank_zero():  # under torch.distributed, the ranks share rank 0's directory
+                self.store.lock()
+                self._locked = True
+            self.store.clean_stale_temporaries()
+            self._latch.install()
+            if config.termination_watcher_fn is not None:
+                self._watcher = Watcher(
+                    config.termination_watcher_fn,
+                    self._requests.add,
+                    interval=config.poll_interval,
+                )
+                self._watcher.start()
+        except BaseException:
+            self.close()
+            raise
+        # where this attempt really saves, for the supervisor's next PREEMPTIBLE_RESUME_FROM
+        _run.update_record(checkpoint_dir=str(self.store.directory.resolve()))
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -109,8 +129,19 @@ class PreemptionCheckpointHandler:
 
     @property
     def step(self) -> int:
-        """The number of completed steps (the step the next iteration runs)."""
+        """The number of completed steps: the step a resumed run starts from.
+
+        ``steps()`` and ``run()`` advance it; a loop of your own sets it
+        (``handler.step = step + 1`` after each step) so that ``save()`` and ``stop()``
+        record the right step.
+        """
         return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"step={value!r} is not valid; use an integer >= 0")
+        self._step = value
 
     @property
     def notices(self) -> list[Notice]:
@@ -119,7 +150,11 @@ class PreemptionCheckpointHandler:
 
     @property
     def should_stop(self) -> bool:
-        """True once a stop was requested and the grace policy says not to start another step."""
+        """True once a stop was requested and the grace policy says not to start another step.
+
+        In a loop of your own, call ``stop()`` when it is True (or ``save()`` and exit)."""
+        if self._requests:
+            self._latch.log_pending()
         return self._must_stop_now()
 
     def resume(self) -> int:
@@ -143,7 +178,8 @@ class PreemptionCheckpointHandler:
         self._resumed = True
         if self.resume_path is not None:
             self._last_saved = (self._step, self.resume_path)
-            logger.info("preemptible: resumed from %s at step %d", self.resume_path, self._step)
+            self._resumed_step = self._step
+            _announce("preemptible: resumed from %s at step %d", self.resume_path, self._step)
         return self._step
 
     def steps(self, total: int) -> Iterator[int]:
@@ -186,10 +222,29 @@ class PreemptionCheckpointHandler:
         self._at_boundary()
         return result
 
-    def save(self) -> Path:
-        """Commit a checkpoint of the current state at the current step; return its path."""
-        started = time.monotonic()
+    def save(self, step: int | None = None) -> Path:
+        """Commit a checkpoint of the current state; return its path.
+
+        ``step`` is the number of completed steps (where a resumed run starts); default
+        ``handler.step``. Passing it also sets ``handler.step``.
+        """
+        if step is not None:
+            self.step = step
         step = self._step
+        if (
+            step == self._resumed_step
+            and self._last_saved is not None
+            and self._last_saved[0] == step
+            and not self._warned_same_step
+        ):
+            self._warned_same_step = True
+            logger.warning(
+                "preemptible: save() at step %d, the step this run resumed from: if the loop "
+                "trained since, this checkpoint claims the wrong step. In a loop of your own set "
+                "handler.step = step + 1 after each step (or use steps()/run())",
+                step,
+            )
+        started = time.monotonic()
         if self.config.save_fn is not None:
             path = self.store.save(step, self.config.save_fn)
         else:
@@ -200,14 +255,28 @@ class PreemptionCheckpointHandler:
         logger.info("preemptible: saved %s (step %d, %.2f s)", path, step, self.save_times.max())
         return path
 
+    def stop(self) -> None:
+        """Stop the run here: commit a checkpoint of ``handler.step`` (unless one exists),
+        record it, acknowledge the notices and call ``exit_fn`` (default: exit with
+        128 + signum, 143 for a notice). For loops of your own, when ``should_stop`` is True."""
+        if self._stopped:
+            raise PreemptibleError("this handler has already stopped the run; create a new one")
+        if self._requests.first_stop() is None:
+            # asked to stop without a request: as for a stop file
+            self._requests.add(Notice(source="stop()", detail="handler.stop() was called"))
+        self._stop()
+
     def close(self) -> None:
-        """Restore the previous signal handlers and stop the watcher; safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
-        self._latch.restore()
+        """Restore the previous signal handlers, stop the watcher and release the directory;
+        safe to call twice. After a committed stop whose exit is under way, the handlers stay
+        until the process is gone (a late signal then exits with the stop's code)."""
+        if not self._latch.holding:
+            self._latch.restore()  # off the main thread it warns; a later close() restores
         if self._watcher is not None:
             self._watcher.stop()
+        if self._locked:
+            self.store.unlock()
+            self._locked = False
 
     def __enter__(self) -> PreemptionCheckpointHandler:
         return self
@@ -249,6 +318,7 @@ class PreemptionCheckpointHandler:
         """Act on stop requests between two steps; True when the run stopped here."""
         if not self._requests:  # the common case: one attribute read per step
             return False
+        self._latch.log_pending()
         notices = self._requests.notices
         new, self._acted_on = notices[self._acted_on :], len(notices)
         if new and not self._must_stop_now() and not self._saved_at_current_step():
@@ -287,6 +357,7 @@ class PreemptionCheckpointHandler:
                 except Exception as exc:  # the checkpoint is safe; the platform just waits
                     logger.warning("preemptible: could not acknowledge %s: %s", n.source, exc)
         code = notice.exit_code
+        self._latch.log_pending()  # signals that came during the save
         logger.warning(
             "preemptible: stopped at step %d on %s; checkpoint %s; exiting with %d",
             self._step,
@@ -295,9 +366,14 @@ class PreemptionCheckpointHandler:
             code,
         )
         self._stopped = True
+        # From here a late signal (a supervisor's escalation, a second notice, SLURM) exits
+        # with ``code`` instead of killing a process that has already saved.
+        self._latch.hold_for_exit(code)
         self.close()
         exit_fn = self.config.exit_fn or sys.exit
         exit_fn(code)
+        # an exit_fn that returns (a notebook, a test): the run goes on without our handlers
+        self._latch.restore()
 
     def _resume_from_env(self) -> list[Checkpoint]:
         value = os.environ.get("PREEMPTIBLE_RESUME_FROM")
@@ -305,10 +381,60 @@ class PreemptionCheckpointHandler:
             return []
         path = Path(value)
         match = _FINAL.match(path.name)
-        if match is None or not path.exists():
+        if match is None or not (path.is_file() or path.is_dir()):
             logger.warning(
                 "preemptible: ignoring PREEMPTIBLE_RESUME_FROM=%s (not an existing step-N.ckpt)",
                 value,
             )
             return []
         return [Checkpoint(int(match.group(1)), path)]
+
+
+def _choose_directory(given: str | os.PathLike[str] | None) -> Path:
+    """The handler's own directory, else the supervisor's; warn once when they differ."""
+    from_env = env_str("PREEMPTIBLE_CHECKPOINT_DIR")
+    if given is None:
+        if from_env is None:
+            raise ConfigError(
+                "no checkpoint directory: pass checkpoint_dir, or run under "
+                "`preemptible run`, which sets PREEMPTIBLE_CHECKPOINT_DIR"
+            )
+        return Path(from_env)
+    path = Path(given)
+    if from_env is not None and Path(from_env).resolve() != path.resolve():
+        global _warned_dirs
+        defaulted = env_str("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT") == "1"
+        if not defaulted and not _warned_dirs:
+            _warned_dirs = True
+            logger.warning(
+                "preemptible: checkpoints go to %s (the handler's checkpoint_dir), not to %s "
+                "(preemptible run's --checkpoint-dir); pass checkpoint_dir=None to use the "
+                "supervisor's, or give both the same directory",
+                path,
+                from_env,
+            )
+    return path
+
+
+_warned_dirs = False
+
+
+def _is_rank_zero() -> bool:
+    """Rank 0 of an initialized torch.distributed group, or not distributed at all."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()) == 0
+    except Exception:  # pragma: no cover - a half-initialized group
+        pass
+    rank = os.environ.get("RANK")
+    return not (rank and rank.isdecimal() and int(rank) != 0)
+
+
+def _announce(message: str, *args: Any) -> None:
+    """An INFO line a person must see even when the program configured no logging."""
+    if logger.hasHandlers():
+        logger.info(message, *args)
+    else:
+        print(message % args, file=sys.stderr, flush=True)

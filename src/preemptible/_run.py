@@ -5,12 +5,18 @@ directory through ``PREEMPTIBLE_RUN_DIR``. The training side writes ``record.jso
 when it stops early or marks itself as preempting, so that an exit code of 0 from a wrapper
 shell or a framework that swallows signals cannot make a preempted run look finished.
 Without a supervisor the record is simply not written.
+
+The record is best effort: a run directory that is read-only, vanished, under a regular file,
+or holds an odd ``record.json`` costs a warning, never the checkpoint or the exit code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +24,11 @@ from typing import Any
 
 from ._checkpoint import fsync_dir
 
+logger = logging.getLogger("preemptible")
+
 RECORD_NAME = "record.json"
+MAX_RECORD_BYTES = 1 << 20
+_warned = False
 
 
 @dataclass(frozen=True)
@@ -43,10 +53,11 @@ def _path_env(name: str) -> Path | None:
 
 def current_run() -> RunInfo:
     """The ids and paths the supervisor gave this attempt, read from the environment."""
-    attempt = os.environ.get("PREEMPTIBLE_ATTEMPT")
+    attempt = os.environ.get("PREEMPTIBLE_ATTEMPT", "").strip()
+    valid = attempt.isascii() and attempt.isdecimal() and len(attempt) <= 9
     return RunInfo(
         run_id=os.environ.get("PREEMPTIBLE_RUN_ID") or None,
-        attempt=int(attempt) if attempt and attempt.isdigit() else None,
+        attempt=int(attempt) if valid else None,
         run_dir=_path_env("PREEMPTIBLE_RUN_DIR"),
         checkpoint_dir=_path_env("PREEMPTIBLE_CHECKPOINT_DIR"),
         resume_from=_path_env("PREEMPTIBLE_RESUME_FROM"),
@@ -54,18 +65,39 @@ def current_run() -> RunInfo:
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:
+    """The record as written, or {} when it is missing or unreadable. The values are whatever
+    the child wrote: a reader that acts on them checks their types."""
     try:
-        data = json.loads((run_dir / RECORD_NAME).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        with open(run_dir / RECORD_NAME, "rb") as fh:
+            data = json.loads(fh.read(MAX_RECORD_BYTES + 1)[:MAX_RECORD_BYTES])
+    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or bad UTF-8
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def update_record(**fields: Any) -> Path | None:
-    """Merge ``fields`` into this attempt's record (atomically); None without a supervisor."""
+    """Merge ``fields`` into this attempt's record (atomically); None without a supervisor,
+    or when the record cannot be written (logged once: the record is best effort)."""
     run_dir = current_run().run_dir
     if run_dir is None:
         return None
+    try:
+        return _update(run_dir, fields)
+    except (OSError, ValueError, TypeError) as exc:
+        global _warned
+        if not _warned:
+            _warned = True
+            logger.warning(
+                "preemptible: cannot write the run record in %s (%s: %s); the supervisor may "
+                "misreport this attempt, the checkpoint is not affected",
+                run_dir,
+                type(exc).__name__,
+                exc,
+            )
+        return None
+
+
+def _update(run_dir: Path, fields: dict[str, Any]) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     record = read_record(run_dir)
     now = time.time()
@@ -77,12 +109,17 @@ def update_record(**fields: Any) -> Path | None:
         record["stopped_at"] = now
     record.update(fields, pid=os.getpid(), updated_at=now)
     path = run_dir / RECORD_NAME
-    tmp = run_dir / f".{RECORD_NAME}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(record, fh, indent=1, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{RECORD_NAME}.", suffix=".tmp", dir=run_dir)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh, indent=1, default=str)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fsync_dir(run_dir)
     return path
 

@@ -4,8 +4,23 @@ Why a latch and not "save in the handler": Python runs a signal handler in the m
 between two bytecodes, i.e. in the middle of whatever the training step was doing. A
 checkpoint taken there mixes half-updated parameters with the optimizer state, and under
 torch.distributed a save is a collective that hangs when only one rank got the signal. So
-the handler does the least it can -- one log line and an append to a list -- and the
-checkpoint is written at the next step boundary by ordinary code.
+the handler only records -- an append to a list -- and everything else (the log line, the
+checkpoint) happens at the next step boundary in ordinary code. Even logging is kept out of
+the handler: a signal that lands while the main thread writes to the same stream makes the
+stream raise "reentrant call", and user log handlers are not written for signal context.
+
+The rules, in order:
+
+- a signal within ``DUPLICATE_WINDOW`` of the first is the same stop delivered twice (a whole
+  process tree signalled and then again by a forwarding supervisor, systemd's control-group
+  kill): recorded, not acted on;
+- once the checkpoint of the stop is committed (``hold_for_exit``), any further signal exits at
+  once with the stop's documented code, and during interpreter shutdown the signals are
+  ignored, so the process never dies "killed by SIGTERM" after it saved;
+- otherwise a second signal exits at once with code 1 (the previous checkpoint stays valid).
+
+SIGHUP and SIGINT are left alone when the process started with them ignored (``nohup``, a
+background job of a shell): whoever asked to survive a hang-up must not be stopped by one.
 
 Forked children (DataLoader workers, user ``multiprocessing`` pools) inherit Python-level
 handlers. The handler compares ``os.getpid()`` with the pid that installed it and does
@@ -15,6 +30,8 @@ run twice nor kills a worker through a stale copy of this object.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -31,9 +48,20 @@ logger = logging.getLogger("preemptible")
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGINT,
     signal.SIGTERM,
+    signal.SIGHUP,
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
+
+# Signals a process keeps ignoring when it started with them ignored (POSIX convention; Python
+# itself leaves an inherited SIG_IGN for SIGINT alone).
+KEEP_IGNORED: frozenset[int] = frozenset({signal.SIGHUP, signal.SIGINT})
+
+# Two deliveries of the same signal this close together are one stop delivered twice (a
+# process tree signalled as a whole, then again by `preemptible run`'s forwarding; systemd's
+# control-group kill; two quick SIGTERMs from an orchestrator), not a person's second signal.
+# A deliberate second Ctrl+C comes later than this and still exits at once.
+DUPLICATE_WINDOW = 0.5
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
 
@@ -64,6 +92,10 @@ def normalize_signals(signals: Iterable[int | str] | None) -> tuple[signal.Signa
             raise ConfigError(
                 f"unknown signal {item!r}; use a signal number or a name such as {valid}"
             ) from None
+        except TypeError:
+            raise ConfigError(
+                f"signal {item!r} is not valid; use a signal number or a name such as TERM"
+            ) from None
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             raise ConfigError(f"{sig.name} cannot be caught; choose catchable signals like SIGTERM")
         if sig not in out:
@@ -77,7 +109,8 @@ class SignalLatch:
     """Installs handlers for ``signals`` in the calling process and restores them on ``restore()``.
 
     ``notify`` is called (in the main thread, inside the handler) with a ``Notice`` on the
-    first signal only; it must be cheap and must not block.
+    first signal only; it must be cheap and must not block. ``log_pending()`` writes the log
+    lines of signals received since its last call; front ends call it at their boundaries.
     """
 
     def __init__(self, signals: Iterable[int], notify: Callable[[Notice], None]) -> None:
@@ -86,10 +119,18 @@ class SignalLatch:
         self._owner_pid = os.getpid()
         self._previous: dict[int, _Handler] = {}
         self._received: list[tuple[int, float]] = []
+        self._logged = 0
+        self._exit_code: int | None = None  # set once the stop's checkpoint is committed
+        self.kept_ignored: tuple[int, ...] = ()
 
     @property
     def installed(self) -> bool:
         return bool(self._previous)
+
+    @property
+    def holding(self) -> bool:
+        """Whether ``hold_for_exit`` is in force (the stop is committed, the exit under way)."""
+        return self._exit_code is not None and bool(self._previous)
 
     @property
     def received(self) -> list[tuple[int, float]]:
@@ -108,7 +149,7 @@ class SignalLatch:
         """Put this latch's handler back where someone installed theirs over it."""
         if not self._previous or os.getpid() != self._owner_pid:
             return
-        for sig in self.signals:
+        for sig in self._previous:
             if signal.getsignal(sig) != self._handle:
                 signal.signal(sig, self._handle)
 
@@ -124,9 +165,21 @@ class SignalLatch:
             )
             return False
         self._owner_pid = os.getpid()
+        kept = []
         for sig in self.signals:
-            self._previous[sig] = signal.getsignal(sig)
+            current = signal.getsignal(sig)
+            if sig in KEEP_IGNORED and current == signal.SIG_IGN:
+                kept.append(sig)  # started under nohup / as a background job: keep ignoring
+                continue
+            self._previous[sig] = current
             signal.signal(sig, self._handle)
+        self.kept_ignored = tuple(kept)
+        if kept:
+            logger.info(
+                "preemptible: %s ignored since this process started (nohup or a background "
+                "job); it stays ignored and will not stop the run",
+                "/".join(signal_name(s) for s in kept),
+            )
         _register_guard(self)
         return True
 
@@ -149,24 +202,102 @@ class SignalLatch:
                 continue
             signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
         self._previous.clear()
+        self._exit_code = None
         _unregister_guard(self)
+        if self in _holding:
+            _holding.remove(self)
+
+    def hold_for_exit(self, code: int) -> None:
+        """The stop's checkpoint is committed and the process is about to exit with ``code``:
+        from now on a signal exits at once with ``code``, and during interpreter shutdown
+        (after atexit) the signals are ignored. ``restore()`` undoes this (for an ``exit_fn``
+        that returns instead of exiting)."""
+        self._exit_code = code
+        if self._previous and self not in _holding:
+            _holding.append(self)
+            _register_atexit()
+
+    def log_pending(self) -> None:
+        """Log the signals received since the last call (outside the signal handler)."""
+        received = self._received
+        while self._logged < len(received):
+            signum, at = received[self._logged]
+            name = signal_name(signum)
+            if self._logged == 0:
+                logger.warning(
+                    "preemptible: received %s; finishing the current step, then saving a "
+                    "checkpoint and exiting (send it again to exit at once without saving)",
+                    name,
+                )
+            else:
+                first_at = received[0][1]
+                logger.warning(
+                    "preemptible: received %s again %.3f s after the first; the same stop "
+                    "delivered twice (within %.1f s), not acted on",
+                    name,
+                    at - first_at,
+                    DUPLICATE_WINDOW,
+                )
+            self._logged += 1
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # Bookkeeping only: no logging, no locks, no I/O but the raw write before os._exit.
         if os.getpid() != self._owner_pid:
             return  # a forked child with an inherited copy of this handler: not ours to act on
         now = time.time()
-        self._received.append((signum, now))
-        name = signal_name(signum)
-        if len(self._received) == 1:
-            logger.warning(
-                "preemptible: received %s; finishing the current step, then saving a checkpoint "
-                "and exiting (send it again to exit at once without saving)",
-                name,
+        received = self._received
+        received.append((signum, now))
+        if len(received) == 1:
+            self._notify(Notice(source=signal_name(signum), received_at=now, signum=signum))
+            return
+        if self._exit_code is not None:
+            _raw_stderr(
+                f"preemptible: received {signal_name(signum)} after the checkpoint was "
+                f"committed; exiting now with {self._exit_code}\n"
             )
-            self._notify(Notice(source=name, received_at=now, signum=signum))
-        else:
-            logger.warning("preemptible: received %s again; exiting now without saving", name)
-            os._exit(1)
+            os._exit(self._exit_code)
+        if now - received[0][1] < DUPLICATE_WINDOW:
+            return  # the same stop delivered twice; logged by log_pending()
+        _raw_stderr(
+            f"preemptible: received {signal_name(signum)} again; exiting now without saving "
+            "(the previous checkpoint stays valid)\n"
+        )
+        os._exit(1)
+
+
+def _raw_stderr(text: str) -> None:
+    """Write from a signal handler: straight to fd 2, never through a Python stream."""
+    with contextlib.suppress(OSError):
+        os.write(2, text.encode("utf-8", "replace"))
+
+
+# --- the way out after a committed stop ---------------------------------------------------
+#
+# CPython puts SIG_DFL back for every signal with a Python handler while it finalizes, and
+# finalizing with torch loaded takes ~0.4 s. A SIGTERM in that window (a supervisor, SLURM or
+# a second notice) would kill a process that had already saved and chosen its exit code. From
+# atexit on, the latched signals are ignored instead: the process is leaving anyway.
+
+_holding: list[SignalLatch] = []
+_atexit_registered = False
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_ignore_while_finalizing)
+        _atexit_registered = True
+
+
+def _ignore_while_finalizing() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for latch in _holding:
+        if latch._owner_pid != os.getpid():
+            continue
+        for sig in latch._previous:
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, signal.SIG_IGN)
 
 
 # --- DataLoader workers ------------------------------------------------------------------

@@ -273,6 +273,8 @@ class GracefulInterruptCallback(pl.Callback):
     ) -> None:
         self._batches += 1
         requested = bool(self._requests.stopping)
+        if requested and self._latch is not None:
+            self._latch.log_pending()
         if self._agreement is not None:
             stop = self._agreement.should_stop(self._batches, requested)
         else:
@@ -366,8 +368,8 @@ class GracefulInterruptCallback(pl.Callback):
         if self._agreement is not None:
             self._agreement.close()
             self._agreement = None
-        if self._latch is not None:
-            self._latch.restore()
+        if self._latch is not None and not self._latch.holding:
+            self._latch.restore()  # a latch holding for the exit keeps its handlers to the end
 
     @staticmethod
     def _is_rank_zero(trainer: pl.Trainer) -> bool:
@@ -428,7 +430,12 @@ class GracefulInterruptCallback(pl.Callback):
     def _exit(self, signum: int | None = None) -> None:
         code = self.exit_code if self.exit_code is not None else 128 + (signum or signal.SIGTERM)
         logger.warning("preemptible: fit interrupted; exiting with %d", code)
-        self._close()
+        if self._agreement is not None:
+            self._agreement.close()
+            self._agreement = None
+        if self._latch is not None:
+            # the checkpoint is saved: a late signal must not turn this exit into a death
+            self._latch.hold_for_exit(code)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         sys.exit(code)

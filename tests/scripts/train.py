@@ -8,6 +8,7 @@ when step N starts, so a test can send a signal while a chosen step is running.
 from __future__ import annotations
 
 import argparse
+import atexit
 import random
 import sys
 import time
@@ -45,7 +46,29 @@ def main() -> int:
     p.add_argument("--grace", type=float, default=None)
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--slow-save", type=float, default=0.0, help="seconds each save takes")
+    p.add_argument(
+        "--linger",
+        type=float,
+        default=0.0,
+        help="seconds spent on the way out (in a finally block, then in atexit), as a slow "
+        "interpreter shutdown would",
+    )
     args = p.parse_args()
+    if args.linger:
+        atexit.register(_linger, "atexit", args.linger)
+        try:
+            return train(args)
+        finally:
+            _linger("finally", args.linger)
+    return train(args)
+
+
+def _linger(where: str, seconds: float) -> None:
+    print(f"lingering in {where}", flush=True)
+    time.sleep(seconds)
+
+
+def train(args: argparse.Namespace) -> int:
 
     torch.manual_seed(0)
     random.seed(0)

@@ -108,7 +108,9 @@ def test_resume_restores_weights_and_rng(tmp_path: Path) -> None:
     for k, v in fresh["model"].state_dict().items():  # type: ignore[attr-defined]
         assert torch.equal(v, weights[k])
     assert fresh["optimizer"].state_dict()["state"]  # type: ignore[attr-defined]
-    assert (torch.rand(3), random.random(), float(np.random.rand()))[1:] == expected[1:]
+    drawn = (torch.rand(3), random.random(), float(np.random.rand()))
+    assert torch.equal(drawn[0], expected[0])
+    assert drawn[1:] == expected[1:]
     assert_restored()
 
 
@@ -267,8 +269,10 @@ def test_weights_only_by_default_and_opt_out(tmp_path: Path) -> None:
     h = PreemptionCheckpointHandler(tmp_path, {"x": HoldsObject()})
     h.save()
     h.close()
+    h2 = PreemptionCheckpointHandler(tmp_path, {"x": HoldsObject()})
     with pytest.raises(CheckpointLoadError, match="none of the 1 checkpoints"):
-        PreemptionCheckpointHandler(tmp_path, {"x": HoldsObject()}).resume()
+        h2.resume()
+    h2.close()
     holder = HoldsObject()
     h3 = PreemptionCheckpointHandler(tmp_path, {"x": holder}, weights_only=False)
     assert h3.resume() == 0
@@ -285,25 +289,30 @@ def test_resume_from_env(tmp_path: Path, monkeypatch) -> None:
     h.close()
 
 
-def test_missing_state_key_is_an_error_not_a_fallback(tmp_path: Path) -> None:
+def test_state_keys_that_differ_from_the_checkpoint_are_named(tmp_path: Path, caplog) -> None:
     h = PreemptionCheckpointHandler(tmp_path, model_state())
     h.save()
     h.close()
-    extra = {
-        **model_state(),
-        "scheduler": torch.optim.lr_scheduler.StepLR(
-            torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), 1
-        ),
-    }
-    with pytest.raises(preemptible.CheckpointError, match="no entry for 'scheduler'"):
-        PreemptionCheckpointHandler(tmp_path, extra).resume()
+    sched = torch.optim.lr_scheduler.StepLR(
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1), 1
+    )
+    before = sched.state_dict()
+    extra = {**model_state(), "scheduler": sched}
+    h2 = PreemptionCheckpointHandler(tmp_path, extra)
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        assert h2.resume() == 0
+    h2.close()
+    assert "'scheduler'" in caplog.text
+    assert sched.state_dict() == before  # left as initialized
 
 
 def test_off_main_thread_warns_and_still_works(tmp_path: Path, caplog) -> None:
     out: list[object] = []
+    seen: list[object] = []
 
     def body() -> None:
         h = PreemptionCheckpointHandler(tmp_path, model_state())
+        seen.append(signal.getsignal(signal.SIGTERM))  # nothing may be installed from here
         out.append(list(h.steps(2)))
 
     with caplog.at_level(logging.WARNING, logger="preemptible"):
@@ -311,7 +320,70 @@ def test_off_main_thread_warns_and_still_works(tmp_path: Path, caplog) -> None:
         t.start()
         t.join(30)
     assert out == [[0, 1]]
+    assert seen == [sentinel]
     assert "off the main thread" in caplog.text
+    assert_restored()
+
+
+def test_close_off_the_main_thread_leaves_handlers_until_a_main_thread_close(
+    tmp_path: Path, caplog
+) -> None:
+    h = PreemptionCheckpointHandler(tmp_path, model_state())
+    assert signal.getsignal(signal.SIGTERM) is not sentinel
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        t = threading.Thread(target=lambda: list(h.steps(2)))
+        t.start()
+        t.join(30)
+    assert "close() called off the main thread" in caplog.text
+    assert signal.getsignal(signal.SIGTERM) is not sentinel  # still ours: not restorable there
+    h.close()
+    assert_restored()
+
+
+def test_own_loop_with_handler_step_resumes_exactly(tmp_path: Path) -> None:
+    def run(directory: Path, stop_at: int | None) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        state = model_state()
+        exits = Exits()
+        with PreemptionCheckpointHandler(
+            directory, state, termination_config=TerminationConfig(exit_fn=exits)
+        ) as h:
+            for step in range(h.resume(), 12):
+                train_step(state)
+                h.step = step + 1
+                if step == stop_at:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                if h.should_stop:
+                    h.stop()
+                    break
+        return {k: v.clone() for k, v in state["model"].state_dict().items()}  # type: ignore[attr-defined]
+
+    reference = run(tmp_path / "ref", None)
+    run(tmp_path / "stopped", 4)
+    assert sorted(p.name for p in (tmp_path / "stopped").glob("step-*.ckpt")) == [
+        "step-0000000005.ckpt"
+    ]
+    resumed = run(tmp_path / "stopped", None)
+    assert reference.keys() == resumed.keys() and reference
+    for k in reference:
+        assert torch.equal(reference[k], resumed[k]), k
+    assert_restored()
+
+
+def test_two_handlers_on_one_directory_are_refused(tmp_path: Path) -> None:
+    h = PreemptionCheckpointHandler(tmp_path, model_state())
+    with pytest.raises(preemptible.CheckpointLockError, match=str(tmp_path)):
+        PreemptionCheckpointHandler(tmp_path, model_state())
+    assert signal.getsignal(signal.SIGTERM) is not sentinel  # the first one is untouched
+    h.close()
+    assert_restored()
+    PreemptionCheckpointHandler(tmp_path, model_state()).close()  # free again
+
+
+def test_no_directory_anywhere_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.delenv("PREEMPTIBLE_CHECKPOINT_DIR", raising=False)
+    with pytest.raises(ConfigError, match="no checkpoint directory"):
+        PreemptionCheckpointHandler(None, model_state())
     assert_restored()
 
 

@@ -29,9 +29,12 @@ def test_first_signal_notifies_and_restore_puts_back_previous(usr1_previous, cap
     seen: list[Notice] = []
     latch = SignalLatch([signal.SIGUSR1], seen.append)
     assert latch.install()
-    with caplog.at_level(logging.WARNING, logger="preemptible"):
+    with caplog.at_level(logging.DEBUG, logger="preemptible"):
         os.kill(os.getpid(), signal.SIGUSR1)
-    assert len(seen) == 1 and seen[0].signum == signal.SIGUSR1 and seen[0].source == "SIGUSR1"
+        assert len(seen) == 1 and seen[0].signum == signal.SIGUSR1
+        assert seen[0].source == "SIGUSR1"
+        assert caplog.text == "", "the signal handler itself must not log"
+        latch.log_pending()
     assert "received SIGUSR1" in caplog.text
     latch.restore()
     assert signal.getsignal(signal.SIGUSR1) is previous_handler
@@ -88,6 +91,7 @@ def test_normalize_signals() -> None:
     assert normalize_signals(None) == (
         signal.SIGINT,
         signal.SIGTERM,
+        signal.SIGHUP,
         signal.SIGUSR1,
         signal.SIGUSR2,
     )
@@ -102,3 +106,80 @@ def test_normalize_signals() -> None:
         normalize_signals([signal.SIGKILL])
     with pytest.raises(ConfigError, match="signals is empty"):
         normalize_signals([])
+
+
+def test_an_inherited_ignored_sighup_stays_ignored(caplog) -> None:
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        seen: list[Notice] = []
+        latch = SignalLatch([signal.SIGHUP, signal.SIGUSR1], seen.append)
+        with caplog.at_level(logging.INFO, logger="preemptible"):
+            assert latch.install()
+        assert latch.kept_ignored == (signal.SIGHUP,)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert "SIGHUP ignored since this process started" in caplog.text
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert seen == []
+        latch.restore()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)
+
+
+def test_a_repeat_within_the_window_is_recorded_not_acted_on(usr1_previous, caplog) -> None:
+    seen: list[Notice] = []
+    latch = SignalLatch([signal.SIGUSR1], seen.append)
+    latch.install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)  # the process would os._exit(1) were it a second stop
+        assert len(seen) == 1 and len(latch.received) == 2
+        with caplog.at_level(logging.WARNING, logger="preemptible"):
+            latch.log_pending()
+        assert "the same stop delivered twice" in caplog.text
+    finally:
+        latch.restore()
+
+
+REENTRANT = """
+import logging, os, signal, sys, threading, time
+import preemptible
+handler_log = logging.StreamHandler(sys.stdout)  # a pipe to the parent
+logging.basicConfig(level=logging.INFO, handlers=[handler_log])
+log = logging.getLogger("train")
+h = preemptible.PreemptionCheckpointHandler(sys.argv[1], termination_config=preemptible.\
+TerminationConfig(save_fn=lambda p: open(p, "w").write("x")))
+print("ready", flush=True)
+for step in h.steps(10**9):
+    for i in range(200):
+        log.info("step %d line %d %s", step, i, "x" * 200)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_signals_while_the_main_thread_logs_never_raise_nor_get_lost(tmp_path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REENTRANT, str(tmp_path / "ckpt")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"ready"
+        proc.stdout.readline()  # logging is under way
+        start = time.monotonic()
+        while time.monotonic() - start < 0.3:  # a burst inside the duplicate window
+            os.kill(proc.pid, signal.SIGTERM)
+            time.sleep(0.005)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err.decode()[-2000:]
+    assert b"reentrant" not in err and b"Traceback" not in err, err.decode()[-2000:]
+    assert list((tmp_path / "ckpt").glob("step-*.ckpt"))
