@@ -13,11 +13,12 @@ from typing import Any, TypeVar
 
 from . import _run
 from ._checkpoint import _FINAL, Checkpoint, CheckpointStore
+from ._controller import Decision, StopController
 from ._env import env_str
 from ._errors import CheckpointSaveError, ConfigError, PreemptibleError
-from ._signals import SignalLatch, normalize_signals, patch_dataloader_workers
+from ._signals import normalize_signals, patch_dataloader_workers
 from ._state import apply_payload, build_payload, check_state, read_payload, write_payload
-from ._termination import Durations, Notice, StopRequests, TerminationConfig, Watcher
+from ._termination import Durations, Notice, TerminationConfig
 
 logger = logging.getLogger("preemptible")
 
@@ -85,11 +86,9 @@ class PreemptionCheckpointHandler:
         self.config = config
         self.store = CheckpointStore(_choose_directory(checkpoint_dir), keep=keep)
         self._locked = False
-        self._watcher: Watcher | None = None
-        self._requests = StopRequests(config.grace_period)
-        self._latch = SignalLatch(chosen_signals, self._requests.add)
+        self.tracker = tracker  # uploads the final checkpoint and is finalized once
+        self._ctl = StopController(config, chosen_signals, tracker=tracker)
         self.save_every_steps = save_every_steps
-        self.tracker = tracker  # the trackers issue wires upload/finalize through it
         self.weights_only = weights_only
         self.resume_path: Path | None = None
 
@@ -99,23 +98,13 @@ class PreemptionCheckpointHandler:
         self._resumed = False
         self._stopped = False
         self._last_saved: tuple[int, Path] | None = None
-        self._acted_on = 0
-        self.step_times = Durations()
-        self.save_times = Durations()
 
         try:
             if _is_rank_zero():  # under torch.distributed, the ranks share rank 0's directory
                 self.store.lock()
                 self._locked = True
             self.store.clean_stale_temporaries()
-            self._latch.install()
-            if config.termination_watcher_fn is not None:
-                self._watcher = Watcher(
-                    config.termination_watcher_fn,
-                    self._requests.add,
-                    interval=config.poll_interval,
-                )
-                self._watcher.start()
+            self._ctl.start()
         except BaseException:
             self.close()
             raise
@@ -146,16 +135,27 @@ class PreemptionCheckpointHandler:
     @property
     def notices(self) -> list[Notice]:
         """Every stop request and warning received so far."""
-        return self._requests.notices
+        return self._ctl.requests.notices
+
+    @property
+    def step_times(self) -> Durations:
+        """Recent step durations (the grace policy's input)."""
+        return self._ctl.step_times
+
+    @property
+    def save_times(self) -> Durations:
+        """Recent save durations (the grace policy's input)."""
+        return self._ctl.save_times
 
     @property
     def should_stop(self) -> bool:
         """True once a stop was requested and the grace policy says not to start another step.
 
         In a loop of your own, call ``stop()`` when it is True (or ``save()`` and exit)."""
-        if self._requests:
-            self._latch.log_pending()
-        return self._must_stop_now()
+        if not self._ctl.pending:
+            return False
+        self._ctl.latch.log_pending()
+        return self._ctl.must_stop_now()
 
     def resume(self) -> int:
         """Restore the newest checkpoint that loads into ``state``; return the step to start from.
@@ -205,6 +205,10 @@ class PreemptionCheckpointHandler:
                     return
             if self._step == total:
                 _run.update_record(state="finished", step=self._step)
+                self._ctl.tell_tracker("finished")
+        except Exception:
+            self._ctl.tell_tracker("failed")
+            raise
         finally:
             self.close()
 
@@ -261,19 +265,14 @@ class PreemptionCheckpointHandler:
         128 + signum, 143 for a notice). For loops of your own, when ``should_stop`` is True."""
         if self._stopped:
             raise PreemptibleError("this handler has already stopped the run; create a new one")
-        if self._requests.first_stop() is None:
-            # asked to stop without a request: as for a stop file
-            self._requests.add(Notice(source="stop()", detail="handler.stop() was called"))
+        self._ctl.request_stop("stop()", "handler.stop() was called")
         self._stop()
 
     def close(self) -> None:
         """Restore the previous signal handlers, stop the watcher and release the directory;
         safe to call twice. After a committed stop whose exit is under way, the handlers stay
         until the process is gone (a late signal then exits with the stop's code)."""
-        if not self._latch.holding:
-            self._latch.restore()  # off the main thread it warns; a later close() restores
-        if self._watcher is not None:
-            self._watcher.stop()
+        self._ctl.close()
         if self._locked:
             self.store.unlock()
             self._locked = False
@@ -287,13 +286,15 @@ class PreemptionCheckpointHandler:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if isinstance(exc, Exception):  # a stop exits with SystemExit, which is not a failure
+            self._ctl.tell_tracker("failed")
         self.close()
 
     # -- internals ---------------------------------------------------------------------
     def _begin(self) -> None:
         if not self._resumed:
             self.resume()
-        if self._latch.installed:
+        if self._ctl.latch.installed:
             patch_dataloader_workers()  # torch may have been imported after __init__
 
     def _finish_step(self, started: float, total: int | None) -> None:
@@ -303,61 +304,30 @@ class PreemptionCheckpointHandler:
         if every is not None and (self._step % every == 0 or self._step == total):
             self.save()
 
-    def _must_stop_now(self) -> bool:
-        return self._requests.must_stop_now(
-            now=time.time(),
-            save_time=self.save_times.max(),
-            step_time=self.step_times.max(),
-            safety=self.config.safety_factor,
-        )
-
     def _saved_at_current_step(self) -> bool:
         return self._last_saved is not None and self._last_saved[0] == self._step
 
     def _at_boundary(self) -> bool:
         """Act on stop requests between two steps; True when the run stopped here."""
-        if not self._requests:  # the common case: one attribute read per step
+        if not self._ctl.pending:  # the common case: one truth test per step
             return False
-        self._latch.log_pending()
-        notices = self._requests.notices
-        new, self._acted_on = notices[self._acted_on :], len(notices)
-        if new and not self._must_stop_now() and not self._saved_at_current_step():
-            # A notice with time to spare (or an early warning): an insurance checkpoint
-            # now, which also measures how long the final one will take.
+        decision = self._ctl.decide(saved_here=self._saved_at_current_step())
+        if decision is Decision.INSURANCE:
             try:
                 self.save()
             except CheckpointSaveError as exc:
                 logger.error("preemptible: insurance checkpoint failed: %s", exc)
-        if not self._must_stop_now():
+            if not self._ctl.must_stop_now():
+                return False
+        elif decision is Decision.CONTINUE:
             return False
         self._stop()
         return True
 
     def _stop(self) -> None:
-        notice = self._requests.first_stop()
-        assert notice is not None
-        # Written before the save too: if the save is cut short (second signal, SIGKILL at
-        # the end of a grace window), the supervisor still knows a stop was under way.
-        _run.update_record(
-            state="stopping",
-            preempting=True,
-            reason=notice.source,
-            signum=notice.signum,
-            step=self._step,
-        )
-        if not self._saved_at_current_step():
-            self.save()
-        assert self._last_saved is not None
-        path = self._last_saved[1]
-        _run.update_record(state="stopped", checkpoint=os.path.abspath(path))
-        for n in self._requests.notices:
-            if n.acknowledge is not None:
-                try:
-                    n.acknowledge()
-                except Exception as exc:  # the checkpoint is safe; the platform just waits
-                    logger.warning("preemptible: could not acknowledge %s: %s", n.source, exc)
+        saved = self._last_saved[1] if self._saved_at_current_step() else None  # type: ignore[index]
+        notice, path = self._ctl.finish(step=self._step, save=self.save, saved=saved)
         code = notice.exit_code
-        self._latch.log_pending()  # signals that came during the save
         logger.warning(
             "preemptible: stopped at step %d on %s; checkpoint %s; exiting with %d",
             self._step,
@@ -368,12 +338,12 @@ class PreemptionCheckpointHandler:
         self._stopped = True
         # From here a late signal (a supervisor's escalation, a second notice, SLURM) exits
         # with ``code`` instead of killing a process that has already saved.
-        self._latch.hold_for_exit(code)
+        self._ctl.latch.hold_for_exit(code)
         self.close()
         exit_fn = self.config.exit_fn or sys.exit
         exit_fn(code)
         # an exit_fn that returns (a notebook, a test): the run goes on without our handlers
-        self._latch.restore()
+        self._ctl.latch.restore()
 
     def _resume_from_env(self) -> list[Checkpoint]:
         value = os.environ.get("PREEMPTIBLE_RESUME_FROM")

@@ -415,3 +415,44 @@ def test_steps_total_validation(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="total=-1 is not valid"):
         h.steps(-1)
     h.close()
+
+
+@pytest.mark.parametrize(
+    ("sig", "status"), [(signal.SIGTERM, "preempted"), (signal.SIGINT, "killed")]
+)
+def test_the_handlers_tracker_gets_the_checkpoint_and_one_final_status(
+    tmp_path: Path, sig: int, status: str
+) -> None:
+    from preemptible.trackers import LocalTracker
+
+    tracker = LocalTracker(tmp_path / "events.jsonl")
+    h = PreemptionCheckpointHandler(
+        tmp_path / "ckpt",
+        model_state(),
+        tracker=tracker,
+        termination_config=TerminationConfig(exit_fn=Exits()),
+    )
+    for step in h.steps(10):
+        if step == 2:
+            os.kill(os.getpid(), sig)
+    tracker.finalize("finished")  # the classic `finally: finalize("finished")` is ignored
+    events = [(e["event"], e.get("status") or Path(e["path"]).name) for e in tracker.events()]
+    assert events == [("checkpoint", "step-0000000003.ckpt"), ("finalize", status)]
+    assert_restored()
+
+
+def test_the_handlers_tracker_is_finished_or_failed_with_the_loop(tmp_path: Path) -> None:
+    from preemptible.trackers import LocalTracker
+
+    done = LocalTracker(tmp_path / "done.jsonl")
+    assert list(PreemptionCheckpointHandler(tmp_path / "a", tracker=done).steps(3)) == [0, 1, 2]
+    assert [(e["event"], e["status"]) for e in done.events()] == [("finalize", "finished")]
+    failed = LocalTracker(tmp_path / "failed.jsonl")
+    with (
+        pytest.raises(RuntimeError),
+        PreemptionCheckpointHandler(tmp_path / "b", tracker=failed) as h,
+    ):
+        for _ in h.steps(3):
+            raise RuntimeError("boom")
+    assert [(e["event"], e["status"]) for e in failed.events()] == [("finalize", "failed")]
+    assert_restored()
