@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _run
+from ._async import AsyncSaver
 from ._checkpoint import _FINAL, Checkpoint, CheckpointStore
 from ._controller import Decision, StopController
 from ._env import env_str
@@ -57,6 +58,8 @@ class PreemptionCheckpointHandler:
         save_every_steps: int | None = None,
         tracker: Any | None = None,
         weights_only: bool = True,
+        async_save: bool = False,
+        async_policy: str = "wait",
     ) -> None:
         if termination_config is None:
             from .notices import default_config
@@ -88,6 +91,15 @@ class PreemptionCheckpointHandler:
         self._locked = False
         self.tracker = tracker  # uploads the final checkpoint and is finalized once
         self._ctl = StopController(config, chosen_signals, tracker=tracker)
+        if not isinstance(async_save, bool):
+            raise ConfigError(f"async_save={async_save!r} is not valid; use True or False")
+        if async_save and config.save_fn is not None:
+            raise ConfigError(
+                "async_save needs state (preemptible snapshots it); with save_fn your own code "
+                "writes the checkpoint, so it cannot be taken in the background"
+            )
+        self._async = AsyncSaver(self.store, policy=async_policy) if async_save else None
+        self.stall_times = Durations()  # what the training loop waited for each save
         self.save_every_steps = save_every_steps
         self.weights_only = weights_only
         self.resume_path: Path | None = None
@@ -235,6 +247,9 @@ class PreemptionCheckpointHandler:
         if step is not None:
             self.step = step
         step = self._step
+        if self._async is not None:  # commit order = step order: the one in flight goes first
+            self._async.wait()
+            self._collect_async()
         if (
             step == self._resumed_step
             and self._last_saved is not None
@@ -272,6 +287,9 @@ class PreemptionCheckpointHandler:
         """Restore the previous signal handlers, stop the watcher and release the directory;
         safe to call twice. After a committed stop whose exit is under way, the handlers stay
         until the process is gone (a late signal then exits with the stop's code)."""
+        if self._async is not None:
+            self._async.wait()  # never leave a write behind (the process may exit next)
+            self._collect_async()
         self._ctl.close()
         if self._locked:
             self.store.unlock()
@@ -302,13 +320,43 @@ class PreemptionCheckpointHandler:
         self._step += 1
         every = self.save_every_steps
         if every is not None and (self._step % every == 0 or self._step == total):
-            self.save()
+            if self._async is not None and self._step != total:
+                self._save_in_background()
+            else:
+                self.save()
+
+    def _save_in_background(self) -> None:
+        """Snapshot the state to host memory here, write it in a background thread."""
+        assert self._async is not None
+        self._collect_async()
+        started = time.monotonic()
+        step = self._step
+        snapshot = self._async.snapshot.copy(build_payload(step, self._state))
+        if self._async.submit(step, lambda tmp: write_payload(snapshot, tmp)):
+            self.stall_times.add(time.monotonic() - started)
+
+    def _collect_async(self) -> None:
+        """Take what the background writer finished: the newest checkpoint, or its failure."""
+        if self._async is None or self._async.in_flight is not None:
+            return
+        error = self._async.take_error()
+        if error is not None:
+            logger.error("preemptible: background checkpoint failed: %s", error)
+        done = self._async.wait()
+        newer = self._last_saved is None or (done is not None and done[0] >= self._last_saved[0])
+        if done is not None and newer and self._last_saved != done:
+            self._last_saved = done
+            if self._async.write_seconds is not None:
+                self.save_times.add(self._async.write_seconds)
+            logger.info("preemptible: saved %s in the background (step %d)", done[1], done[0])
 
     def _saved_at_current_step(self) -> bool:
         return self._last_saved is not None and self._last_saved[0] == self._step
 
     def _at_boundary(self) -> bool:
         """Act on stop requests between two steps; True when the run stopped here."""
+        if self._async is not None:
+            self._collect_async()
         if not self._ctl.pending:  # the common case: one truth test per step
             return False
         decision = self._ctl.decide(saved_here=self._saved_at_current_step())
@@ -325,6 +373,9 @@ class PreemptionCheckpointHandler:
         return True
 
     def _stop(self) -> None:
+        if self._async is not None:  # a save in flight of this very step is the final one
+            self._async.wait()
+            self._collect_async()
         saved = self._last_saved[1] if self._saved_at_current_step() else None  # type: ignore[index]
         notice, path = self._ctl.finish(step=self._step, save=self.save, saved=saved)
         code = notice.exit_code

@@ -53,7 +53,13 @@ def main() -> int:
         help="seconds spent on the way out (in a finally block, then in atexit), as a slow "
         "interpreter shutdown would",
     )
+    p.add_argument("--async-save", action="store_true", help="periodic saves in the background")
+    p.add_argument(
+        "--slow-write", type=float, default=0.0, help="seconds each checkpoint write takes"
+    )
     args = p.parse_args()
+    if args.slow_write:
+        _slow_down_writes(args.slow_write)
     if args.linger:
         atexit.register(_linger, "atexit", args.linger)
         try:
@@ -61,6 +67,21 @@ def main() -> int:
         finally:
             _linger("finally", args.linger)
     return train(args)
+
+
+def _slow_down_writes(seconds: float) -> None:
+    """Every checkpoint write (in whichever thread writes it) takes ``seconds`` longer."""
+    import preemptible._handler as handler_module
+
+    write = handler_module.write_payload
+
+    def slow(payload, path):  # type: ignore[no-untyped-def]
+        print(f"writing step {payload['step']}", flush=True)
+        time.sleep(seconds)
+        write(payload, path)
+        print(f"written step {payload['step']}", flush=True)
+
+    handler_module.write_payload = slow
 
 
 def _linger(where: str, seconds: float) -> None:
@@ -96,6 +117,7 @@ def train(args: argparse.Namespace) -> int:
         termination_config=config,
         save_every_steps=args.save_every,
         keep=args.keep,
+        async_save=args.async_save,
     )
     loader_iter = None
     if args.workers:
