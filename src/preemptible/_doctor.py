@@ -1,17 +1,26 @@
-"""``preemptible doctor``: what would happen here on a preemption, and what to change."""
+"""``preemptible doctor``: what would happen here on a preemption, and what to change.
+
+Each check reports what it found, and a check that cannot find out (a hung or missing
+``scontrol``, an unreachable metadata server, a bad environment value) says so in a WARN line:
+the doctor is what people run when something is already wrong, so it must never hang or end
+in a traceback.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
-import subprocess
+import signal
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ._env import env_float
 from ._errors import ConfigError
-from ._signals import DEFAULT_SIGNALS
+from ._signals import DEFAULT_SIGNALS, KEEP_IGNORED
 
 OK, WARN, INFO = "ok", "warn", "info"
 SHELLS = {"sh", "bash", "dash", "zsh", "ash", "ksh"}
@@ -26,6 +35,27 @@ class Check:
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
+
+
+@dataclass
+class _Slurm:
+    """This SLURM job as ``scontrol show job`` describes it, read once for all the checks."""
+
+    job: str
+    info: dict[str, str] = field(default_factory=dict)
+    error: str = ""  # why ``info`` is empty
+
+
+def _read_slurm() -> _Slurm | None:
+    from .supervisor._slurm import SlurmError, job_fields, job_id
+
+    job = job_id()  # a ConfigError here is the "slurm" check's WARN
+    if job is None:
+        return None
+    try:
+        return _Slurm(job, job_fields(job))
+    except SlurmError as exc:
+        return _Slurm(job, error=str(exc))
 
 
 def _platform() -> tuple[Check, str]:
@@ -48,8 +78,31 @@ def _platform() -> tuple[Check, str]:
     )
 
 
-def _notices(platform: str) -> list[Check]:
-    from .notices import sources_for
+def _slurm_end(slurm: _Slurm | None, lead: float) -> Check:
+    from .supervisor._slurm import parse_time
+
+    if slurm is None:
+        return Check("notices (slurm)", WARN, "no valid SLURM job id: see the slurm check")
+    if not slurm.info:
+        return Check(
+            "notices (slurm)",
+            WARN,
+            f"cannot read the job's end time: {slurm.error}",
+            "put SLURM's scontrol on PATH and check that slurmctld answers (scontrol ping)",
+        )
+    end = parse_time(slurm.info.get("EndTime"))
+    if slurm.info.get("TimeLimit") in (None, "UNLIMITED", "Partition_Limit") or end is None:
+        return Check("notices (slurm)", OK, f"job {slurm.job} has no time limit")
+    return Check(
+        "notices (slurm)",
+        OK,
+        f"job {slurm.job} ends at its time limit in {end - time.time():.0f} s; notice "
+        f"{lead:.0f} s before",
+    )
+
+
+def _notices(platform: str, slurm: _Slurm | None) -> list[Check]:
+    from .notices import KUBERNETES_DEFAULT_GRACE, grace_period_from_env, sources_for
     from .notices._sources import EC2, GCE, Azure, SlurmTimeLimit, StopFile
 
     checks = []
@@ -78,25 +131,7 @@ def _notices(platform: str) -> list[Check]:
                     )
                 )
         elif isinstance(source, SlurmTimeLimit):
-            try:
-                end = source.end_time()
-                detail = (
-                    f"job {source.job_id} ends at its time limit in "
-                    f"{end - time.time():.0f} s; notice {source.lead:.0f} s "
-                    "before"
-                    if end
-                    else f"job {source.job_id} has no time limit"
-                )
-                checks.append(Check("notices (slurm)", OK, detail))
-            except Exception as exc:
-                checks.append(
-                    Check(
-                        "notices (slurm)",
-                        WARN,
-                        f"cannot read the job's end time: {exc}",
-                        "put SLURM's scontrol on PATH",
-                    )
-                )
+            checks.append(_slurm_end(slurm, source.lead))
         elif isinstance(source, StopFile):
             checks.append(
                 Check(
@@ -106,13 +141,17 @@ def _notices(platform: str) -> list[Check]:
                 )
             )
     if platform == "kubernetes":
-        window = os.environ.get("PREEMPTIBLE_GRACE_PERIOD")
+        try:
+            window = grace_period_from_env()
+            problem = ""
+        except ConfigError as exc:
+            window, problem = None, f"{exc}; "
+        later = f"{window:g}" if window is not None else f"an assumed {KUBERNETES_DEFAULT_GRACE:g}"
         checks.append(
             Check(
                 "notices (kubernetes)",
-                OK if window else WARN,
-                f"SIGTERM, then SIGKILL {window or 'an assumed 30'} s later "
-                "(terminationGracePeriodSeconds)",
+                OK if window is not None else WARN,
+                f"{problem}SIGTERM, then SIGKILL {later} s later (terminationGracePeriodSeconds)",
                 "set PREEMPTIBLE_GRACE_PERIOD in the pod's env to terminationGracePeriodSeconds",
             )
         )
@@ -128,16 +167,75 @@ def _notices(platform: str) -> list[Check]:
     return checks
 
 
-def _signals() -> Check:
-    names = ", ".join(s.name for s in DEFAULT_SIGNALS)
-    return Check(
-        "signals",
-        OK,
-        f"{names}: the first finishes the step, saves and exits 128+signum; the second exits 1 "
-        "at once. Handled in the process (main thread) that creates the handler; forked "
-        "DataLoader workers ignore them and survive a process-group SIGTERM",
-        "create PreemptionCheckpointHandler in the main thread",
-    )
+def _signals() -> list[Check]:
+    """What each stop signal would do to a run started from here.
+
+    The doctor inherits what the run would inherit from the same shell: ignored signals
+    (``nohup``, ``trap '' TERM``) and the blocked-signal mask survive exec; handlers do not.
+    """
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    checks, fine = [], []
+    for sig in DEFAULT_SIGNALS:
+        name = sig.name[3:]
+        if sig in blocked:
+            checks.append(
+                Check(
+                    f"signal {name}",
+                    WARN,
+                    f"{name} is blocked in this process (inherited signal mask): it stays "
+                    "pending and never reaches preemptible's handler, so it cannot stop the run",
+                    "start the run from a launcher that does not block signals (check its "
+                    "sigprocmask/SigBlk in /proc/<pid>/status)",
+                )
+            )
+        elif signal.getsignal(sig) == signal.SIG_IGN and sig == signal.SIGHUP:
+            checks.append(
+                Check(
+                    "signal HUP",
+                    INFO,
+                    "HUP ignored (nohup): a hang-up will not stop the run",
+                )
+            )
+        elif signal.getsignal(sig) == signal.SIG_IGN and sig in KEEP_IGNORED:
+            checks.append(
+                Check(
+                    f"signal {name}",
+                    WARN,
+                    f"{name} is ignored since this process started (a background job `cmd &` "
+                    f"of a script, or trap '' {name}); preemptible keeps it ignored, so "
+                    f"{name} (Ctrl+C) will not stop the run",
+                    f"start the run in the foreground, or stop it with SIGTERM; "
+                    f"or trap - {name} before starting it",
+                )
+            )
+        elif signal.getsignal(sig) == signal.SIG_IGN:
+            checks.append(
+                Check(
+                    f"signal {name}",
+                    WARN,
+                    f"{name} is ignored since this process started (trap '' {name} in a "
+                    f"shell, or a launcher); preemptible installs its handler over it, so "
+                    f"{name} still stops a run that creates the handler, but every other "
+                    f"process started from here ignores {name}",
+                    f"trap - {name} before starting the run, or find the launcher that ignores it",
+                )
+            )
+        else:
+            fine.append(name)
+    if fine:
+        checks.insert(
+            0,
+            Check(
+                "signals",
+                OK,
+                f"{', '.join(fine)}: the first finishes the step, saves and exits 128+signum; "
+                "the second exits 1 at once. Handled in the process (main thread) that creates "
+                "the handler; forked DataLoader workers ignore them and survive a "
+                "process-group SIGTERM",
+                "create PreemptionCheckpointHandler in the main thread",
+            ),
+        )
+    return checks
 
 
 def _pid1() -> Check:
@@ -168,36 +266,30 @@ def _pid1() -> Check:
     return Check("pid 1", OK, f"PID 1 is {comm}" + (" (in a container)" if container else ""))
 
 
-def _slurm() -> list[Check]:
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job:
+def _slurm_job(slurm: _Slurm | None) -> list[Check]:
+    from .supervisor._slurm import requeue_mode
+
+    if slurm is None:
         return []
-    checks = []
-    if shutil.which("scontrol") is None:
-        checks.append(
+    if not slurm.info:
+        return [
             Check(
                 "slurm",
                 WARN,
-                f"job {job}, but scontrol is not on PATH: a preempted run cannot be requeued",
-                "put SLURM's client tools on PATH",
+                f"job {slurm.job}, but {slurm.error}: preemptible run cannot read the job's "
+                "deadlines or requeue a preempted run",
+                "put SLURM's client tools on PATH and check that slurmctld answers (scontrol ping)",
             )
-        )
-        return checks
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=10
-    ).stdout
-    fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
-    requeue = fields.get("Requeue") == "1"
-    checks.append(
+        ]
+    requeue = slurm.info.get("Requeue") == "1"
+    checks = [
         Check(
             "slurm",
             OK if requeue else WARN,
-            f"job {job}: Requeue={fields.get('Requeue', '?')}, "
-            f"TimeLimit={fields.get('TimeLimit', '?')}",
+            f"job {slurm.job}: Requeue={slurm.info.get('Requeue', '?')}, "
+            f"TimeLimit={slurm.info.get('TimeLimit', '?')}",
             "" if requeue else "submit with sbatch --requeue so preemptible run can requeue it",
-        )
-    )
-    checks.append(
+        ),
         Check(
             "slurm signal",
             INFO,
@@ -205,8 +297,15 @@ def _slurm() -> list[Check]:
             "first warning is the SIGTERM at the time limit (preemptible also watches the job's "
             "end time)",
             "submit with --signal=B:USR1@120 and exec preemptible run in the batch script",
-        )
-    )
+        ),
+    ]
+    try:
+        if requeue_mode() == "never":
+            checks.append(
+                Check("slurm requeue", INFO, "PREEMPTIBLE_REQUEUE=never: a preempted run ends")
+            )
+    except ConfigError as exc:
+        checks.append(Check("slurm requeue", WARN, str(exc)))
     return checks
 
 
@@ -223,15 +322,116 @@ def _nccl() -> Check | None:
     )
 
 
-def _term_timeout() -> Check:
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """term_timeout() logs what it ignores; the doctor says it in a WARN line instead."""
+    log = logging.getLogger("preemptible")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _slurm_kill(
+    slurm: _Slurm, explicit: float | None, grace: float | None
+) -> tuple[str, list[str], list[str]]:
+    """SLURM's KillWait/GraceTime and what preemptible run does on SLURM's own stop."""
+    from .supervisor._slurm import SlurmError, before_kill, kill_wait, partition_fields
+
+    try:
+        wait = kill_wait()
+    except SlurmError as exc:
+        return (
+            f"cannot read SLURM's KillWait ({exc}), and neither can preemptible run: SLURM's "
+            "SIGKILL may come before its escalation",
+            ["the deadline after SLURM's SIGTERM is unknown"],
+            ["check that slurmctld answers (scontrol show config)"],
+        )
+    part = slurm.info.get("Partition", "")
+    note = ""
+    if part:
+        try:
+            p = partition_fields(part)
+            note = f"; partition {part}: PreemptMode={p.get('PreemptMode', '?')}, "
+            note += f"GraceTime={p.get('GraceTime', '?')} s"
+            if p.get("PreemptMode", "OFF") != "OFF" and p.get("GraceTime", "0") != "0":
+                note += " (a preempted job runs until then, and then gets the same SIGTERM)"
+        except SlurmError as exc:
+            note = f"; partition {part}: {exc}"
+    problems, fixes = [], []
+    if explicit is not None:
+        at, source = explicit, "--term-timeout"
+        if explicit > wait:
+            problems.append(f"PREEMPTIBLE_TERM_TIMEOUT={explicit:g} s is longer than KillWait")
+            fixes.append(f"unset PREEMPTIBLE_TERM_TIMEOUT or use {before_kill(wait):g} or less")
+    else:
+        at, source = before_kill(wait), "KillWait minus a margin"
+        if grace is not None and max(grace - 2.0, 1.0) < at:
+            at, source = max(grace - 2.0, 1.0), "PREEMPTIBLE_GRACE_PERIOD minus 2 s"
+    if grace is not None and grace > wait:
+        problems.append(
+            f"PREEMPTIBLE_GRACE_PERIOD={grace:g} s is longer than KillWait: the trainer plans "
+            "its last checkpoint for a window SLURM cuts short"
+        )
+        fixes.append(f"set PREEMPTIBLE_GRACE_PERIOD={wait:g} or unset it")
+    detail = (
+        f"SLURM SIGKILLs every process of the job KillWait={wait:g} s after its own SIGTERM "
+        f"(scancel, time limit, preemption){note}; preemptible run escalates to SIGKILL "
+        f"{at:g} s after that SIGTERM ({source})"
+    )
+    return detail, problems, fixes
+
+
+def _term_timeout(platform: str, slurm: _Slurm | None) -> Check:
+    from .notices import KUBERNETES_DEFAULT_GRACE, grace_period_from_env
     from .supervisor import term_timeout
 
-    seconds, source = term_timeout()
+    problems, fixes = [], []
+    try:
+        explicit = env_float("PREEMPTIBLE_TERM_TIMEOUT")
+    except ConfigError as exc:
+        explicit = None
+        problems.append(f"{exc} (preemptible run refuses it)")
+        fixes.append("fix or unset PREEMPTIBLE_TERM_TIMEOUT")
+    try:
+        grace = grace_period_from_env()
+    except ConfigError as exc:
+        grace = None
+        problems.append(f"{exc} (preemptible run ignores it)")
+        fixes.append("fix or unset PREEMPTIBLE_GRACE_PERIOD")
+    with _quiet():
+        seconds, source = term_timeout(explicit)
+    now = f"SIGKILL the job {seconds:.0f} s after the first stop signal ({source})"
+    if slurm is not None and slurm.info:
+        detail, more, more_fixes = _slurm_kill(slurm, explicit, grace)
+        detail += (
+            ". On a signal now that SLURM does not follow with a kill (a --signal warning, "
+            f"scancel --signal) it would {now}"
+        )
+        problems += more
+        fixes += more_fixes
+    elif slurm is not None:
+        detail = f"SLURM's kill deadline is unknown ({slurm.error}); preemptible run would {now}"
+        problems.append("SLURM's SIGKILL may come before preemptible run's")
+        fixes.append("check that slurmctld answers (scontrol ping)")
+    else:
+        detail = f"preemptible run would {now}"
+    if platform == "kubernetes":
+        window = grace if grace is not None else KUBERNETES_DEFAULT_GRACE
+        if seconds > window:
+            assumed = "" if grace is not None else " (assumed; the default)"
+            problems.append(
+                f"Kubernetes SIGKILLs the pod {window:g} s after SIGTERM{assumed}, before that"
+            )
+            fixes.append("set PREEMPTIBLE_GRACE_PERIOD to terminationGracePeriodSeconds")
+    if problems:
+        return Check("term-timeout", WARN, f"{'; '.join(problems)}. {detail}", "; ".join(fixes))
     return Check(
         "term-timeout",
         OK,
-        f"preemptible run would SIGKILL the job {seconds:.0f} s "
-        f"after the first stop signal ({source})",
+        detail,
         "set --term-timeout or PREEMPTIBLE_GRACE_PERIOD to the platform's window",
     )
 
@@ -263,11 +463,44 @@ def _outcome(platform: str) -> Check:
     )
 
 
+def _run(name: str, check: Callable[[], Check | list[Check] | None]) -> list[Check]:
+    """One check; whatever goes wrong inside it becomes its WARN line."""
+    try:
+        found = check()
+    except ConfigError as exc:
+        return [Check(name, WARN, str(exc))]
+    except Exception as exc:
+        return [
+            Check(
+                name,
+                WARN,
+                f"this check failed: {type(exc).__name__}: {exc}",
+                "a bug in preemptible doctor; please report it with this line",
+            )
+        ]
+    if found is None:
+        return []
+    return found if isinstance(found, list) else [found]
+
+
 def diagnose() -> list[Check]:
-    platform_check, platform = _platform()
-    checks = [platform_check, *_notices(platform), _signals(), _pid1(), *_slurm()]
-    nccl = _nccl()
-    if nccl is not None:
-        checks.append(nccl)
-    checks += [_term_timeout(), _outcome(platform)]
-    return checks
+    try:
+        platform_check, platform = _platform()
+    except Exception as exc:
+        failed = f"this check failed: {type(exc).__name__}: {exc}"
+        platform_check, platform = Check("platform", WARN, failed), "local"
+    try:
+        slurm = _read_slurm()
+        bad_job: Check | None = None
+    except ConfigError as exc:
+        slurm, bad_job = None, Check("slurm", WARN, str(exc), "run inside a real SLURM job")
+    return [
+        platform_check,
+        *_run("notices", lambda: _notices(platform, slurm)),
+        *_run("signals", _signals),
+        *_run("pid 1", _pid1),
+        *([bad_job] if bad_job else _run("slurm", lambda: _slurm_job(slurm))),
+        *_run("nccl", _nccl),
+        *_run("term-timeout", lambda: _term_timeout(platform, slurm)),
+        *_run("on preemption", lambda: _outcome(platform)),
+    ]
