@@ -17,6 +17,7 @@ from ._checkpoint import _FINAL, Checkpoint, CheckpointStore
 from ._controller import Decision, StopController
 from ._env import env_str
 from ._errors import CheckpointSaveError, ConfigError, PreemptibleError
+from ._interval import SaveInterval
 from ._signals import normalize_signals, patch_dataloader_workers
 from ._state import apply_payload, build_payload, check_state, read_payload, write_payload
 from ._termination import Durations, Notice, TerminationConfig
@@ -55,7 +56,8 @@ class PreemptionCheckpointHandler:
         termination_config: TerminationConfig | None = None,
         signals: Iterable[int | str] | None = None,
         keep: int = 2,
-        save_every_steps: int | None = None,
+        save_every_steps: int | str | None = None,
+        save_every_seconds: float | None = None,
         tracker: Any | None = None,
         weights_only: bool = True,
         async_save: bool = False,
@@ -77,14 +79,29 @@ class PreemptionCheckpointHandler:
                 "pass either state (preemptible saves it) or termination_config.save_fn "
                 "(you save it), not both"
             )
-        if save_every_steps is not None and (
-            isinstance(save_every_steps, bool)
-            or not isinstance(save_every_steps, int)
-            or save_every_steps < 1
+        if (
+            save_every_steps is not None
+            and save_every_steps != "auto"
+            and (
+                isinstance(save_every_steps, bool)
+                or not isinstance(save_every_steps, int)
+                or save_every_steps < 1
+            )
         ):
             raise ConfigError(
-                f"save_every_steps={save_every_steps!r} is not valid; use None or an integer >= 1"
+                f"save_every_steps={save_every_steps!r} is not valid; use None, an integer >= 1 "
+                "or 'auto'"
             )
+        if save_every_seconds is not None and save_every_steps is not None:
+            raise ConfigError(
+                "pass save_every_steps or save_every_seconds, not both (save_every_steps='auto' "
+                "chooses the interval in seconds for you)"
+            )
+        self._interval: SaveInterval | None = None
+        if save_every_seconds is not None:
+            self._interval = SaveInterval(every=save_every_seconds, platform="local")
+        elif save_every_steps == "auto":
+            self._interval = SaveInterval()
         chosen_signals = normalize_signals(signals)
         self.config = config
         self.store = CheckpointStore(_choose_directory(checkpoint_dir), keep=keep)
@@ -100,6 +117,7 @@ class PreemptionCheckpointHandler:
             )
         self._async = AsyncSaver(self.store, policy=async_policy) if async_save else None
         self.stall_times = Durations()  # what the training loop waited for each save
+        self._last_save_end = time.monotonic()
         self.save_every_steps = save_every_steps
         self.weights_only = weights_only
         self.resume_path: Path | None = None
@@ -269,7 +287,13 @@ class PreemptionCheckpointHandler:
         else:
             payload = build_payload(step, self._state)
             path = self.store.save(step, lambda tmp: write_payload(payload, tmp))
-        self.save_times.add(time.monotonic() - started)
+        seconds = time.monotonic() - started
+        self.save_times.add(seconds)
+        self.stall_times.add(seconds)
+        self._last_save_end = time.monotonic()
+        if self._interval is not None:
+            self._interval.observe_save(seconds)
+            _run.update_record(save_s=round(self._interval.save_cost()[0], 3))
         self._last_saved = (step, path)
         logger.info("preemptible: saved %s (step %d, %.2f s)", path, step, self.save_times.max())
         return path
@@ -312,6 +336,9 @@ class PreemptionCheckpointHandler:
     def _begin(self) -> None:
         if not self._resumed:
             self.resume()
+            self._last_save_end = time.monotonic()  # training (re)starts here
+            if self._interval is not None:
+                _announce("preemptible: periodic saves %s", self._interval.describe())
         if self._ctl.latch.installed:
             patch_dataloader_workers()  # torch may have been imported after __init__
 
@@ -319,7 +346,13 @@ class PreemptionCheckpointHandler:
         self.step_times.add(time.monotonic() - started)
         self._step += 1
         every = self.save_every_steps
-        if every is not None and (self._step % every == 0 or self._step == total):
+        if isinstance(every, int):
+            due = self._step % every == 0 or self._step == total
+        elif self._interval is not None:
+            due = self._step == total or self._interval.due(time.monotonic(), self._last_save_end)
+        else:
+            due = False
+        if due:
             if self._async is not None and self._step != total:
                 self._save_in_background()
             else:
@@ -333,7 +366,11 @@ class PreemptionCheckpointHandler:
         step = self._step
         snapshot = self._async.snapshot.copy(build_payload(step, self._state))
         if self._async.submit(step, lambda tmp: write_payload(snapshot, tmp)):
-            self.stall_times.add(time.monotonic() - started)
+            stall = time.monotonic() - started
+            self.stall_times.add(stall)
+            if self._interval is not None:
+                self._interval.observe_save(stall, write=self._async.write_seconds)
+            self._last_save_end = time.monotonic()
 
     def _collect_async(self) -> None:
         """Take what the background writer finished: the newest checkpoint, or its failure."""

@@ -456,3 +456,29 @@ def test_the_handlers_tracker_is_finished_or_failed_with_the_loop(tmp_path: Path
             raise RuntimeError("boom")
     assert [(e["event"], e["status"]) for e in failed.events()] == [("finalize", "failed")]
     assert_restored()
+
+
+def test_save_every_seconds_saves_by_wall_clock(tmp_path: Path) -> None:
+    h = PreemptionCheckpointHandler(tmp_path, model_state(), save_every_seconds=0.05, keep=50)
+    for _ in h.steps(12):
+        threading.Event().wait(0.02)  # a step of 20 ms (stands in for training)
+    steps = sorted(c.step for c in h.store.committed())
+    assert steps[-1] == 12 and 3 <= len(steps) <= 8, steps
+
+
+def test_save_every_auto_says_what_it_chose(tmp_path: Path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("PREEMPTIBLE_MTBF", "3600")
+    monkeypatch.setenv("PREEMPTIBLE_PLATFORM", "local")
+    h = PreemptionCheckpointHandler(tmp_path, model_state(), save_every_steps="auto")
+    with caplog.at_level(logging.INFO, logger="preemptible"):
+        assert list(h.steps(3)) == [0, 1, 2]
+    said = caplog.text
+    assert "preemptible: periodic saves every" in said and "PREEMPTIBLE_MTBF" in said, said
+    with pytest.raises(ConfigError, match="not both"):
+        PreemptionCheckpointHandler(
+            tmp_path / "x", model_state(), save_every_steps=5, save_every_seconds=10
+        )
+    monkeypatch.setenv("PREEMPTIBLE_MTBF", "soon")
+    with pytest.raises(ConfigError, match="PREEMPTIBLE_MTBF='soon' is not valid"):
+        PreemptionCheckpointHandler(tmp_path / "y", model_state(), save_every_steps="auto")
+    assert_restored()
