@@ -3,7 +3,8 @@
 One server plays GCE, EC2 (IMDSv2) and Azure Scheduled Events at once; a test flips ``state``
 and points the watcher at ``server.url`` through the platform's override variable. ``fault``
 makes every answer of one platform misbehave: "500", "404", "slow" (sleeps past any client
-timeout) or "garbage".
+timeout), "garbage", "redirect" (302 to ``redirect_to``; the EC2 token PUT still answers),
+"drip-headers" or "drip-body" (one byte every ``drip_seconds``, for a long time).
 
 Run it by hand with ``python -m tests.fakes.metadata`` (prints its URL, serves until killed).
 """
@@ -32,7 +33,11 @@ class State:
     fault: dict[str, str] = field(default_factory=dict)  # platform -> fault
     tokens: dict[str, float] = field(default_factory=dict)  # token -> expiry (monotonic)
     requests: list[tuple[str, str]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # of each request, in order
     slow_seconds: float = 5.0
+    redirect_to: str = ""
+    drip_seconds: float = 0.2
+    closed: threading.Event = field(default_factory=threading.Event)  # ends every drip
 
     def azure_event(self, event_type: str, not_before_in: float) -> str:
         event_id = secrets.token_hex(8)
@@ -74,13 +79,44 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _record(self) -> None:
+        self.server.state.requests.append((self.command, self.path))
+        self.server.state.headers.append(dict(self.headers))
+
+    def _drip(self, data: bytes) -> None:
+        """Keeps the connection busy: each byte resets a per-read socket timeout."""
+        for i in range(len(data)):
+            if self.server.state.closed.wait(self.server.state.drip_seconds):
+                return
+            try:
+                self.wfile.write(data[i : i + 1])
+                self.wfile.flush()
+            except OSError:  # the client gave up
+                return
+
     def _fault(self, platform: str) -> bool:
-        fault = self.server.state.fault.get(platform)
+        state = self.server.state
+        fault = state.fault.get(platform)
         if fault is None:
             return False
+        body = b"FALSE" * 200
         if fault == "slow":
-            time.sleep(self.server.state.slow_seconds)
+            time.sleep(state.slow_seconds)
             self._send(200, "late")
+        elif fault == "redirect":
+            self.send_response(302)
+            self.send_header("Location", state.redirect_to + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif fault == "drip-headers":
+            self.close_connection = True
+            self._drip(b"HTTP/1.1 200 OK\r\n" + b"X-Drip: 1\r\n" * 500 + b"\r\nFALSE")
+        elif fault == "drip-body":
+            self.close_connection = True
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            self.wfile.write(head)
+            self.wfile.flush()
+            self._drip(body)
         elif fault == "garbage":
             self._send(200, "\x00<html>not what you asked for", "text/html")
         else:
@@ -88,7 +124,7 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def do_GET(self) -> None:
-        self.server.state.requests.append(("GET", self.path))
+        self._record()
         path = urlsplit(self.path).path
         if path.startswith("/computeMetadata/"):
             self._gce(path)
@@ -100,11 +136,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, "not found")
 
     def do_PUT(self) -> None:
-        self.server.state.requests.append(("PUT", self.path))
+        self._record()
         if self.path != "/latest/api/token":
             self._send(404)
             return
-        if self._fault("ec2"):
+        if self.server.state.fault.get("ec2") != "redirect" and self._fault("ec2"):
             return
         ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
         if not ttl.isdigit() or not 1 <= int(ttl) <= 21600:
@@ -115,12 +151,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, token)
 
     def do_POST(self) -> None:
-        self.server.state.requests.append(("POST", self.path))
+        self._record()
         if urlsplit(self.path).path != "/metadata/scheduledevents":
             self._send(404)
             return
         length = int(self.headers.get("Content-Length", "0"))
         body = json.loads(self.rfile.read(length) or b"{}")
+        if self._fault("azure"):
+            return
         for start in body.get("StartRequests", []):
             self.server.state.azure_acks.append(start["EventId"])
             self.server.state.azure_events = [
@@ -185,13 +223,18 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     state: State
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that gave up on a slow answer is expected here, not news
+
 
 class MetadataServer:
     def __init__(self) -> None:
         self.state = State()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.state = self.state
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def host(self) -> str:
@@ -206,6 +249,7 @@ class MetadataServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.state.closed.set()
         self._server.shutdown()
         self._server.server_close()
 

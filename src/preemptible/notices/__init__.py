@@ -8,12 +8,11 @@ under /sys; it makes no network request. ``default_config()`` turns the platform
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._errors import ConfigError
+from .._env import env_choice, env_float, env_str
 from .._termination import TerminationConfig
 
 if TYPE_CHECKING:
@@ -41,7 +40,7 @@ class Detection:
 
 
 def _dmi(name: str) -> str:
-    root = Path(os.environ.get("PREEMPTIBLE_DMI_DIR", "/sys/class/dmi/id"))
+    root = Path(env_str("PREEMPTIBLE_DMI_DIR") or "/sys/class/dmi/id")
     try:
         return (root / name).read_text(errors="replace").strip()
     except OSError:
@@ -49,19 +48,15 @@ def _dmi(name: str) -> str:
 
 
 def detect() -> Detection:
-    forced = os.environ.get("PREEMPTIBLE_PLATFORM")
+    forced = env_choice("PREEMPTIBLE_PLATFORM", PLATFORMS)
     if forced:
-        if forced not in PLATFORMS:
-            raise ConfigError(
-                f"PREEMPTIBLE_PLATFORM={forced!r} is not valid; use one of {', '.join(PLATFORMS)}"
-            )
         return Detection(forced, "PREEMPTIBLE_PLATFORM")
     for var, platform in OVERRIDES.items():
-        if os.environ.get(var):
+        if env_str(var):  # its value is checked when the platform's source is made
             return Detection(platform, f"{var} is set")
-    if os.environ.get("SLURM_JOB_ID"):
+    if env_str("SLURM_JOB_ID"):
         return Detection("slurm", "SLURM_JOB_ID is set")
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if env_str("KUBERNETES_SERVICE_HOST"):
         return Detection("kubernetes", "KUBERNETES_SERVICE_HOST is set")
     product, vendor, bios = _dmi("product_name"), _dmi("sys_vendor"), _dmi("bios_vendor")
     if "Google" in product or bios == "Google":
@@ -79,22 +74,13 @@ def detect_platform() -> str:
 
 
 def grace_period_from_env() -> float | None:
-    value = os.environ.get("PREEMPTIBLE_GRACE_PERIOD")
-    if not value:
-        return None
-    try:
-        grace = float(value)
-    except ValueError:
-        raise ConfigError(
-            f"PREEMPTIBLE_GRACE_PERIOD={value!r} is not valid; use seconds, e.g. 30"
-        ) from None
-    if grace < 0:
-        raise ConfigError(f"PREEMPTIBLE_GRACE_PERIOD={value!r} is not valid; use seconds >= 0")
-    return grace
+    """``PREEMPTIBLE_GRACE_PERIOD``: finite seconds >= 0 (nan would make a deadline that is
+    never reached), or None when unset."""
+    return env_float("PREEMPTIBLE_GRACE_PERIOD")
 
 
 def sources_for(platform: str) -> list[Source]:
-    # imported here: urllib and friends cost ~20 ms that `import preemptible` need not pay
+    # imported here: http.client and ssl cost ~20 ms that `import preemptible` need not pay
     from ._sources import EC2, GCE, Azure, SlurmTimeLimit, StopFile
 
     sources: list[Source] = []
@@ -105,10 +91,10 @@ def sources_for(platform: str) -> list[Source]:
     elif platform == "azure":
         sources.append(Azure())
     elif platform == "slurm":
-        job = os.environ.get("SLURM_JOB_ID")
+        job = env_str("SLURM_JOB_ID")
         if job:
             sources.append(SlurmTimeLimit(job))
-    stop_file = os.environ.get("PREEMPTIBLE_STOP_FILE")
+    stop_file = env_str("PREEMPTIBLE_STOP_FILE")
     if stop_file:
         sources.append(StopFile(stop_file))
     return sources
@@ -118,6 +104,7 @@ def default_config(platform: str | None = None) -> TerminationConfig:
     """The TerminationConfig for ``platform`` (detected when None)."""
     platform = platform or detect_platform()
     window = grace_period_from_env()
+    poll = env_float("PREEMPTIBLE_POLL_INTERVAL", 1.0, strict_min=True)
     if platform == "kubernetes" and window is None:
         window = KUBERNETES_DEFAULT_GRACE  # terminationGracePeriodSeconds' default
     # The trainer aims to be done EXIT_MARGIN before the platform's SIGKILL: the process still
@@ -126,11 +113,10 @@ def default_config(platform: str | None = None) -> TerminationConfig:
     from ._sources import Composite
 
     sources = sources_for(platform)
-    poll = float(os.environ.get("PREEMPTIBLE_POLL_INTERVAL", "1.0"))
     return TerminationConfig(
         termination_watcher_fn=Composite(sources) if sources else None,
         grace_period=grace,
-        poll_interval=poll,
+        poll_interval=1.0 if poll is None else poll,
     )
 
 

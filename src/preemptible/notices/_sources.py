@@ -1,39 +1,41 @@
 """Notice sources: each ``poll()`` returns a Notice, None, or raises on a bad answer.
 
-Every request has a short timeout and runs in the watcher's background thread; an
-unreachable, slow, failing or garbage-answering server raises, the composite watcher logs that
-once per source, and polling goes on.
+Every request has a total deadline (``timeout``) and runs in the watcher's background thread;
+an unreachable, slow, dripping, redirecting, failing or garbage-answering server raises, the
+composite watcher logs that once per source, and polling goes on.
+
+Each source has a ``display``: where it looks, without credentials, for every message.
 """
 
 from __future__ import annotations
 
-import contextlib
 import email.utils
 import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from .._env import env_float, env_str
+from .._errors import ConfigError
 from .._termination import Notice
-from ._http import base_url, request
+from ._http import BadAnswer, Endpoint, parse_endpoint, request
 
 logger = logging.getLogger("preemptible")
 
 GCE_SPOT_NOTICE = 30.0
 GCE_MAINTENANCE_NOTICE = 60.0
-
-
-class BadAnswer(ValueError):
-    """A metadata server answered something this watcher does not understand."""
+METADATA_IP = "169.254.169.254"
 
 
 class Source(Protocol):
     name: str
+    display: str
 
     def poll(self) -> Notice | None: ...
 
@@ -41,6 +43,12 @@ class Source(Protocol):
 def _iso_time(text: str) -> float:
     """'2026-11-29T19:41:00Z' (EC2) -> epoch seconds."""
     return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp()
+
+
+def _endpoint(given: str | None, var: str, default: str) -> Endpoint:
+    if given is not None:
+        return parse_endpoint(given, "endpoint")
+    return parse_endpoint(env_str(var) or default, var)
 
 
 class GCE:
@@ -52,14 +60,16 @@ class GCE:
     name = "gce"
 
     def __init__(self, host: str | None = None, timeout: float = 2.0) -> None:
-        host = host or os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
-        self.base = base_url(host) + "/computeMetadata/v1/instance/"
+        self._endpoint = _endpoint(host, "GCE_METADATA_HOST", "metadata.google.internal")
+        self.base = self._endpoint.base + "/computeMetadata/v1/instance/"
+        self.display = self.base
         self.timeout = timeout
+        seconds = env_float("PREEMPTIBLE_GCE_NOTICE_SECONDS", GCE_SPOT_NOTICE)
+        self.notice_seconds = GCE_SPOT_NOTICE if seconds is None else seconds
 
     def _get(self, key: str) -> str:
-        resp = request(
-            "GET", self.base + key, headers={"Metadata-Flavor": "Google"}, timeout=self.timeout
-        )
+        headers = self._endpoint.headers({"Metadata-Flavor": "Google"})
+        resp = request("GET", self.base + key, headers=headers, timeout=self.timeout)
         if resp.status != 200:
             raise BadAnswer(f"GET {self.base}{key}: HTTP {resp.status}")
         return resp.body.strip()
@@ -69,8 +79,7 @@ class GCE:
         if preempted == "TRUE":
             return Notice(
                 source="gce",
-                deadline=time.time()
-                + float(os.environ.get("PREEMPTIBLE_GCE_NOTICE_SECONDS", GCE_SPOT_NOTICE)),
+                deadline=time.time() + self.notice_seconds,
                 detail="GCE preempted this Spot/preemptible VM",
             )
         if preempted != "FALSE":
@@ -95,8 +104,11 @@ class EC2:
     TOKEN_TTL = 21600
 
     def __init__(self, endpoint: str | None = None, timeout: float = 2.0) -> None:
-        endpoint = endpoint or os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT")
-        self.base = base_url(endpoint or "http://169.254.169.254")
+        self._endpoint = _endpoint(
+            endpoint, "AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://{METADATA_IP}"
+        )
+        self.base = self._endpoint.base
+        self.display = self.base
         self.timeout = timeout
         self._token: str | None = None
         self._token_expires = 0.0
@@ -107,14 +119,16 @@ class EC2:
             resp = request(
                 "PUT",
                 self.base + "/latest/api/token",
-                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.TOKEN_TTL)},
+                headers=self._endpoint.headers(
+                    {"X-aws-ec2-metadata-token-ttl-seconds": str(self.TOKEN_TTL)}
+                ),
                 timeout=self.timeout,
             )
             if resp.status != 200 or not resp.body.strip():
-                raise BadAnswer(f"PUT /latest/api/token: HTTP {resp.status}")
+                raise BadAnswer(f"PUT {self.base}/latest/api/token: HTTP {resp.status}")
             self._token = resp.body.strip()
             self._token_expires = time.monotonic() + self.TOKEN_TTL - 60
-        return {"X-aws-ec2-metadata-token": self._token}
+        return self._endpoint.headers({"X-aws-ec2-metadata-token": self._token})
 
     def _get(self, path: str) -> tuple[int, str]:
         for _ in range(2):
@@ -125,7 +139,7 @@ class EC2:
                 self._token = None
                 continue
             return resp.status, resp.body
-        raise BadAnswer(f"GET {path}: HTTP 401 even with a fresh token")
+        raise BadAnswer(f"GET {self.base}{path}: HTTP 401 even with a fresh token")
 
     def poll(self) -> Notice | None:
         status, body = self._get("/latest/meta-data/spot/instance-action")
@@ -165,14 +179,18 @@ class Azure:
     STOPS = ("Preempt", "Terminate")
 
     def __init__(self, endpoint: str | None = None, timeout: float = 2.0) -> None:
-        endpoint = endpoint or os.environ.get("PREEMPTIBLE_AZURE_METADATA_ENDPOINT")
-        self.url = base_url(endpoint or "http://169.254.169.254") + self.PATH
+        self._endpoint = _endpoint(
+            endpoint, "PREEMPTIBLE_AZURE_METADATA_ENDPOINT", f"http://{METADATA_IP}"
+        )
+        self.url = self._endpoint.base + self.PATH
+        self.display = self.url
         self.timeout = timeout
 
     def poll(self) -> Notice | None:
-        resp = request("GET", self.url, headers={"Metadata": "true"}, timeout=self.timeout)
+        headers = self._endpoint.headers({"Metadata": "true"})
+        resp = request("GET", self.url, headers=headers, timeout=self.timeout)
         if resp.status != 200:
-            raise BadAnswer(f"scheduledevents: HTTP {resp.status}")
+            raise BadAnswer(f"GET {self.url}: HTTP {resp.status}")
         try:
             events = json.loads(resp.body)["Events"]
             for event in events:
@@ -194,7 +212,9 @@ class Azure:
                 self.url,
                 data=body,
                 timeout=self.timeout,
-                headers={"Metadata": "true", "Content-Type": "application/json"},
+                headers=self._endpoint.headers(
+                    {"Metadata": "true", "Content-Type": "application/json"}
+                ),
             )
             if resp.status != 200:
                 raise BadAnswer(f"acknowledging event {event_id}: HTTP {resp.status}")
@@ -218,6 +238,7 @@ class SlurmTimeLimit:
         self, job_id: str, lead: float = 300.0, refresh: float = 60.0, margin: float = 10.0
     ) -> None:
         self.job_id = job_id
+        self.display = f"SLURM job {job_id}"
         self.lead = lead
         self.margin = margin
         self.refresh = refresh
@@ -259,24 +280,85 @@ class SlurmTimeLimit:
 
 
 class StopFile:
-    """``PREEMPTIBLE_STOP_FILE``: touching the file asks for a stop. The file is removed when
-    the notice is taken, so the resumed run does not stop again at once."""
+    """``PREEMPTIBLE_STOP_FILE``: a regular file there (or a symlink to one) asks for a stop.
+
+    The file is removed when the notice is taken, so the resumed run does not stop again at
+    once. A directory or other non-file there is not a request: refused when the source is
+    made, a BadAnswer when one appears later. When the file cannot be removed (a read-only
+    directory, another user's file in a sticky /tmp), it still stops the run once, and a
+    file that was already there, unchanged, when this source was made (the resumed run) is
+    ignored until it is touched again: a stop request that cannot be taken away must not
+    stop every later attempt at step 0.
+    """
 
     name = "stop-file"
+    VAR = "PREEMPTIBLE_STOP_FILE"
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self.display = str(self.path)
+        try:
+            found = self._stat()
+        except OSError:
+            found = None  # unreadable for now: poll() says so, once
+        if found is not None and not stat.S_ISREG(found.st_mode):
+            raise ConfigError(
+                f"{self.VAR}={self.display!r} is not valid: it is {_kind(found)}; name a file "
+                "(that need not exist yet) to touch when the run should stop"
+            )
+        self._before = _identity(found)
+        self._taken: tuple[int, int, int] | None = None
+        self._logged: tuple[int, int, int] | None = None
+
+    def _stat(self) -> os.stat_result | None:
+        try:
+            return self.path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def poll(self) -> Notice | None:
-        if not self.path.exists():
+        found = self._stat()
+        if found is None:
             return None
-        with contextlib.suppress(OSError):
+        if not stat.S_ISREG(found.st_mode):
+            raise BadAnswer(f"{self.display} is {_kind(found)}, not a file: not a stop request")
+        identity = _identity(found)
+        try:
             self.path.unlink()
-        return Notice(source="stop-file", detail=f"{self.path} appeared")
+        except FileNotFoundError:
+            pass  # taken at the same moment by another watcher (another rank): still a stop
+        except OSError as exc:
+            if identity in (self._before, self._taken):
+                if self._logged != identity:
+                    self._logged = identity
+                    logger.warning(
+                        "preemptible: ignoring %s: it cannot be removed (%s) and was there "
+                        "before this run started; touch it again to stop this run",
+                        self.display,
+                        exc.strerror or exc,
+                    )
+                return None
+            self._taken = self._logged = identity
+            logger.warning(
+                "preemptible: %s cannot be removed (%s); it stops this run once, and a resumed "
+                "run ignores it until it is touched again",
+                self.display,
+                exc.strerror or exc,
+            )
+        return Notice(source="stop-file", detail=f"{self.display} appeared")
+
+
+def _identity(found: os.stat_result | None) -> tuple[int, int, int] | None:
+    return None if found is None else (found.st_dev, found.st_ino, found.st_mtime_ns)
+
+
+def _kind(found: os.stat_result) -> str:
+    return "a directory" if stat.S_ISDIR(found.st_mode) else "not a regular file"
 
 
 class Composite:
-    """Polls every source in turn; the first notice wins. Failures are logged once per source."""
+    """Polls every source in turn; the first notice wins. Failures are logged once per source
+    (their messages show ``display`` forms only, never credentials)."""
 
     def __init__(self, sources: list[Source]) -> None:
         self.sources = sources
