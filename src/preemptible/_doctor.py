@@ -108,7 +108,7 @@ def _notices(platform: str, slurm: _Slurm | None) -> list[Check]:
     checks = []
     for source in sources_for(platform):
         if isinstance(source, GCE | EC2 | Azure):
-            where = source.base if isinstance(source, GCE | EC2) else source.url
+            where = source.display  # never the credentials of an endpoint URL
             try:
                 source.timeout = 1.0
                 notice = source.poll()
@@ -503,4 +503,20 @@ def diagnose() -> list[Check]:
         *_run("nccl", _nccl),
         *_run("term-timeout", lambda: _term_timeout(platform, slurm)),
         *_run("on preemption", lambda: _outcome(platform)),
+        *_run("save interval", lambda: _save_interval(platform)),
     ]
+
+
+def _save_interval(platform: str) -> Check:
+    from ._interval import SaveInterval
+
+    try:
+        chosen = SaveInterval(platform=platform).describe()
+    except ConfigError as exc:
+        return Check("save interval", WARN, str(exc), "fix the value, or unset it")
+    return Check(
+        "save interval",
+        INFO,
+        f"with save_every_steps='auto': {chosen} (the real save cost is measured at run time)",
+        "set PREEMPTIBLE_MTBF (seconds) if you know how often runs here are interrupted",
+    )
