@@ -87,11 +87,13 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     "--run-id",
     default=None,
     show_envvar=True,
-    help="Name of the run [default: slurm-JOBID under SLURM, else random].",
+    help="Name of the run, its directory under --home [default: slurm-JOBID under SLURM, "
+    "else derived from --checkpoint-dir, else from the working directory and the command, "
+    "so that running the same command again continues the run].",
 )
 @click.option(
     "--restart-delay",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, max=86400),
     default=1.0,
     show_default=True,
     show_envvar=True,
@@ -121,8 +123,15 @@ def run(
 ) -> None:
     """Run COMMAND, pass signals on to all of it, classify every ending, restart and resume.
 
-    Exit code: 0 when the last attempt FINISHED; 128 + signum when it was PREEMPTED; the
-    job's own code when it FAILED.
+    Exit code, from how the last attempt ended:
+
+    \b
+      0           FINISHED   the job exited 0 and did not stop early
+      128+signum  PREEMPTED  stopped by a signal or notice: 143 TERM, 130 INT, 138 USR1
+      job's code  FAILED     the job exited non-zero on its own
+      130         KILLED     Ctrl+C (SIGINT) that the job did not handle
+      128+signum  CRASHED    died by a signal without saving (137: SIGKILL)
+      2           bad usage, or another supervisor runs this run
     """
     from .supervisor import Supervisor, SupervisorConfig
 
@@ -201,9 +210,18 @@ def demo(steps: int, seed: int | None, workdir: Path | None) -> None:
         import torch
     except ImportError:
         _fail("the demo needs PyTorch: pip install 'preemptible[torch]'")
-    if workdir is None:
-        workdir = Path(tempfile.mkdtemp(prefix="preemptible-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        if workdir is None:
+            workdir = Path(tempfile.mkdtemp(prefix="preemptible-demo-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=workdir):
+            pass  # writable: fail here, not in the middle of the demo
+    except OSError as exc:
+        where = workdir if workdir is not None else "a temporary directory"
+        _fail(
+            f"cannot use {where} for the demo ({exc.strerror or exc}); give --workdir a "
+            "writable directory"
+        )
     rng = random.Random(seed)
     stop_at = rng.randrange(steps // 5, steps - steps // 5)
     cmd = [sys.executable, "-m", "preemptible._demo", "--steps", str(steps)]

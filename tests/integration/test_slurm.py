@@ -106,7 +106,9 @@ def test_usr1_requeue_resume_complete_bit_exact(sbatch, tmp_path: Path) -> None:
     assert sorted(p.name for p in runs.glob("attempt-*")) == ["attempt-1", "attempt-2"]
     a = torch.load(tmp_path / "ref.pt", weights_only=True)
     b = torch.load(tmp_path / "o.pt", weights_only=True)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert a and a.keys() == b.keys(), (sorted(a), sorted(b))
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
 
 
 def test_end_time_watcher_reads_the_real_job(sbatch, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from preemptible._signals import DUPLICATE_WINDOW
 from tests.conftest import PY, attempts, group_members, python_args, read_pid, supervise, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -139,9 +140,15 @@ def test_restart_resumes_and_ends_bit_exact(tmp_path: Path, spawn) -> None:
     assert (first["state"], second["state"]) == ("PREEMPTED", "FINISHED")
     assert "resuming from" in sup.output
     assert {"resumed 10", "resumed 11"} & set(sup.lines), sup.output
-    a = torch.load(tmp_path / "ref.pt", weights_only=True)
-    b = torch.load(tmp_path / "o.pt", weights_only=True)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_weights(tmp_path / "ref.pt", tmp_path / "o.pt")
+
+
+def assert_same_weights(ref: Path, out: Path) -> None:
+    a = torch.load(ref, weights_only=True)
+    b = torch.load(out, weights_only=True)
+    assert a and a.keys() == b.keys(), (sorted(a), sorted(b))
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
 
 
 def test_term_timeout_escalates_to_sigkill(tmp_path: Path, spawn) -> None:
@@ -181,7 +188,10 @@ def test_second_signal_is_forwarded_and_hard_exits_the_trainer(tmp_path: Path, s
     )
     sup.wait_line(lambda line: line == "step 3", timeout=60)
     sup.signal(signal.SIGINT)
+    first = time.monotonic()
     sup.wait_line(lambda line: line == "saving", timeout=30)
+    # a person's second Ctrl+C comes later than a duplicate delivery of the first could
+    time.sleep(max(0.0, first + DUPLICATE_WINDOW + 0.2 - time.monotonic()))
     sup.signal(signal.SIGINT)
     assert sup.wait(30) == 130, sup.output
     [a] = attempts(tmp_path)
@@ -221,7 +231,7 @@ def test_failure_budget_and_environment(tmp_path: Path, spawn) -> None:
         f"ENV exp-1 {n} attempt-{n} checkpoints" for n in (1, 2, 3)
     ]
     assert [a["state"] for a in attempts(tmp_path)] == ["FAILED"] * 3
-    assert "failed 3 times, the --max-failures budget" in sup.output
+    assert "3 attempts failed or crashed; --max-failures is 2; giving up" in sup.output
 
 
 def test_flapping_guard(tmp_path: Path, spawn) -> None:
@@ -259,7 +269,10 @@ def test_slurm_without_scontrol_is_a_clear_error(tmp_path: Path, spawn) -> None:
     [
         ([], "Missing argument 'COMMAND"),
         (["--", "/nonexistent/prog"], "cannot start '/nonexistent/prog'"),
-        (["--run-id", "../escape", "--", "true"], "run id '../escape' is not valid"),
+        (["--run-id", "../escape", "--", "true"], "run id '../escape' (from --run-id) is not"),
+        (["--run-id", "exp\n", "--", "true"], "run id 'exp\\n' (from --run-id) is not valid"),
+        (["--home", "/etc/passwd/x", "--", "true"], "cannot create the run directory"),
+        (["--restart-delay", "1e300", "--", "true"], "Invalid value for '--restart-delay'"),
         (["--max-failures", "-1", "--", "true"], "Invalid value for '--max-failures'"),
     ],
 )
@@ -270,3 +283,87 @@ def test_bad_input_is_one_line_and_exit_2(
     assert sup.wait(30) == 2, sup.output
     assert message in sup.output
     assert "Traceback" not in sup.output
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("sig", "state", "code"),
+    [(signal.SIGTERM, "CRASHED", 143), (signal.SIGINT, "KILLED", 130)],
+)
+def test_an_exit_after_a_forwarded_stop_is_not_failed(
+    sig: int, state: str, code: int, tmp_path: Path, spawn
+) -> None:
+    exits_1 = (
+        "import signal, sys\n"
+        f"signal.signal({int(sig)}, lambda *a: sys.exit(1))\n"
+        "print('up', flush=True)\n"
+        "signal.pause()\n"
+    )
+    sup = supervise(spawn, tmp_path, "--max-failures", "3", "--", PY, "-c", exits_1)
+    sup.wait_line(lambda line: line == "up", timeout=30)
+    sup.signal(sig)
+    assert sup.wait(30) == code, sup.output
+    [a] = attempts(tmp_path)  # stopped, not failed: no restart and no failure spent
+    assert (a["state"], a["ending"]) == (state, "exit 1"), sup.output
+    assert a["forwarded"] == [True]
+
+
+@pytest.mark.timeout(60)
+def test_two_sigterms_50_ms_apart_are_one_stop(tmp_path: Path, spawn) -> None:
+    counts_terms = (
+        "import signal, sys, time\n"
+        "got = []\n"
+        "signal.signal(signal.SIGTERM, lambda *a: got.append(time.monotonic()))\n"
+        "print('up', flush=True)\n"
+        "while not got:\n"
+        "    signal.pause()\n"
+        # long enough for a second forwarded SIGTERM to arrive, if there is one
+        f"while time.monotonic() < got[0] + {DUPLICATE_WINDOW} + 1.0:\n"
+        "    time.sleep(0.05)\n"
+        "print(f'terms {len(got)}', flush=True)\n"
+        "sys.exit(143)\n"
+    )
+    sup = supervise(spawn, tmp_path, "--", PY, "-c", counts_terms)
+    sup.wait_line(lambda line: line == "up", timeout=30)
+    sup.signal(signal.SIGTERM)
+    time.sleep(0.05)  # the stimulus: two deliveries of one stop, 50 ms apart
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 143, sup.output
+    assert "terms 1" in sup.lines, sup.output
+    [a] = attempts(tmp_path)
+    assert a["signals"] == ["SIGTERM", "SIGTERM"] and a["forwarded"] == [True, False]
+    assert "the same stop delivered twice" in sup.output
+
+
+FORGES = """
+import os, sys
+path = os.path.join(os.environ["PREEMPTIBLE_RUN_DIR"], "record.json")
+if sys.argv[1] == "fifo":
+    os.mkfifo(path)
+else:
+    open(path, "w").write(sys.argv[1])
+sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("record", "state", "code"),
+    [
+        ('{"state": "stopped", "step": 1, "signum": 128}', "PREEMPTED", 143),  # 128 + 128: exit 0
+        ('{"state": "stopped", "step": 1, "signum": -128}', "PREEMPTED", 143),  # 128 - 128: exit 0
+        ('{"state": "stopped", "step": 1, "signum": 1e9}', "PREEMPTED", 143),
+        ('{"preempting_at": "yesterday", "stopped_at": []}', "FAILED", 3),
+        ('{"state": "stopping"}', "PREEMPTED", 143),  # no step, no checkpoint
+        ('[{"state": "stopped"}]', "FAILED", 3),
+        ("fifo", "FAILED", 3),  # reading it would block the supervisor
+    ],
+)
+def test_a_forged_record_cannot_crash_the_supervisor_or_make_it_exit_0(
+    record: str, state: str, code: int, tmp_path: Path, spawn
+) -> None:
+    sup = supervise(spawn, tmp_path, "--max-preemptions", "0", "--", PY, "-c", FORGES, record)
+    assert sup.wait(30) == code, sup.output
+    assert "Traceback" not in sup.output
+    [a] = attempts(tmp_path)
+    assert (a["state"], a["exit_code"]) == (state, code)

@@ -60,6 +60,22 @@ def test_mark_after_the_supervisors_signal_is_not_a_mark_at_start() -> None:
     assert classify(Ending(signal=signal.SIGKILL), record, first_signal_at=21.0) is P
 
 
+@pytest.mark.parametrize(
+    ("forwarded", "state", "code"),
+    [(signal.SIGTERM, C, 143), (signal.SIGINT, K, 130), (signal.SIGUSR1, C, 138), (None, X, 1)],
+)
+def test_an_exit_after_a_forwarded_stop_is_never_failed(
+    forwarded: int | None, state: RunState, code: int
+) -> None:
+    ending = Ending(exit_code=1)  # a program that exits 1 on SIGTERM / Ctrl+C
+    assert classify(ending, {}, forwarded=forwarded) is state
+    assert exit_code_for(state, ending, {}, forwarded) == code
+    # with a mark it is PREEMPTED, as without the forwarded stop
+    assert classify(ending, RECORDS["stopping"], forwarded=forwarded) is P
+    # and an exit 0 is still FINISHED: the job saved and ended on its own terms
+    assert classify(Ending(exit_code=0), {}, forwarded=forwarded) is F
+
+
 def test_exit_codes() -> None:
     assert exit_code_for(F, Ending(exit_code=0), {}, None) == 0
     assert exit_code_for(X, Ending(exit_code=3), {}, None) == 3

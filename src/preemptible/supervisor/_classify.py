@@ -6,19 +6,27 @@ machine went away looks like any other crash. The run record written by the trai
 (``PREEMPTIBLE_RUN_DIR/record.json``) says what really happened, and this table combines
 the two (DESIGN.md):
 
-| how the attempt ended      | no mark  | marked while stopping | marked at start |
-|----------------------------|----------|-----------------------|-----------------|
-| exit 0                     | FINISHED | FINISHED *            | FINISHED *      |
-| exit non-zero              | FAILED   | PREEMPTED             | PREEMPTED       |
-| SIGKILL / lost             | CRASHED  | CRASHED               | PREEMPTED       |
-| SIGINT                     | KILLED   | PREEMPTED             | PREEMPTED       |
-| other signal (TERM, USR1…) | CRASHED  | PREEMPTED             | PREEMPTED       |
+| how the attempt ended      | no mark    | marked while stopping | marked at start |
+|----------------------------|------------|-----------------------|-----------------|
+| exit 0                     | FINISHED   | FINISHED *            | FINISHED *      |
+| exit non-zero              | FAILED **  | PREEMPTED             | PREEMPTED       |
+| SIGKILL / lost             | CRASHED    | CRASHED               | PREEMPTED       |
+| SIGINT                     | KILLED     | PREEMPTED             | PREEMPTED       |
+| other signal (TERM, USR1…) | CRASHED    | PREEMPTED             | PREEMPTED       |
 
 * PREEMPTED when the record says the run stopped early (state "stopping"/"stopped").
+
+** Unless the supervisor had passed a stop signal on to the attempt: then the ending is
+classified as if the job had died by that signal (KILLED for SIGINT, CRASHED otherwise). Many
+programs exit 1 or 2 on SIGTERM or Ctrl+C; the run did not fail, it was stopped, and a
+FAILED attempt would use up the failure budget and restart on a machine that is going away.
 
 "Marked at start" means ``mark_preempting()`` was called before any stop began: before the
 handler started stopping and before the supervisor passed on a signal. Such a run declared
 that any disappearance is a preemption (a spot-instance job, W&B's meaning).
+
+The record is the job's word (``RunRecord``, checked on read); only the exit status can make
+an attempt FINISHED, so no record turns a failure into the supervisor's exit code 0.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ._record import RunRecord
 
 
 class RunState(str, enum.Enum):
@@ -69,55 +79,67 @@ def _signame(signum: int) -> str:
         return f"signal {signum}"
 
 
-def mark_kind(record: Mapping[str, Any], first_signal_at: float | None) -> str:
+def as_record(record: RunRecord | Mapping[str, Any]) -> RunRecord:
+    return record if isinstance(record, RunRecord) else RunRecord.from_json(dict(record))
+
+
+def mark_kind(record: RunRecord | Mapping[str, Any], first_signal_at: float | None) -> str:
     """ "none", "stopping" or "start" (the table's three columns)."""
-    marked_at = record.get("preempting_at")
-    stopping = record.get("state") in ("stopping", "stopped")
-    if marked_at is None and not stopping:
+    rec = as_record(record)
+    if rec.preempting_at is None and not rec.stopped_early:
         return "none"
     stop_began = min(
-        (t for t in (record.get("stopped_at"), first_signal_at) if t is not None),
-        default=math.inf,
+        (t for t in (rec.stopped_at, first_signal_at) if t is not None), default=math.inf
     )
-    if marked_at is not None and marked_at < stop_began:
+    if rec.preempting_at is not None and rec.preempting_at < stop_began:
         return "start"
     return "stopping"
 
 
 def classify(
-    ending: Ending, record: Mapping[str, Any], *, first_signal_at: float | None = None
+    ending: Ending,
+    record: RunRecord | Mapping[str, Any],
+    *,
+    first_signal_at: float | None = None,
+    forwarded: int | None = None,
 ) -> RunState:
-    kind = mark_kind(record, first_signal_at)
+    """The attempt's state (the table above). ``first_signal_at``: wall time of the first stop
+    signal the supervisor received; ``forwarded``: the first signal it passed on, if any."""
+    rec = as_record(record)
+    kind = mark_kind(rec, first_signal_at)
     if ending.exit_code == 0:
-        stopped_early = record.get("state") in ("stopping", "stopped")
-        return RunState.PREEMPTED if stopped_early else RunState.FINISHED
+        return RunState.PREEMPTED if rec.stopped_early else RunState.FINISHED
     if kind == "start":
         return RunState.PREEMPTED
     if ending.lost or ending.signal == signal.SIGKILL:
         return RunState.CRASHED
     if kind == "stopping":
         return RunState.PREEMPTED
-    if ending.exit_code is not None:
+    died_by = ending.signal if ending.exit_code is None else forwarded
+    if died_by is None:
         return RunState.FAILED
-    if ending.signal == signal.SIGINT:
-        return RunState.KILLED
-    return RunState.CRASHED
+    return RunState.KILLED if died_by == signal.SIGINT else RunState.CRASHED
 
 
 def exit_code_for(
-    state: RunState, ending: Ending, record: Mapping[str, Any], forwarded: int | None
+    state: RunState, ending: Ending, record: RunRecord | Mapping[str, Any], stop: int | None
 ) -> int:
-    """The supervisor's own exit code for an attempt that ended in ``state``."""
+    """The supervisor's own exit code for an attempt that ended in ``state``; ``stop`` is the
+    first stop signal the supervisor received during the attempt. Only FINISHED gives 0."""
     if state is RunState.FINISHED:
         return 0
     if state is RunState.FAILED:
-        return ending.exit_code if ending.exit_code is not None else 1
+        return ending.exit_code or 1
     if state is RunState.KILLED:
         return 128 + signal.SIGINT
     if state is RunState.PREEMPTED:
-        signum = record.get("signum") or forwarded or ending.signal
+        signum = as_record(record).signum or stop or ending.signal
         if signum is None and ending.exit_code is not None and 128 < ending.exit_code < 160:
             return ending.exit_code  # already 128 + signum, from a program of its own
-        return 128 + int(signum or signal.SIGTERM)
+        return 128 + (signum or signal.SIGTERM)
     # CRASHED
-    return 128 + (ending.signal or signal.SIGKILL)
+    if ending.signal is not None:
+        return 128 + ending.signal
+    if ending.exit_code is not None and stop is not None:
+        return 128 + stop  # exited after the stop was passed on: as if it died by it
+    return 128 + signal.SIGKILL  # lost

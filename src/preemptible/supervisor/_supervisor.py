@@ -1,8 +1,37 @@
-"""``preemptible run``: start the job, pass signals on, classify each ending, restart or requeue."""
+"""``preemptible run``: start the job, pass signals on, classify each ending, restart or requeue.
+
+One supervisor per run: ``runs/RUN_ID/supervisor.lock`` is held (``flock``) for the
+supervisor's lifetime, so a second ``preemptible run`` of the same run cannot interleave its
+attempts and files with the first. The run id is stable by default (from the checkpoint
+directory, else from the working directory and the command; ``slurm-JOBID`` under SLURM), so
+running the same command again continues the same run.
+
+Signals: INT, TERM, HUP, USR1 and USR2 are passed on to the job's whole process group. The
+same signal again within ``DUPLICATE_WINDOW`` (0.5 s) of the last one passed on is the same
+stop delivered twice (a process tree signalled as a whole, two quick SIGTERMs from an
+orchestrator): it is recorded, not passed on. A person's second Ctrl+C a second later is
+passed on, and the trainer exits at once.
+
+How long an attempt lasts, i.e. which processes it waits for:
+
+- the whole process group of the job, as long as a stop was passed on: a wrapper shell may die
+  from the signal while the trainer under it is still saving. Escalation: SIGKILL to the group
+  ``term_timeout()`` seconds after the first stop signal.
+- when no stop was passed on and the job's main process (the group leader) has exited, the
+  rest of its group gets ``linger`` seconds (5 s), then SIGTERM, then SIGKILL ``linger``
+  seconds later: a background process the job left in its group (``tensorboard &`` in a
+  wrapper script) must not keep a finished attempt open forever.
+- processes the job started outside its group (a daemon that double-forked and called
+  ``setsid()``) are re-parented to the supervisor (a child subreaper); when the attempt ends,
+  their process groups get SIGTERM, then SIGKILL ``linger`` seconds later. The guardian is
+  told about them as they appear, so a ``kill -9`` of the supervisor does not leave them.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import math
@@ -10,35 +39,79 @@ import os
 import re
 import select
 import signal
+import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._checkpoint import CheckpointStore
+from .._env import env_str
 from .._errors import ConfigError, PreemptibleError
-from .._run import read_record
+from .._signals import DUPLICATE_WINDOW
 from ..notices import grace_period_from_env
 from . import _slurm
 from ._classify import Ending, RunState, classify, exit_code_for
 from ._process import ProcessGroup, become_subreaper
+from ._record import RunRecord, load_record
 
 logger = logging.getLogger("preemptible")
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_TERM_TIMEOUT = 60.0
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_RESTART_DELAY = 86400.0  # a day: longer is a typo, and select() refuses huge timeouts
+WATCH_INTERVAL = 2.0  # seconds between looks for processes that left the job's group
+LOCK_NAME = "supervisor.lock"
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def check_run_id(run_id: str) -> str:
-    if not _RUN_ID.match(run_id):
+def check_run_id(run_id: str, source: str = "--run-id") -> str:
+    """``run_id`` names a directory under --home: refuse anything that is not a plain name."""
+    if not _RUN_ID.fullmatch(run_id):
         raise ConfigError(
-            f"run id {run_id!r} is not valid; use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
+            f"run id {run_id!r} (from {source}) is not valid; use 1-128 letters, digits, '.', "
+            "'_' or '-', starting with a letter or digit"
         )
     return run_id
+
+
+def default_run_id(command: list[str], checkpoint_dir: Path | None) -> tuple[str, str]:
+    """The run id when none was given, and why it is that one. Stable: the same job started
+    again (by hand, by a scheduler, after a crash of the supervisor) continues the same run
+    directory, attempt numbers and default checkpoints instead of starting a new history."""
+    given = env_str("PREEMPTIBLE_RUN_ID")
+    if given is not None:
+        return check_run_id(given, "PREEMPTIBLE_RUN_ID"), "from PREEMPTIBLE_RUN_ID"
+    job = _slurm.job_id()
+    if job is not None:
+        run_id = check_run_id(f"slurm-{job}", "the SLURM job id")
+        return run_id, "the SLURM job; a requeued job continues this run"
+    try:
+        if checkpoint_dir is not None:
+            where = checkpoint_dir.resolve()
+            name, key = where.name, str(where)
+            why = f"from the checkpoint directory {where}"
+        else:
+            cwd = Path.cwd()
+            name, key = _command_name(command), "\0".join([str(cwd), *command])
+            why = f"from the working directory {cwd} and the command"
+    except OSError as exc:  # the working directory was removed under us
+        raise ConfigError(f"cannot derive a run id ({exc.strerror or exc}); pass --run-id") from exc
+    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).lstrip("-._")[:40] or "run"
+    return f"{slug}-{digest}", why
+
+
+def _command_name(command: list[str]) -> str:
+    """``train`` for ``python train.py``, ``mod`` for ``python -m pkg.mod``, else the program."""
+    args = command[1:]
+    for i, arg in enumerate(args):
+        if arg == "-m" and i + 1 < len(args):
+            return args[i + 1].rsplit(".", 1)[-1]
+        if not arg.startswith("-") and Path(arg).suffix in (".py", ".sh"):
+            return Path(arg).stem
+    return Path(command[0]).name
 
 
 @dataclass(kw_only=True)
@@ -57,6 +130,7 @@ class SupervisorConfig:
     heartbeat_interval: float = 10.0
     flap_attempts: int = 5
     min_uptime: float = 10.0
+    linger: float = 5.0  # for what the job leaves running: see the module docstring
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -65,14 +139,30 @@ class SupervisorConfig:
             )
         for name in ("max_failures", "max_preemptions", "flap_attempts"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
                 raise ConfigError(f"{name}={value!r} is not valid; use an integer >= 0")
-        for name in ("term_timeout", "restart_delay", "heartbeat_interval", "min_uptime"):
+        for name in ("term_timeout", "heartbeat_interval", "min_uptime", "linger"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name}={value!r} is not valid; use seconds >= 0")
+        for name in ("restart_delay", "max_restart_delay"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 <= value <= MAX_RESTART_DELAY):
+                raise ConfigError(
+                    f"{name}={value!r} is not valid; use seconds from 0 to {MAX_RESTART_DELAY:g}"
+                )
         if self.run_id is not None:
             check_run_id(self.run_id)
+
+
+class Received(NamedTuple):
+    """A signal the supervisor got: which, when (wall time), and whether it was passed on."""
+
+    signum: int
+    at: float
+    forwarded: bool
 
 
 @dataclass
@@ -83,7 +173,7 @@ class Attempt:
     ending: Ending
     exit_code: int
     duration: float
-    signals: list[str]
+    signals: list[Received] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -93,46 +183,144 @@ class Attempt:
             "ending": self.ending.describe(),
             "exit_code": self.exit_code,
             "duration_s": round(self.duration, 3),
-            "signals": self.signals,
+            "signals": [_name(s.signum) for s in self.signals],
+            "forwarded": [s.forwarded for s in self.signals],
             "ended_at": time.time(),
         }
+
+
+class RestartPolicy:
+    """Whether, and after how long, to start another attempt. Preemptions and failures have
+    separate budgets (a preemption is not the run's fault); only failures back off."""
+
+    def __init__(self, config: SupervisorConfig) -> None:
+        self.config = config
+        self.failures = 0
+        self.preemptions = 0
+
+    def delay_after(self, attempts: list[Attempt]) -> float | None:
+        """Seconds to wait before the next attempt, or None to stop (logged)."""
+        c = self.config
+        if attempts[-1].state is RunState.PREEMPTED:
+            if c.max_preemptions is not None and self.preemptions >= c.max_preemptions:
+                logger.error(
+                    "preemptible: preempted %d times; --max-preemptions is %d; giving up",
+                    self.preemptions + 1,
+                    c.max_preemptions,
+                )
+                return None
+            self.preemptions += 1
+            delay = c.restart_delay
+        else:
+            if self.failures >= c.max_failures:
+                if c.max_failures:
+                    logger.error(
+                        "preemptible: %d attempts failed or crashed; --max-failures is %d; "
+                        "giving up",
+                        self.failures + 1,
+                        c.max_failures,
+                    )
+                return None
+            self.failures += 1
+            # the exponent is capped so that no budget can overflow the float
+            backoff = c.restart_delay * 2.0 ** min(self.failures - 1, 64)
+            delay = min(backoff, max(c.max_restart_delay, c.restart_delay))
+        return None if self._flapping(attempts) else delay
+
+    def _flapping(self, attempts: list[Attempt]) -> bool:
+        n = self.config.flap_attempts
+        recent = attempts[-n:]
+        if n and len(recent) == n and all(a.duration < self.config.min_uptime for a in recent):
+            logger.error(
+                "preemptible: the last %d attempts each ended within %.0f s; giving up instead "
+                "of restarting in a loop (look at the attempt logs above)",
+                n,
+                self.config.min_uptime,
+            )
+            return True
+        return False
+
+
+@dataclass
+class _Escalation:
+    """What the supervisor does to an attempt's group, and when (monotonic times)."""
+
+    kill_at: float | None = None  # SIGKILL, a term timeout after the first stop signal
+    timeout: float = 0.0
+    leader_gone: float | None = None  # when the job's main process was seen to exit
+    linger: list[tuple[float, int]] = field(default_factory=list)  # (when, signal)
+
+    def next_at(self) -> float:
+        return min([self.kill_at or math.inf, *(t for t, _ in self.linger)])
 
 
 class Supervisor:
     def __init__(self, config: SupervisorConfig) -> None:
         self.config = config
-        self.run_id = config.run_id or self._default_run_id()
+        _slurm.in_batch_job()  # a bad SLURM job id fails here, before anything starts
+        if config.run_id is not None:
+            self.run_id, self._run_id_why = config.run_id, ""
+        else:
+            self.run_id, self._run_id_why = default_run_id(config.command, config.checkpoint_dir)
         self.run_dir = config.home / "runs" / self.run_id
         self.checkpoint_dir = config.checkpoint_dir or self.run_dir / "checkpoints"
-        self.signals: list[tuple[int, float]] = []  # received since the supervisor started
+        # where the job really saves (its record's checkpoint_dir); resumes come from here
+        self.resume_dir = self.checkpoint_dir
+        self.signals: list[Received] = []  # received since the supervisor started
         self.attempts: list[Attempt] = []
+        self.policy = RestartPolicy(config)
         self._group: ProcessGroup | None = None
         self._pending: list[int] = []
+        self._last_forward: tuple[int, float] | None = None  # (signum, monotonic time)
+        self._logged_signals = 0
         self._wake_r = self._wake_w = -1
         self._previous: dict[int, Any] = {}
-
-    @staticmethod
-    def _default_run_id() -> str:
-        job = _slurm.job_id()
-        if job is not None:
-            return f"slurm-{job}"  # stable across requeues of the same job
-        return os.environ.get("PREEMPTIBLE_RUN_ID") or uuid.uuid4().hex[:12]
+        self._lock_fd = -1
+        self._pid_text: str | None = None
+        self._warned: set[str] = set()
+        self._exit_code: int | None = None
 
     # -- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signals.append((signum, time.time()))
-        if not self.config.forward_signals:
+        # Bookkeeping and killpg only: this runs between two bytecodes of the main loop.
+        now = time.monotonic()
+        last = self._last_forward
+        duplicate = last is not None and last[0] == signum and now - last[1] <= DUPLICATE_WINDOW
+        forward = self.config.forward_signals and not duplicate
+        self.signals.append(Received(signum, time.time(), forward))
+        if not forward:
             return
+        self._last_forward = (signum, now)
         group = self._group
         if group is not None:
             group.signal(signum)  # the whole group: a trainer under bash -c or torchrun too
         else:
             self._pending.append(signum)  # the attempt is starting; passed on once it has
 
+    def _log_signals(self, first: int) -> None:
+        """Log, outside the handler, the signals after the attempt's first one."""
+        while self._logged_signals < len(self.signals):
+            index = self._logged_signals
+            self._logged_signals += 1
+            if index <= first:
+                continue  # the first is logged with the escalation
+            s, before = self.signals[index], self.signals[index - 1]
+            if s.forwarded:
+                logger.warning("preemptible: %s again; passed on to the job", _name(s.signum))
+            elif self.config.forward_signals:
+                logger.info(
+                    "preemptible: %s again %.3f s later: the same stop delivered twice "
+                    "(within %.1f s), not passed on",
+                    _name(s.signum),
+                    s.at - before.at,
+                    DUPLICATE_WINDOW,
+                )
+
     def _install(self) -> None:
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
+            os.set_inheritable(fd, False)
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         for sig in FORWARDED:
             self._previous[sig] = signal.signal(sig, self._on_signal)
@@ -152,89 +340,72 @@ class Supervisor:
         """Wait up to ``seconds``, returning early when any signal (SIGCHLD too) arrives."""
         if seconds > 0:
             with contextlib.suppress(InterruptedError):
-                select.select([self._wake_r], [], [], seconds)
+                select.select([self._wake_r], [], [], min(seconds, MAX_RESTART_DELAY))
         with contextlib.suppress(BlockingIOError, OSError):
             while os.read(self._wake_r, 512):
                 pass
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> int:
+        self._prepare()
         become_subreaper()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self._install()
         try:
-            return self._loop()
+            self._exit_code = self._loop()
+            return self._exit_code
         finally:
             self._uninstall()
-            if self.config.pid_file is not None:
-                with contextlib.suppress(OSError):
-                    self.config.pid_file.unlink()
+            self._heartbeat_final()
+            self._remove_pid_file()
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # releases the run's lock
+
+    def _prepare(self) -> None:
+        """Everything that can fail on bad input, before any job starts: one line each."""
+        if self.config.pid_file is not None:
+            _check_writable(self.config.pid_file, "--pid-file")
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PreemptibleError(
+                f"cannot create the run directory {self.run_dir}: {exc.strerror or exc}; "
+                "give --home (PREEMPTIBLE_HOME) a writable directory"
+            ) from exc
+        self._lock_fd = _lock_run(self.run_dir, self.run_id)  # last: nothing fails after it
+        if self._run_id_why:
+            logger.info(
+                "preemptible: run %s (%s); a rerun of the same command continues this run; "
+                "pass --run-id to start another",
+                self.run_id,
+                self._run_id_why,
+            )
 
     def _loop(self) -> int:
-        failures = preemptions = 0
-        delay = 0.0
         code = 0
         while True:
             if self.signals:
                 logger.warning("preemptible: told to stop before the next attempt; exiting")
-                return code if self.attempts else 128 + self.signals[0][0]
+                return code if self.attempts else 128 + self.signals[0].signum
             attempt = self._attempt(self._next_number())
             code = attempt.exit_code
-            state = attempt.state
-            told_to_stop = bool(self.signals)
-            if state is RunState.FINISHED or state is RunState.KILLED:
-                return code
-            if state is RunState.PREEMPTED:
-                if _slurm.in_batch_job():
-                    _slurm.requeue()
-                    return code
-                if told_to_stop:
-                    return code
-                if (
-                    self.config.max_preemptions is not None
-                    and preemptions >= self.config.max_preemptions
-                ):
-                    logger.error(
-                        "preemptible: preempted %d times, the --max-preemptions budget; giving up",
-                        preemptions + 1,
-                    )
-                    return code
-                preemptions += 1
-                delay = self.config.restart_delay
-            else:  # FAILED, CRASHED
-                if told_to_stop:
-                    return code
-                if failures >= self.config.max_failures:
-                    if self.config.max_failures:
-                        logger.error(
-                            "preemptible: %s %d times, the --max-failures budget; giving up",
-                            str(state).lower(),
-                            failures + 1,
-                        )
-                    return code
-                failures += 1
-                delay = min(
-                    self.config.restart_delay * 2 ** (failures - 1), self.config.max_restart_delay
-                )
-            if self._flapping():
+            delay = self._restart_delay(attempt)
+            if delay is None:
                 return code
             logger.info("preemptible: restarting in %.1f s", delay)
             deadline = time.monotonic() + delay
             while not self.signals and time.monotonic() < deadline:
                 self._sleep(deadline - time.monotonic())
 
-    def _flapping(self) -> bool:
-        n = self.config.flap_attempts
-        recent = self.attempts[-n:]
-        if n and len(recent) == n and all(a.duration < self.config.min_uptime for a in recent):
-            logger.error(
-                "preemptible: the last %d attempts each ended within %.0f s; giving up instead "
-                "of restarting in a loop (look at the attempt logs above)",
-                n,
-                self.config.min_uptime,
-            )
-            return True
-        return False
+    def _restart_delay(self, attempt: Attempt) -> float | None:
+        """None when the run ends with this attempt; else seconds before the next one."""
+        if attempt.state in (RunState.FINISHED, RunState.KILLED):
+            return None
+        if attempt.state is RunState.PREEMPTED and _slurm.in_batch_job():
+            _slurm.requeue()  # the requeued job continues this run (same id, same checkpoints)
+            return None
+        if self.signals:
+            return None  # told to stop: no restart on a machine that is going away
+        return self.policy.delay_after(self.attempts)
 
     def _next_number(self) -> int:
         numbers = [
@@ -244,36 +415,48 @@ class Supervisor:
         ]
         return max(numbers, default=0) + 1
 
-    def _environment(self, number: int, attempt_dir: Path) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            PREEMPTIBLE_RUN_ID=self.run_id,
-            PREEMPTIBLE_ATTEMPT=str(number),
-            PREEMPTIBLE_RUN_DIR=str(attempt_dir.resolve()),
-            PREEMPTIBLE_CHECKPOINT_DIR=str(self.checkpoint_dir.resolve()),
-        )
-        env.pop("PREEMPTIBLE_RESUME_FROM", None)
-        latest = CheckpointStore(self.checkpoint_dir).latest()
-        if latest is not None:
-            env["PREEMPTIBLE_RESUME_FROM"] = str(latest.path.resolve())
-        return env
-
+    # -- one attempt -----------------------------------------------------------------------
     def _attempt(self, number: int) -> Attempt:
+        first = len(self.signals)  # signals from here on belong to this attempt
+        attempt_dir, group = self._start(number)
+        done = False
+        try:
+            self._supervise(number, group, first)
+            self._group = None
+            attempt = self._finish(number, attempt_dir, group, first)  # recorded first
+            left = group.stop_leftovers(self.config.linger, self._sleep)
+            if left:
+                logger.warning(
+                    "preemptible: stopped %d process(es) the job left running outside its "
+                    "process group (pids %s)",
+                    len(left),
+                    ", ".join(map(str, left)),
+                )
+            done = True
+        finally:
+            self._group = None
+            group.close(done=done)  # not done: the guardian kills what is left
+        return attempt
+
+    def _start(self, number: int) -> tuple[Path, ProcessGroup]:
         attempt_dir = self.run_dir / f"attempt-{number}"
-        attempt_dir.mkdir(parents=True, exist_ok=True)
         env = self._environment(number, attempt_dir)
-        first_signal = len(self.signals)
+        try:
+            attempt_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PreemptibleError(f"cannot create {attempt_dir}: {exc.strerror or exc}") from exc
         try:
             group = ProcessGroup(self.config.command, env=env)
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                attempt_dir.rmdir()  # no attempt took place: leave no trace of one
             raise PreemptibleError(
                 f"cannot start {self.config.command[0]!r}: {exc.strerror or exc}"
             ) from exc
         self._group = group
         while self._pending:
             group.signal(self._pending.pop(0))
-        if self.config.pid_file is not None:
-            _write_atomic(self.config.pid_file, f"{group.pid}\n")
+        self._write_pid_file(group.pid)
         logger.info(
             "preemptible: attempt %d of run %s started: pid %d%s",
             number,
@@ -283,51 +466,113 @@ class Supervisor:
             if "PREEMPTIBLE_RESUME_FROM" in env
             else "",
         )
-        kill_at: float | None = None
-        killed = False
-        next_beat = 0.0
-        try:
-            while not group.reap():
-                now = time.monotonic()
-                if kill_at is None and len(self.signals) > first_signal:
-                    timeout, source = self.term_timeout()
-                    kill_at = now + timeout
-                    logger.info(
-                        "preemptible: %s %s the job; SIGKILL in %.0f s if it has not exited (%s)",
-                        _name(self.signals[first_signal][0]),
-                        "passed on to"
-                        if self.config.forward_signals
-                        else "received; not passed to",
-                        timeout,
-                        source,
-                    )
-                if kill_at is not None and now >= kill_at and not killed:
-                    logger.error(
-                        "preemptible: the job is still running %.0f s after the stop signal; "
-                        "sending SIGKILL to its process group",
-                        timeout,
-                    )
-                    group.signal(signal.SIGKILL)
-                    killed = True
-                if now >= next_beat:
-                    self._heartbeat(number, group)
-                    next_beat = now + self.config.heartbeat_interval
-                wake = min(next_beat, kill_at if kill_at is not None and not killed else math.inf)
-                self._sleep(min(max(wake - now, 0.0), 1.0))
-        finally:
-            self._group = None
-            group.close()
-        ending = group.ending or Ending(lost=True)
-        record = read_record(attempt_dir)
-        mine = self.signals[first_signal:]
-        state = classify(ending, record, first_signal_at=mine[0][1] if mine else None)
-        code = exit_code_for(state, ending, record, mine[0][0] if mine else None)
-        attempt = Attempt(
-            number, group.pid, state, ending, code, group.duration, [_name(s) for s, _ in mine]
+        return attempt_dir, group
+
+    def _environment(self, number: int, attempt_dir: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            PREEMPTIBLE_RUN_ID=self.run_id,
+            PREEMPTIBLE_ATTEMPT=str(number),
+            PREEMPTIBLE_RUN_DIR=str(attempt_dir.resolve()),
+            PREEMPTIBLE_CHECKPOINT_DIR=str(self.checkpoint_dir.resolve()),
         )
+        # Not given: the handler may keep its own directory without a warning.
+        if self.config.checkpoint_dir is None:
+            env["PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT"] = "1"
+        else:
+            env.pop("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT", None)
+        env.pop("PREEMPTIBLE_RESUME_FROM", None)
+        try:
+            latest = CheckpointStore(self.resume_dir).latest()
+        except OSError as exc:
+            raise PreemptibleError(
+                f"cannot read the checkpoint directory {self.resume_dir}: {exc.strerror or exc}"
+            ) from exc
+        if latest is not None:
+            env["PREEMPTIBLE_RESUME_FROM"] = str(latest.path.resolve())
+        return env
+
+    def _supervise(self, number: int, group: ProcessGroup, first: int) -> None:
+        """Wait for the attempt's whole group; escalate, watch for escapees, beat."""
+        plan = _Escalation()
+        next_beat = next_watch = 0.0
+        while not group.reap():
+            now = time.monotonic()
+            self._log_signals(first)
+            self._escalate(plan, group, self.signals[first:], now)
+            if now >= next_watch:
+                for pgid in sorted(group.watch()):
+                    logger.info(
+                        "preemptible: the job started process group %d outside its own; it is "
+                        "stopped when the attempt ends",
+                        pgid,
+                    )
+                next_watch = now + WATCH_INTERVAL
+            if now >= next_beat:
+                self._heartbeat(state="running", attempt=number, child_pid=group.pid)
+                next_beat = now + self.config.heartbeat_interval
+            wake = min(next_beat, next_watch, plan.next_at())
+            self._sleep(min(max(wake - now, 0.0), 1.0))
+        self._log_signals(first)
+
+    def _escalate(
+        self, plan: _Escalation, group: ProcessGroup, mine: list[Received], now: float
+    ) -> None:
+        """The module docstring's rules: SIGKILL a term timeout after a stop; TERM, then KILL
+        what the main process left in its group when no stop was passed on."""
+        if mine and plan.kill_at is None:
+            plan.timeout, source = self.term_timeout()
+            plan.kill_at = now + plan.timeout
+            logger.info(
+                "preemptible: %s %s the job; SIGKILL in %.0f s if it has not exited (%s)",
+                _name(mine[0].signum),
+                "passed on to" if mine[0].forwarded else "received; not passed to",
+                plan.timeout,
+                source,
+            )
+        if plan.kill_at is not None and now >= plan.kill_at:
+            logger.error(
+                "preemptible: the job is still running %.0f s after the stop signal; "
+                "sending SIGKILL to its process group",
+                plan.timeout,
+            )
+            group.signal(signal.SIGKILL)
+            plan.kill_at = math.inf
+        if any(s.forwarded for s in mine):
+            plan.linger.clear()  # a stop is under way: the group gets the term timeout
+            return
+        if group.ending is not None and plan.leader_gone is None:
+            plan.leader_gone = now
+            wait = self.config.linger
+            plan.linger = [(now + wait, signal.SIGTERM), (now + 2 * wait, signal.SIGKILL)]
+        while plan.linger and now >= plan.linger[0][0]:
+            sig = plan.linger.pop(0)[1]
+            logger.warning(
+                "preemptible: the job's main process ended (%s) but processes it started in "
+                "its group are still running %.0f s later; sending them %s",
+                group.ending.describe() if group.ending else "?",
+                now - (plan.leader_gone or now),
+                _name(sig),
+            )
+            group.signal(sig)
+
+    def _finish(self, number: int, attempt_dir: Path, group: ProcessGroup, first: int) -> Attempt:
+        ending = group.ending or Ending(lost=True)
+        record = load_record(attempt_dir)
+        mine = self.signals[first:]
+        forwarded = next((s.signum for s in mine if s.forwarded), None)
+        state = classify(
+            ending, record, first_signal_at=mine[0].at if mine else None, forwarded=forwarded
+        )
+        code = exit_code_for(state, ending, record, mine[0].signum if mine else None)
+        attempt = Attempt(number, group.pid, state, ending, code, group.duration, mine)
         self.attempts.append(attempt)
-        with open(self.run_dir / "attempts.jsonl", "a") as fh:
-            fh.write(json.dumps(attempt.as_json()) + "\n")
+        self._journal(attempt)
+        self._follow_checkpoints(record)
+        stopped = ""
+        if record.stopped_early:
+            step = "?" if record.step is None else record.step
+            stopped = f", stopped at step {step}, checkpoint {record.checkpoint or 'none'}"
         logger.log(
             logging.INFO if state is RunState.FINISHED else logging.WARNING,
             "preemptible: attempt %d: pid %d, %s (%s), exit code %d, %.1f s%s",
@@ -337,35 +582,126 @@ class Supervisor:
             ending.describe(),
             code,
             group.duration,
-            f", stopped at step {record['step']}, checkpoint {record.get('checkpoint')}"
-            if record.get("state") in ("stopping", "stopped")
-            else "",
+            stopped,
         )
         return attempt
+
+    def _follow_checkpoints(self, record: RunRecord) -> None:
+        """Resume from where the job says it saves (its handler may have a directory of its
+        own), when that is an existing directory; else keep the supervisor's."""
+        if record.checkpoint_dir is None:
+            return
+        where = Path(record.checkpoint_dir)
+        if not where.is_absolute() or not where.is_dir() or where == self.resume_dir:
+            return
+        self.resume_dir = where
+        logger.info(
+            "preemptible: the job keeps its checkpoints in %s; the next attempt resumes from there",
+            where,
+        )
 
     def term_timeout(self) -> tuple[float, str]:
         return term_timeout(self.config.term_timeout)
 
-    def _heartbeat(self, number: int, group: ProcessGroup) -> None:
-        beat = {"pid": os.getpid(), "attempt": number, "child_pid": group.pid, "at": time.time()}
-        with contextlib.suppress(OSError):
-            _write_atomic(self.run_dir / "heartbeat.json", json.dumps(beat))
+    # -- files of the run: journal, heartbeat, pid file --------------------------------------
+    def _warn_once(self, what: str, path: Path, exc: OSError) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            logger.warning(
+                "preemptible: cannot write %s (%s); the run goes on without it",
+                path,
+                exc.strerror or exc,
+            )
+
+    def _journal(self, attempt: Attempt) -> None:
+        path = self.run_dir / "attempts.jsonl"
+        try:
+            with open(path, "a") as fh:
+                fh.write(json.dumps(attempt.as_json()) + "\n")
+        except OSError as exc:
+            self._warn_once("journal", path, exc)
+
+    def _heartbeat(self, **fields: Any) -> None:
+        path = self.run_dir / "heartbeat.json"
+        beat = {**fields, "pid": os.getpid(), "run_id": self.run_id, "at": time.time()}
+        try:
+            write_atomic(path, json.dumps(beat))
+        except OSError as exc:
+            self._warn_once("heartbeat", path, exc)
+
+    def _heartbeat_final(self) -> None:
+        """Readers must not take a finished run's last beat for a live one."""
+        last = self.attempts[-1] if self.attempts else None
+        self._heartbeat(
+            state="ended",
+            attempt=last.number if last else None,
+            run_state=str(last.state) if last else None,
+            exit_code=self._exit_code,
+        )
+
+    def _write_pid_file(self, pid: int) -> None:
+        path = self.config.pid_file
+        if path is None:
+            return
+        text = f"{pid}\n"
+        try:
+            write_atomic(path, text)
+            self._pid_text = text
+        except OSError as exc:
+            self._warn_once("pid file", path, exc)
+
+    def _remove_pid_file(self) -> None:
+        """Only while it still holds our pid: another process may have taken the name."""
+        path = self.config.pid_file
+        if path is None or self._pid_text is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if path.read_text() == self._pid_text:
+                path.unlink()
 
 
 def term_timeout(explicit: float | None = None) -> tuple[float, str]:
-    """Seconds from the first stop signal to SIGKILL, and where the number came from."""
+    """Seconds from the first stop signal to SIGKILL, and where the number came from.
+
+    Under SLURM the deadline is SLURM's own: it SIGKILLs every process of the job KillWait
+    after its SIGTERM whatever this says, and a supervisor killed first cannot record the
+    attempt or requeue. So escalate ``_slurm.MARGIN`` before that; an explicit value still
+    wins, with a warning when SLURM's KILL will come first.
+    """
+    slurm = _slurm.kill_deadline()
+    if slurm is not None and not slurm.near:
+        slurm = None  # SLURM is not ending the job: this stop is not bounded by it
     if explicit is not None:
+        if slurm is not None and explicit > slurm.seconds:
+            logger.warning(
+                "preemptible: --term-timeout %g s is longer than SLURM allows here (%s); "
+                "SLURM's SIGKILL will come first, and the attempt is neither recorded nor "
+                "requeued. Use --term-timeout %g or less.",
+                explicit,
+                slurm.why,
+                _slurm.before_kill(slurm.seconds),
+            )
         return explicit, "--term-timeout"
+    choices: list[tuple[float, str]] = []
     try:
         grace = grace_period_from_env()
     except ConfigError as exc:
         logger.warning("preemptible: ignoring it: %s", exc)
         grace = None
     if grace is not None:
-        return max(grace - 2.0, 1.0), "PREEMPTIBLE_GRACE_PERIOD minus 2 s"
-    left = _slurm.time_left()
-    if left is not None and left < 10 * DEFAULT_TERM_TIMEOUT:
-        return max(left - 5.0, 5.0), "the SLURM job's time left minus 5 s"
+        choices.append((max(grace - 2.0, 1.0), "PREEMPTIBLE_GRACE_PERIOD minus 2 s"))
+    if slurm is not None:
+        if grace is not None and grace > slurm.seconds:
+            logger.warning(
+                "preemptible: PREEMPTIBLE_GRACE_PERIOD=%g s is longer than SLURM allows here "
+                "(%s); the shorter one is used",
+                grace,
+                slurm.why,
+            )
+        before = f"{_slurm.MARGIN:g} s before {slurm.why}"
+        choices.append((_slurm.before_kill(slurm.seconds), before))
+    if choices:
+        return min(choices)
     return DEFAULT_TERM_TIMEOUT, "the default; set --term-timeout"
 
 
@@ -376,7 +712,57 @@ def _name(signum: int) -> str:
         return str(signum)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` whole. The temporary file has an unpredictable name (``mkstemp``) in
+    the same directory, so in a shared directory nobody can plant a symlink where it will be
+    written, and ``os.replace`` swaps the name itself, never writing through a link."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """Fail before the job starts, not when its pid is to be written."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise ConfigError(
+            f"{option} {path}: cannot write in {path.parent} ({exc.strerror or exc}); give a "
+            "file in an existing, writable directory"
+        ) from exc
+
+
+def _lock_run(run_dir: Path, run_id: str) -> int:
+    """Hold the run's lock (an advisory ``flock``, released when the fd closes, also when the
+    supervisor is killed); not inherited by the job (``O_CLOEXEC``)."""
+    path = run_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise PreemptibleError(f"cannot open {path}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        os.close(fd)
+        who = f"pid {holder}" if holder.isdigit() else "another process"
+        raise PreemptibleError(
+            f"run {run_id} is already supervised by {who} ({path}); wait for it to end, or "
+            "pass another --run-id"
+        ) from exc
+    except OSError as exc:  # a file system without locks
+        os.close(fd)
+        raise PreemptibleError(f"cannot lock {path}: {exc.strerror or exc}") from exc
+    with contextlib.suppress(OSError):  # the pid is only for the message above
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

@@ -1,0 +1,226 @@
+"""``preemptible run``'s run directory: ids, one supervisor per run, pid file, heartbeat,
+journal, the checkpoint directory it resumes from, and files that cannot be written."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from preemptible.supervisor._supervisor import write_atomic
+from tests.conftest import PY, attempts, python_args, supervise
+
+pytestmark = pytest.mark.timeout(90)
+
+FAIL = [PY, "-c", "import sys; sys.exit(3)"]
+WAIT = [PY, "-c", "import signal; print('up', flush=True); signal.pause()"]
+
+
+def runs(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / ".preemptible" / "runs").iterdir())
+
+
+def test_the_same_command_again_continues_the_same_run(tmp_path: Path, spawn) -> None:
+    for expected in (1, 2):
+        sup = supervise(spawn, tmp_path, "--", *FAIL)
+        assert sup.wait(30) == 3, sup.output
+        assert len(attempts(tmp_path)) == expected, sup.output
+    [run] = runs(tmp_path)
+    assert run.startswith("python-")  # no script: the program's name
+    assert f"run {run} (from the working directory" in sup.output
+    assert "a rerun of the same command continues this run" in sup.output
+    assert (tmp_path / ".preemptible" / "runs" / run / "attempt-2").is_dir()
+    other = supervise(spawn, tmp_path, "--", PY, "-c", "import sys; sys.exit(4)")
+    assert other.wait(30) == 4
+    assert len(runs(tmp_path)) == 2  # another command is another run
+
+
+def test_the_run_id_follows_the_checkpoint_directory(tmp_path: Path, spawn) -> None:
+    first = supervise(spawn, tmp_path, "--checkpoint-dir", "ck", "--", *FAIL)
+    assert first.wait(30) == 3
+    second = supervise(spawn, tmp_path, "--checkpoint-dir", "./ck/", "--", PY, "-c", "pass")
+    assert second.wait(30) == 0
+    [run] = runs(tmp_path)
+    assert run.startswith("ck-"), run
+    assert [a["state"] for a in attempts(tmp_path)] == ["FAILED", "FINISHED"]
+    assert f"(from the checkpoint directory {tmp_path / 'ck'})" in second.output
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SLURM_JOB_ID": "/../../x"}, "SLURM_JOB_ID"),
+        ({"SLURM_JOB_ID": "4242\n"}, "4242"),
+        ({"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "../../x", "SLURM_JOB_ID": "8"}, "x"),
+        ({"PREEMPTIBLE_RUN_ID": "../../x"}, "run id '../../x'"),
+        ({"PREEMPTIBLE_RUN_ID": "ok\n"}, "run id 'ok\\n'"),
+    ],
+)
+def test_every_id_that_becomes_a_path_is_checked(
+    env: dict[str, str], message: str, tmp_path: Path, spawn
+) -> None:
+    home = tmp_path / "a" / "b"
+    sup = supervise(spawn, tmp_path, "--home", str(home), "--", "touch", "started", env=env)
+    assert sup.wait(30) == 2, sup.output
+    [line] = sup.lines
+    assert message in line and "not valid" in line and "Traceback" not in sup.output
+    assert not (tmp_path / "started").exists()
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) in ([], ["a"])
+
+
+def test_one_supervisor_per_run(tmp_path: Path, spawn) -> None:
+    fds = (
+        "import os; print('FDS', [os.readlink(f'/proc/self/fd/{fd}') "
+        "for fd in os.listdir('/proc/self/fd') if os.path.exists(f'/proc/self/fd/{fd}')], "
+        "flush=True); import signal; print('up', flush=True); signal.pause()"
+    )
+    first = supervise(spawn, tmp_path, "--run-id", "exp", "--", PY, "-c", fds)
+    first.wait_line(lambda line: line == "up", timeout=30)
+    assert "supervisor.lock" not in first.output  # the job does not inherit the lock
+    second = supervise(spawn, tmp_path, "--run-id", "exp", "--", "touch", "started")
+    assert second.wait(30) == 2, second.output
+    [line] = second.lines
+    assert f"run exp is already supervised by pid {first.pid}" in line
+    assert not (tmp_path / "started").exists()
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 143
+    third = supervise(spawn, tmp_path, "--run-id", "exp", "--", "touch", "started")
+    assert third.wait(30) == 0, third.output  # the lock went with the first supervisor
+    assert [a["attempt"] for a in attempts(tmp_path)] == [1, 2]
+
+
+def test_pid_file_in_a_missing_directory_fails_before_the_job_starts(tmp_path: Path, spawn) -> None:
+    sup = supervise(spawn, tmp_path, "--pid-file", "/nodir/p", "--", "touch", "started")
+    assert sup.wait(30) == 2, sup.output
+    [line] = sup.lines
+    assert "--pid-file /nodir/p: cannot write in /nodir" in line
+    assert not (tmp_path / "started").exists()
+
+
+def test_pid_file_is_left_alone_when_someone_else_took_it(tmp_path: Path, spawn) -> None:
+    pid_file = tmp_path / "job.pid"
+    job = (
+        "import os, sys, time; p = sys.argv[1]\n"
+        "while not (os.path.exists(p) and open(p).read()):\n"
+        "    time.sleep(0.01)  # written just after the start\n"
+        "assert open(p).read() == f'{os.getpid()}\\n'\n"
+        "open(p, 'w').write('other\\n')\n"
+    )
+    sup = supervise(spawn, tmp_path, "--pid-file", str(pid_file), "--", PY, "-c", job, pid_file)
+    assert sup.wait(30) == 0, sup.output
+    assert pid_file.read_text() == "other\n"
+    sup = supervise(spawn, tmp_path, "--pid-file", str(pid_file), "--", PY, "-c", "pass")
+    assert sup.wait(30) == 0, sup.output
+    assert not pid_file.exists()  # ours: removed
+
+
+def test_atomic_writes_do_not_follow_a_planted_temp_name(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    target = tmp_path / "job.pid"
+    for name in (f".{target.name}.{os.getpid()}.tmp", f".{target.name}.tmp", f"{target}.tmp"):
+        (tmp_path / Path(name).name).symlink_to(victim)
+    write_atomic(target, "123\n")
+    assert target.read_text() == "123\n" and victim.read_text() == "precious"
+    target.unlink()
+    target.symlink_to(victim)  # a link at the name itself is replaced, not written through
+    write_atomic(target, "456\n")
+    assert not target.is_symlink() and victim.read_text() == "precious"
+
+
+def test_heartbeat_says_ended_after_the_run(tmp_path: Path, spawn) -> None:
+    sup = supervise(spawn, tmp_path, "--run-id", "exp", "--", *FAIL)
+    assert sup.wait(30) == 3
+    beat = json.loads((tmp_path / ".preemptible" / "runs" / "exp" / "heartbeat.json").read_text())
+    assert beat["state"] == "ended" and beat["run_state"] == "FAILED" and beat["exit_code"] == 3
+    assert beat["pid"] == sup.pid
+
+
+def test_files_that_cannot_be_written_are_warnings(tmp_path: Path, spawn) -> None:
+    # the job replaces the journal and the heartbeat with directories: neither can be written
+    job = (
+        "import os, pathlib, sys; run = pathlib.Path(os.environ['PREEMPTIBLE_RUN_DIR']).parent; "
+        "[((run / n).unlink(missing_ok=True), (run / n / 'x').mkdir(parents=True)) "
+        "for n in ('attempts.jsonl', 'heartbeat.json') if not (run / n).is_dir()]; sys.exit(3)"
+    )
+    sup = supervise(spawn, tmp_path, "--run-id", "exp", "--max-failures", "1", "--", PY, "-c", job)
+    assert sup.wait(30) == 3, sup.output
+    assert "Traceback" not in sup.output
+    assert sup.output.count("attempts.jsonl (Is a directory); the run goes on") == 1
+    assert sup.output.count("heartbeat.json (Is a directory); the run goes on") == 1
+    assert sup.output.count("FAILED (exit 3)") == 2  # the restart happened all the same
+
+
+def test_a_failed_start_leaves_no_attempt_directory(tmp_path: Path, spawn) -> None:
+    sup = supervise(spawn, tmp_path, "--run-id", "exp", "--", "/nonexistent/prog")
+    assert sup.wait(30) == 2, sup.output
+    assert not list((tmp_path / ".preemptible" / "runs" / "exp").glob("attempt-*"))
+
+
+def test_preemption_budget_message(tmp_path: Path, spawn) -> None:
+    args = ["--max-preemptions", "2", "--", *python_args("ending.py", "start", "exit3")]
+    sup = supervise(spawn, tmp_path, *args)
+    assert sup.wait(60) == 143, sup.output
+    assert len(attempts(tmp_path)) == 3
+    assert "preempted 3 times; --max-preemptions is 2; giving up" in sup.output
+
+
+def test_help_lists_every_exit_code(tmp_path: Path, spawn) -> None:
+    sup = spawn([PY, "-m", "preemptible", "run", "--help"], cwd=tmp_path)
+    assert sup.wait(30) == 0
+    for state in ("FINISHED", "PREEMPTED", "FAILED", "KILLED", "CRASHED"):
+        assert state in sup.output
+
+
+CKPT_JOB = """
+import os, pathlib, sys
+from preemptible import _run
+print('DEFAULT', os.environ.get('PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT'), flush=True)
+print('RESUME', os.environ.get('PREEMPTIBLE_RESUME_FROM'), flush=True)
+own = pathlib.Path(sys.argv[1]).resolve()
+own.mkdir(exist_ok=True)
+_run.update_record(checkpoint_dir=sys.argv[2] if len(sys.argv) > 2 else str(own))
+if os.environ['PREEMPTIBLE_ATTEMPT'] == '1':
+    (own / 'step-5.ckpt').write_bytes(b'x')
+    _run.update_record(state='stopped', preempting=True, signum=15, step=5)
+    sys.exit(143)
+"""
+
+
+def test_the_next_attempt_resumes_from_where_the_job_saves(tmp_path: Path, spawn) -> None:
+    sup = supervise(spawn, tmp_path, "--", PY, "-c", CKPT_JOB, "own")
+    assert sup.wait(60) == 0, sup.output
+    assert [line for line in sup.lines if line.startswith(("RESUME", "DEFAULT"))] == [
+        "DEFAULT 1",
+        "RESUME None",
+        "DEFAULT 1",
+        f"RESUME {tmp_path / 'own' / 'step-5.ckpt'}",
+    ]
+    assert f"the job keeps its checkpoints in {tmp_path / 'own'}" in sup.output
+
+
+@pytest.mark.parametrize("claimed", ["relative/dir", "/nonexistent/dir", "{own}/step-5.ckpt"])
+def test_a_checkpoint_dir_that_is_not_a_directory_is_not_trusted(
+    claimed: str, tmp_path: Path, spawn
+) -> None:
+    claimed = claimed.format(own=tmp_path / "own")
+    args = ["--checkpoint-dir", "ck", "--", PY, "-c", CKPT_JOB, "own", claimed]
+    sup = supervise(spawn, tmp_path, *args)
+    assert sup.wait(60) == 0, sup.output
+    assert [line for line in sup.lines if line.startswith(("RESUME", "DEFAULT"))] == [
+        "DEFAULT None",
+        "RESUME None",
+        "DEFAULT None",
+        "RESUME None",
+    ]
+
+
+def test_demo_workdir_that_cannot_be_used(tmp_path: Path, spawn) -> None:
+    pytest.importorskip("torch")
+    sup = spawn([PY, "-m", "preemptible", "demo", "--workdir", "/proc/x"], cwd=tmp_path)
+    assert sup.wait(60) == 2, sup.output
+    [line] = sup.lines
+    assert line.startswith("preemptible: cannot use /proc/x for the demo")
