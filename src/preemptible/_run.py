@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -68,7 +69,11 @@ def read_record(run_dir: Path) -> dict[str, Any]:
     """The record as written, or {} when it is missing or unreadable. The values are whatever
     the child wrote: a reader that acts on them checks their types."""
     try:
-        with open(run_dir / RECORD_NAME, "rb") as fh:
+        # non-blocking, and only a regular file: a FIFO planted as record.json must not hang
+        fd = os.open(run_dir / RECORD_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return {}
             data = json.loads(fh.read(MAX_RECORD_BYTES + 1)[:MAX_RECORD_BYTES])
     except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or bad UTF-8
         return {}

@@ -69,7 +69,8 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     default=None,
     show_envvar=True,
     help="Seconds from the first stop signal to SIGKILL of the job [default: "
-    "PREEMPTIBLE_GRACE_PERIOD - 2, else the SLURM job's time left - 5, else 60].",
+    "PREEMPTIBLE_GRACE_PERIOD - 2; under SLURM at most 2 s before SLURM's own SIGKILL "
+    "(KillWait after its SIGTERM); on Kubernetes 28; else 60].",
 )
 @click.option(
     "--no-forward-signals",

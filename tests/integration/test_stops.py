@@ -217,3 +217,26 @@ def test_record_names_the_directory_the_handler_really_uses(tmp_path: Path) -> N
     record = json.loads((run_dir / "record.json").read_text())
     assert record["checkpoint_dir"] == str((tmp_path / "ckpt").resolve())
     assert record["state"] == "finished"
+
+
+def test_nohup_supervisor_keeps_sighup_ignored_for_itself_and_the_job(
+    tmp_path: Path, spawn
+) -> None:
+    pid_file = tmp_path / "job.pid"
+    sup = spawn(
+        [PY, "-m", "preemptible", "run", "--pid-file", str(pid_file), "--", *train_args(tmp_path)],
+        cwd=tmp_path,
+        preexec_fn=_ignore_hup,
+    )
+    sup.wait_line(lambda line: line == "step 3", timeout=60)
+    trainer = int(pid_file.read_text())
+    os.kill(sup.pid, signal.SIGHUP)
+    os.kill(trainer, signal.SIGHUP)
+    line = sup.wait_line(lambda line: line.startswith("step "), timeout=30)
+    reached = int(line.split()[1])
+    sup.wait_line(lambda line: line == f"step {reached + 20}", timeout=60)
+    assert sup.proc.poll() is None, "a hang-up stopped a run started under nohup"
+    os.kill(sup.pid, signal.SIGTERM)
+    assert sup.wait(60) == 143, sup.output
+    [attempt] = attempts(tmp_path)
+    assert attempt["state"] == "PREEMPTED", attempt

@@ -52,7 +52,7 @@ _stuck: list[tuple[float, SlurmUnreachable]] = []
 
 def _digits(name: str) -> str | None:
     value = env_str(name)
-    if value is not None and not _ID.match(value):
+    if value is not None and not _ID.fullmatch(value):
         raise ConfigError(f"{name}={value!r} is not valid; SLURM job ids are digits, e.g. 12345")
     return value
 

@@ -49,7 +49,8 @@ from typing import Any, NamedTuple
 from .._checkpoint import CheckpointStore
 from .._env import env_str
 from .._errors import ConfigError, PreemptibleError
-from .._signals import DUPLICATE_WINDOW
+from .._signals import DUPLICATE_WINDOW, KEEP_IGNORED
+from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
 from ..notices import grace_period_from_env
 from . import _slurm
 from ._classify import Ending, RunState, classify, exit_code_for
@@ -323,6 +324,14 @@ class Supervisor:
             os.set_inheritable(fd, False)
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         for sig in FORWARDED:
+            if sig in KEEP_IGNORED and signal.getsignal(sig) == signal.SIG_IGN:
+                # started under nohup (or as a background job): the hang-up stays ignored,
+                # here and in the job, which inherits the ignored disposition
+                logger.info(
+                    "preemptible: %s ignored since the supervisor started; not passed on",
+                    signal.Signals(sig).name,
+                )
+                continue
             self._previous[sig] = signal.signal(sig, self._on_signal)
         # SIGCHLD needs a Python handler for the wakeup fd to see it.
         self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda s, f: None)
@@ -702,6 +711,13 @@ def term_timeout(explicit: float | None = None) -> tuple[float, str]:
         choices.append((_slurm.before_kill(slurm.seconds), before))
     if choices:
         return min(choices)
+    if env_str("KUBERNETES_SERVICE_HOST"):
+        # the kubelet SIGKILLs terminationGracePeriodSeconds (default 30 s) after its SIGTERM
+        return (
+            KUBERNETES_GRACE - 2.0,
+            "Kubernetes' default grace of 30 s minus 2 s; set PREEMPTIBLE_GRACE_PERIOD to "
+            "terminationGracePeriodSeconds",
+        )
     return DEFAULT_TERM_TIMEOUT, "the default; set --term-timeout"
 
 
