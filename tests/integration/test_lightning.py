@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -173,12 +174,53 @@ def test_tracker_finalized_once_with_the_truth(tracker: str, tmp_path: Path, spa
         assert found["exit_codes"] == [143] and found["preempting"] is True
 
 
+# Loaded by every rank (PYTHONPATH): prefixes each preemptible log line with the pid that
+# logged it, so the test can tell the ranks' lines apart in their shared output.
+PID_LOGS = """\
+import logging
+import os
+
+_make = logging.getLogRecordFactory()
+
+
+def _record(*args, **kwargs):
+    record = _make(*args, **kwargs)
+    if record.name == "preemptible":
+        record.msg = f"[pid {os.getpid()}] {record.msg}"
+    return record
+
+
+logging.setLogRecordFactory(_record)
+"""
+SAVE = re.compile(r"\[pid (\d+)\] preemptible: \w+: saving \S+ at global step (\d+)")
+EXIT = re.compile(r"\[pid (\d+)\] preemptible: fit interrupted; exiting with 0")
+
+
+def stops_by_rank(output: str, pids: dict[str, int]) -> dict[str, int]:
+    """rank -> the global step it saved at; fails unless each rank saved once and exited."""
+    saves: dict[int, list[int]] = {}
+    for pid, step in SAVE.findall(output):
+        saves.setdefault(int(pid), []).append(int(step))
+    exits = {int(pid) for pid in EXIT.findall(output)}
+    out = {}
+    for rank, pid in sorted(pids.items()):
+        assert len(saves.get(pid, [])) == 1, f"rank {rank} (pid {pid}) saved {saves.get(pid)}"
+        assert pid in exits, f"rank {rank} (pid {pid}) did not log its exit"
+        out[rank] = saves[pid][0]
+    assert set(saves) <= set(pids.values()), f"saves from unknown processes: {saves}"
+    return out
+
+
 def test_ddp_signal_to_one_rank_stops_both_at_the_same_batch(tmp_path: Path, spawn) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PID_LOGS)
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     for target in (0, 1):
         d = tmp_path / f"rank{target}"
         child = spawn(
             fit_args(d, "--step-sleep", "0.05", "--devices", "2", "--epochs", "20"),
-            env={"MASTER_PORT": str(29400 + target)},
+            env={"MASTER_PORT": str(29400 + target), "PYTHONPATH": path},
         )
         pids = {}
         for _ in range(2):
@@ -191,10 +233,6 @@ def test_ddp_signal_to_one_rank_stops_both_at_the_same_batch(tmp_path: Path, spa
         child.wait_line(lambda line: "batch 0 4" in line, timeout=120)
         os.kill(pids[str(target)], signal.SIGTERM)
         assert child.wait(120) == 0, child.output
-        steps = {
-            line.split("global step ")[1].split(",")[0]
-            for line in child.lines
-            if "saving" in line and "global step" in line
-        }
-        assert len(steps) == 1, f"ranks stopped at different steps: {steps}\n{child.output}"
+        steps = stops_by_rank(child.output, pids)
+        assert steps["0"] == steps["1"], f"ranks stopped at different steps: {steps}"
         assert (d / "resume.ckpt").exists()

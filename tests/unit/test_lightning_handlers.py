@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from preemptible.lightning import GracefulInterruptCallback
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,9 +32,9 @@ def originals():
         signal.signal(s, h)
 
 
-def assert_restored() -> None:
+def assert_restored(expected: object = original) -> None:
     for s in (signal.SIGINT, signal.SIGTERM):
-        assert signal.getsignal(s) is original, f"{signal.Signals(s).name} not restored"
+        assert signal.getsignal(s) is expected, f"{signal.Signals(s).name} not restored"
 
 
 class Model(pl.LightningModule):
@@ -54,8 +55,14 @@ class Model(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(model: Model, save_dir: Path, **kw: object) -> GracefulInterruptCallback:
-    callback = GracefulInterruptCallback(save_dir, **kw)  # type: ignore[arg-type]
+def fit(
+    model: Model,
+    save_dir: Path,
+    callback: GracefulInterruptCallback | None = None,
+    **kw: object,
+) -> GracefulInterruptCallback:
+    if callback is None:
+        callback = GracefulInterruptCallback(save_dir, **kw)  # type: ignore[arg-type]
     trainer = pl.Trainer(
         max_epochs=1,
         accelerator="cpu",
@@ -91,14 +98,33 @@ def test_restored_after_an_interrupt(tmp_path: Path) -> None:
     assert_restored()  # Lightning's own restore after the fit must not bring ours back
 
 
-def test_fit_in_a_thread_warns_instead_of_crashing(
+def test_fit_in_a_thread_installs_nothing_and_the_next_main_thread_fit_does(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Off the main thread the callback cannot install handlers: it warns, a signal during that
+    fit goes to the program's own handler (not to a stale or half-installed one of ours), and
+    the same callback still installs, stops, saves and restores in a main-thread fit after."""
+    received: list[int] = []
+
+    def mine(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    signal.signal(signal.SIGTERM, mine)
+    signal.signal(signal.SIGINT, mine)
+    callback = GracefulInterruptCallback(tmp_path)
     errors: list[BaseException] = []
+    seen_in_fit: list[object] = []
+
+    class Probe(Model):
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            if batch_idx == 2:
+                seen_in_fit.extend(signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM))
+                os.kill(os.getpid(), signal.SIGTERM)  # handled in the main thread, by `mine`
+            return super().training_step(batch, batch_idx)
 
     def run() -> None:
         try:
-            fit(Model(), tmp_path)
+            fit(Probe(), tmp_path, callback)
         except BaseException as exc:  # pragma: no cover - the failure being tested for
             errors.append(exc)
 
@@ -106,9 +132,22 @@ def test_fit_in_a_thread_warns_instead_of_crashing(
         t = threading.Thread(target=run)
         t.start()
         t.join(60)
+    assert not t.is_alive()
     assert errors == []
     assert "off the main thread" in caplog.text
-    assert_restored()
+    assert seen_in_fit == [mine, mine], "the callback installed something off the main thread"
+    wait_for(lambda: received, 10, "the program's own SIGTERM handler to run")
+    assert received == [signal.SIGTERM]
+    assert not (tmp_path / "resume.ckpt").exists(), "the off-thread fit stopped on the signal"
+    assert_restored(mine)
+
+    # the same callback, now in the main thread: installs, stops on SIGTERM, saves, restores
+    with pytest.raises(SystemExit) as info:
+        fit(Model(signal_at=3), tmp_path, callback)
+    assert info.value.code == 0
+    assert (tmp_path / "resume.ckpt").exists()
+    assert received == [signal.SIGTERM], "the main-thread fit's signal reached the old handler"
+    assert_restored(mine)
 
 
 class FlakyTracker:

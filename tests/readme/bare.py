@@ -1,0 +1,1 @@
+"""No names at all: for README blocks that define everything they use."""
