@@ -63,19 +63,20 @@ def test_the_loop_keeps_training_while_a_slow_write_is_in_flight(tmp_path: Path,
             tmp_path,
             "c",
             "--save-every",
-            "5",
+            "10",
             "--slow-write",
             "2",
             "--step-sleep",
             "0.01",
-            steps=40,
+            steps=30,
         )
     )
     assert child.wait(120) == 0, child.output
     lines = child.lines
-    start, end = lines.index("writing step 5"), lines.index("written step 5")
+    start, end = lines.index("writing step 10"), lines.index("written step 10")
     trained = [line for line in lines[start:end] if line.startswith("step ")]
-    assert len(trained) >= 5, f"only {trained} ran while step 5 was being written"
+    # a synchronous save would allow none; the next save point (step 20) is the limit
+    assert len(trained) >= 3, f"only {trained} ran while step 10 was being written"
 
 
 def test_sigterm_during_a_write_commits_the_stop_step_and_resumes_exactly(

@@ -26,7 +26,7 @@ class SlowState:
         self.seconds = seconds
 
     def state_dict(self) -> dict[str, float]:
-        print("saving", flush=True)
+        say("saving")
         time.sleep(self.seconds)
         return {"seconds": self.seconds}
 
@@ -69,6 +69,13 @@ def main() -> int:
     return train(args)
 
 
+def say(line: str) -> None:
+    """One write per line: the background writer prints too, and print() writes the text and
+    the newline separately, so two threads' lines could run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def _slow_down_writes(seconds: float) -> None:
     """Every checkpoint write (in whichever thread writes it) takes ``seconds`` longer."""
     import preemptible._handler as handler_module
@@ -76,16 +83,16 @@ def _slow_down_writes(seconds: float) -> None:
     write = handler_module.write_payload
 
     def slow(payload, path):  # type: ignore[no-untyped-def]
-        print(f"writing step {payload['step']}", flush=True)
+        say(f"writing step {payload['step']}")
         time.sleep(seconds)
         write(payload, path)
-        print(f"written step {payload['step']}", flush=True)
+        say(f"written step {payload['step']}")
 
     handler_module.write_payload = slow
 
 
 def _linger(where: str, seconds: float) -> None:
-    print(f"lingering in {where}", flush=True)
+    say(f"lingering in {where}")
     time.sleep(seconds)
 
 
@@ -128,9 +135,9 @@ def train(args: argparse.Namespace) -> int:
             persistent_workers=True,
         )
     start = handler.resume()
-    print(f"resumed {start}", flush=True)
+    say(f"resumed {start}")
     for step in handler.steps(args.steps):
-        print(f"step {step}", flush=True)
+        say(f"step {step}")
         if args.workers:
             if loader_iter is None:
                 loader_iter = iter(loader)
@@ -151,7 +158,7 @@ def train(args: argparse.Namespace) -> int:
         if args.step_sleep:
             time.sleep(args.step_sleep)
     torch.save(model.state_dict(), args.out)
-    print("done", flush=True)
+    say("done")
     return 0
 
 
