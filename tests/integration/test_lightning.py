@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import Child, attempts, python_args, supervise
+from tests.conftest import Child, attempts, python_args, supervise, wait_for
 from tests.wandb_records import summary
 
 pytestmark = pytest.mark.timeout(240)
@@ -98,12 +98,12 @@ def test_contract_on_ctrl_c_to_the_group(tmp_path: Path, spawn) -> None:
 def test_sigterm_skips_a_due_validation(tmp_path: Path, spawn) -> None:
     child = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--val"))
     child.wait_line(batch_line(0, 3), timeout=120)  # validation (2 s) is due after this batch
-    sent = time.monotonic()
     child.signal(signal.SIGTERM)
     assert child.wait(60) == 0, child.output
-    elapsed = time.monotonic() - sent
+    # the due validation did not run (fit.py prints "val N" as a pass starts); how long the
+    # way out takes is measured in benchmarks/bench_lightning_exit.py, not asserted here
     assert "val 0" not in child.lines
-    assert elapsed < 2.0 + 1.0, f"{elapsed:.2f} s from signal to exit"  # batch + save + 2 s
+    assert (tmp_path / "resume.ckpt").exists()
 
 
 def test_group_sigterm_with_workers(tmp_path: Path, spawn) -> None:
@@ -118,8 +118,11 @@ def test_group_sigterm_with_workers(tmp_path: Path, spawn) -> None:
 def test_second_signal_during_the_save_exits_1_at_once(tmp_path: Path, spawn) -> None:
     child = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--slow-save", "30"))
     child.wait_line(batch_line(0, 3), timeout=120)
+    first = time.monotonic()
     child.signal(signal.SIGINT)
     child.wait_line(lambda line: line == "saving", timeout=30)
+    # a person's second signal, not the same stop delivered twice (DUPLICATE_WINDOW)
+    wait_for(lambda: time.monotonic() - first > 0.6, 5, "the duplicate window to pass")
     sent = time.monotonic()
     child.signal(signal.SIGINT)
     assert child.wait(10) == 1, child.output
