@@ -8,8 +8,25 @@ import threading
 import pytest
 
 from preemptible import ConfigError, Notice, TerminationConfig
-from preemptible._termination import Durations, StopRequests, Watcher
+from preemptible._termination import (
+    DECISION_MARGIN,
+    EXIT_PRIOR_SPREAD,
+    EXIT_TIME,
+    Durations,
+    StopRequests,
+    Watcher,
+)
 from tests.conftest import wait_for
+
+
+def _needed(*, save: float, step: float, exit: float, safety: float = 1.25) -> float:
+    """What the policy budgets for single measurements (each taken as one)."""
+    return (
+        Durations(values=[step]).bound(safety)
+        + Durations(values=[save]).bound(safety)
+        + Durations(prior_spread=EXIT_PRIOR_SPREAD, values=[exit]).bound(safety)
+        + DECISION_MARGIN
+    )
 
 
 def test_plain_stop_request_stops_at_once() -> None:
@@ -19,14 +36,15 @@ def test_plain_stop_request_stops_at_once() -> None:
     assert r.must_stop_now(now=100.0, save_time=50, step_time=50, safety=1.25)
 
 
-def test_grace_period_keeps_training_until_save_plus_two_steps_would_not_fit() -> None:
+def test_grace_period_without_a_notice_deadline_counts_from_the_notice() -> None:
     r = StopRequests(grace_period=120.0)
     r.add(Notice(source="SIGTERM", received_at=1000.0, signum=15))
-    # deadline 1120; margin 1.25 * (10 + 2 * 1) = 15 -> stop from 1105 on
+    assert r.deadline() == 1120.0
     kw = {"save_time": 10.0, "step_time": 1.0, "safety": 1.25}
+    needed = _needed(save=10.0, step=1.0, exit=EXIT_TIME)
     assert not r.must_stop_now(now=1000.0, **kw)
-    assert not r.must_stop_now(now=1104.9, **kw)
-    assert r.must_stop_now(now=1105.0, **kw)
+    assert not r.must_stop_now(now=1120.0 - needed - 0.01, **kw)
+    assert r.must_stop_now(now=1120.0 - needed, **kw)
 
 
 def test_save_time_is_not_ignored() -> None:
@@ -102,6 +120,10 @@ def test_watcher_stop_ends_the_thread() -> None:
         ({"grace_period": float("nan")}, "grace_period=nan"),
         ({"poll_interval": 0}, "poll_interval=0 is not valid"),
         ({"safety_factor": 0.5}, "safety_factor=0.5 is not valid"),
+        ({"safety_factor": float("inf")}, "safety_factor=inf is not valid"),
+        ({"exit_time": -0.1}, "exit_time=-0.1 is not valid"),
+        ({"exit_time": float("nan")}, "exit_time=nan is not valid"),
+        ({"exit_time": "1"}, "exit_time='1' is not valid"),
         ({"exit_fn": 3}, "exit_fn must be callable"),
     ],
 )
