@@ -95,11 +95,14 @@ class StopController:
         return bool(self.requests)
 
     def must_stop_now(self) -> bool:
+        # the measured durations themselves: the policy budgets from their mean and spread
+        exit_time = self.config.exit_time
         return self.requests.must_stop_now(
             now=time.time(),
-            save_time=self.save_times.max(),
-            step_time=self.step_times.max(),
+            save_time=self.save_times,
+            step_time=self.step_times,
             safety=self.config.safety_factor,
+            **({} if exit_time is None else {"exit_time": exit_time}),
         )
 
     def decide(self, *, saved_here: bool) -> Decision:
@@ -132,22 +135,25 @@ class StopController:
         saved: Path | None = None,
         save_failed: Callable[[Exception], Path | None] | None = None,
         after_tracker: Callable[[], None] | None = None,
+        record: bool = True,
     ) -> tuple[Notice, Path | None]:
         """Record, save (unless ``saved``), record, acknowledge, tell the tracker. Returns the
         stop's notice and the checkpoint. A failed save raises, unless ``save_failed`` handles
-        it: it returns the path to upload anyway (Lightning's contract), or None."""
+        it: it returns the path to upload anyway (Lightning's contract), or None. ``record``:
+        False on the ranks that do not own the run record (two writers would race)."""
         notice = self.requests.first_stop()
         if notice is None:
             notice = Notice(source="stop", detail="no request recorded")
         # Written before the save too: if the save is cut short (second signal, SIGKILL at
         # the end of a grace window), the supervisor still knows a stop was under way.
-        _run.update_record(
-            state="stopping",
-            preempting=True,
-            reason=notice.source,
-            signum=notice.signum,
-            step=step,
-        )
+        if record:
+            _run.update_record(
+                state="stopping",
+                preempting=True,
+                reason=notice.source,
+                signum=notice.signum,
+                step=step,
+            )
         path, committed = saved, saved is not None
         if path is None:
             try:
@@ -156,7 +162,7 @@ class StopController:
                 if save_failed is None:
                     raise
                 path = save_failed(exc)
-        if committed and path is not None:
+        if record and committed and path is not None:
             _run.update_record(state="stopped", checkpoint=os.path.abspath(path))
         self._acknowledge()
         self.tell_tracker(tracker_status(notice), upload=path)
