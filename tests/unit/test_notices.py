@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +110,21 @@ def test_gce_spot_and_maintenance(server: MetadataServer) -> None:
     n = gce.poll()
     assert n is not None and "Spot" in n.detail
     assert n.deadline is not None and 25 < n.deadline - time.time() <= 30
+
+
+def test_gce_notice_counts_its_window_from_the_last_poll_that_saw_nothing(
+    server: MetadataServer,
+) -> None:
+    gce = GCE(server.host)
+    assert gce.poll() is None
+    clear = time.time()
+    server.state.gce_preempted = "TRUE"
+    threading.Event().wait(0.3)  # the gap between two polls, under test
+    n = gce.poll()
+    assert n is not None and n.deadline is not None
+    assert 0.25 < n.detection_latency < 0.3 + (time.time() - clear)
+    fresh = GCE(server.host).poll()  # no poll saw "FALSE": the notice may be a window old
+    assert fresh is not None and fresh.detection_latency == 30.0  # so: stop at once
 
 
 def test_ec2_spot_interruption_and_rebalance(server: MetadataServer) -> None:

@@ -66,6 +66,7 @@ class GCE:
         self.timeout = timeout
         seconds = env_float("PREEMPTIBLE_GCE_NOTICE_SECONDS", GCE_SPOT_NOTICE)
         self.notice_seconds = GCE_SPOT_NOTICE if seconds is None else seconds
+        self._clear_at: float | None = None  # when the last poll that saw nothing started
 
     def _get(self, key: str) -> str:
         headers = self._endpoint.headers({"Metadata-Flavor": "Google"})
@@ -75,25 +76,34 @@ class GCE:
         return resp.body.strip()
 
     def poll(self) -> Notice | None:
+        # GCE's notices carry no time: the window may have started any time since the last
+        # poll that saw nothing, so the deadline counts from there (detection_latency); with
+        # no such poll (the VM was already going down when we started), from now - window.
+        started = time.time()
         preempted = self._get("preempted")
         if preempted == "TRUE":
-            return Notice(
-                source="gce",
-                deadline=time.time() + self.notice_seconds,
-                detail="GCE preempted this Spot/preemptible VM",
-            )
+            return self._notice(started, self.notice_seconds, "GCE preempted this Spot VM")
         if preempted != "FALSE":
             raise BadAnswer(f"instance/preempted answered {preempted[:80]!r}, not TRUE/FALSE")
         event = self._get("maintenance-event")
         if event == "TERMINATE_ON_HOST_MAINTENANCE":
-            return Notice(
-                source="gce",
-                deadline=time.time() + GCE_MAINTENANCE_NOTICE,
-                detail="GCE host maintenance will terminate this VM",
+            return self._notice(
+                started, GCE_MAINTENANCE_NOTICE, "GCE host maintenance will terminate this VM"
             )
         if event not in ("NONE", "MIGRATE_ON_HOST_MAINTENANCE"):
             raise BadAnswer(f"instance/maintenance-event answered {event[:80]!r}")
+        self._clear_at = started
         return None
+
+    def _notice(self, started: float, window: float, detail: str) -> Notice:
+        clear_at = self._clear_at
+        latency = window if clear_at is None else max(started - clear_at, 0.0)
+        return Notice(
+            source="gce",
+            deadline=started + window,
+            detection_latency=min(latency, window),
+            detail=detail,
+        )
 
 
 class EC2:
