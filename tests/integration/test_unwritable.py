@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from preemptible import PreemptionCheckpointHandler
+from preemptible import CheckpointSaveError, PreemptionCheckpointHandler
 from tests.conftest import python_args
 
 pytestmark = pytest.mark.timeout(120)
@@ -114,7 +114,10 @@ def test_a_directory_that_cannot_hold_files() -> None:
     # /proc/self exists, but no file can be created in it, even by root
     h = PreemptionCheckpointHandler("/proc/self", {"m": torch.nn.Linear(1, 1)})
     try:
-        with pytest.raises(Exception, match=r"could not save checkpoint /proc/self/step-0+\.ckpt"):
+        with pytest.raises(
+            CheckpointSaveError, match=r"could not save checkpoint /proc/self/step-0+\.ckpt"
+        ) as info:
             h.save()
+        assert info.value.path == Path("/proc/self/step-0000000000.ckpt")
     finally:
         h.close()
