@@ -426,6 +426,12 @@ def _term_timeout(platform: str, slurm: _Slurm | None) -> Check:
                 f"Kubernetes SIGKILLs the pod {window:g} s after SIGTERM{assumed}, before that"
             )
             fixes.append("set PREEMPTIBLE_GRACE_PERIOD to terminationGracePeriodSeconds")
+        elif grace is None:
+            problems.append(
+                f"Kubernetes SIGKILLs the pod {window:g} s after SIGTERM (assumed; the default "
+                "terminationGracePeriodSeconds): right only if the pod keeps that default"
+            )
+            fixes.append("set PREEMPTIBLE_GRACE_PERIOD to terminationGracePeriodSeconds")
     if problems:
         return Check("term-timeout", WARN, f"{'; '.join(problems)}. {detail}", "; ".join(fixes))
     return Check(

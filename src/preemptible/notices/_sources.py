@@ -82,7 +82,9 @@ class GCE:
         started = time.time()
         preempted = self._get("preempted")
         if preempted == "TRUE":
-            return self._notice(started, self.notice_seconds, "GCE preempted this Spot VM")
+            return self._notice(
+                started, self.notice_seconds, "GCE preempted this Spot/preemptible VM"
+            )
         if preempted != "FALSE":
             raise BadAnswer(f"instance/preempted answered {preempted[:80]!r}, not TRUE/FALSE")
         event = self._get("maintenance-event")
