@@ -1,24 +1,36 @@
 """``GracefulInterruptCallback``: Lightning fits that stop cleanly and resume exactly.
 
-The published contract is kept (see the class docstring); what is known to go wrong with the
-callback as first shipped is fixed:
+The callback is a front end of the stop controller (``_controller.py``), like
+``PreemptionCheckpointHandler``: the controller owns the signal latch, the platform watcher,
+the grace policy and the finish sequence (record, save, record, acknowledge, tracker, exit).
+The callback only says where a Lightning fit has boundaries and how to save there. So a fit
+gets every platform notice (GCE, EC2, Azure, SLURM time limit, stop file) and the grace
+policy: an insurance ``resume.ckpt`` when a notice leaves time, the final one at the last safe
+batch.
 
-1. Nothing is saved inside the signal handler. The handler only records the signal (the
-   latch); the checkpoint is written at the next training-batch boundary, and under DDP all
-   ranks agree on the same batch through the process group's key-value store — a write when a
-   signal arrives and a background poll, never a collective on every step.
-2. No validation pass or epoch-end work runs after the stop: once ``resume.ckpt`` is committed
-   the process exits from that batch boundary.
-3. Forked DataLoader workers survive a process-group SIGTERM until the save is done.
-4. Signal handlers are restored however the fit ends, including Lightning's own restore of the
-   handlers it found (which were ours) after an interrupted fit.
-5. The tracker is finalized once, with what happened ("preempted" for TERM/USR1/USR2, "killed"
-   for Ctrl+C, "failed" for an exception), and the run record tells a supervisor the run was
-   preempted even though the process exits 0.
-6. RNG states travel in the callback's ``state_dict`` and are put back at the moment that keeps
-   the resumed fit's draws aligned with an uninterrupted one.
-7. ``exit_code`` chooses the code after an interrupt (default 0, the contract; ``None`` for
-   128 + signum, what schedulers understand).
+Where a stop is acted on, and why there:
+
+- after a training batch: the normal boundary; under DDP all ranks agree on the batch through
+  the process group's key-value store (a write when a rank stops, a background poll, never a
+  collective per batch);
+- after a validation batch inside a fit (including the sanity check): waiting for the whole
+  pass can eat a notice window. The checkpoint records the last finished training batch with
+  the validation marked due, so the resumed fit runs that pass first (single process only:
+  DDP ranks are not in lockstep during validation);
+- at ``on_train_end``: a stop that arrived after the last training batch (final validation,
+  epoch-end hooks) still saves and exits instead of being dropped.
+
+Lightning installs its own SIGTERM handler at the start of every fit (after ``setup``); the
+callback takes SIGTERM back right after that registration, so a SIGTERM is never Lightning's
+(``trainer.received_sigterm`` stays False, no ``SIGTERMException``), the sanity check included.
+
+``resume.ckpt`` is committed like every other checkpoint: a temporary in the same directory,
+fsync, rename, directory fsync. Lightning's own save goes through an fsspec transaction whose
+temporary lives in /tmp (a copy, not a rename, across file systems) and is never fsynced; on a
+spot VM that powers off right after the exit, such a file can be empty or missing.
+
+RNG states travel in the callback's ``state_dict`` and are put back at the moment that keeps
+the resumed fit's draws aligned with an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -29,16 +41,20 @@ import os
 import signal
 import sys
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
 
-from . import _run
-from ._signals import SignalLatch, normalize_signals, patch_dataloader_workers, signal_name
+from ._checkpoint import _pid_alive, fsync_dir, fsync_path, host_tag
+from ._controller import Decision, StopController
+from ._errors import ConfigError
+from ._signals import normalize_signals, signal_name
 from ._state import capture_rng, restore_rng
-from ._termination import StopRequests
+from ._termination import Notice, TerminationConfig
 from .trackers import Tracker
 
 logger = logging.getLogger("preemptible")
@@ -49,11 +65,11 @@ _fits = 0  # one key namespace per fit, identical on every rank (they run the sa
 class _StopAgreement:
     """All DDP ranks stop after the same batch, without a collective per batch.
 
-    A rank that gets a signal writes ``pending`` to the store; a daemon thread on every rank
-    polls for it. A rank that knows of the stop writes ``ack/<rank>`` = its batch count at its
-    next boundary, once. When every ack is in, each rank computes the same stop batch
-    ``max(acks) + accumulate + 1``; ranks run in lockstep (each optimizer step is a collective)
-    so none can have passed it, and each stops when it gets there.
+    A rank that decides to stop writes ``pending`` (its rank and signal) to the store; a daemon
+    thread on every rank polls for it. A rank that knows of the stop writes ``ack/<rank>`` =
+    its batch count at its next boundary, once. When every ack is in, each rank computes the
+    same stop batch ``max(acks) + accumulate + 1``; ranks run in lockstep (each optimizer step
+    is a collective) so none can have passed it, and each stops when it gets there.
     """
 
     def __init__(self, store: Any, rank: int, world: int, prefix: str, accumulate: int) -> None:
@@ -79,11 +95,19 @@ class _StopAgreement:
     def close(self) -> None:
         self._done.set()
 
-    def should_stop(self, batches: int, requested_here: bool) -> bool:
-        if requested_here and not self.announced:
+    def announce(self, signum: int | None) -> None:
+        if not self.announced:
             self.announced = True
-            self.store.set(self.prefix + "pending", str(self.rank))
+            self.store.set(self.prefix + "pending", f"{self.rank}:{signum or 0}")
             self.pending.set()
+
+    def origin(self) -> tuple[int, int | None]:
+        """The rank that announced the stop, and its signal (None for a notice)."""
+        value = self.store.get(self.prefix + "pending")
+        rank, signum = (value.decode() if isinstance(value, bytes) else str(value)).split(":")
+        return int(rank), (int(signum) or None)
+
+    def should_stop(self, batches: int) -> bool:
         if not self.pending.is_set():
             return False
         if not self.acked:
@@ -95,6 +119,22 @@ class _StopAgreement:
                 acks = [int(self.store.get(k)) for k in keys]
                 self.stop_at = max(acks) + self.accumulate + 1
         return self.stop_at is not None and batches >= self.stop_at
+
+
+@dataclass(frozen=True)
+class _Point:
+    """The training state a save records.
+
+    ``rng`` None: the RNG states at the moment of the save. ``loops``: the fit loop's state to
+    record instead of the current one (a save during a validation records the training batch
+    before it). ``fresh``: no training batch has run yet (sanity check): the checkpoint carries
+    no loop state, so the resumed fit starts like a new one, sanity check included.
+    """
+
+    rng: dict[str, Any] | None
+    val_due: bool
+    loops: dict[str, Any] | None = None
+    fresh: bool = False
 
 
 class _SkipFirst:
@@ -158,8 +198,83 @@ def _recreate_iterator(trainer: pl.Trainer) -> None:
         iter(fetcher)
 
 
+def _validation_due(trainer: pl.Trainer) -> bool:
+    """Whether Lightning runs a validation pass after the current training batch (its own
+    test, in ``_TrainingEpochLoop.on_advance_end``)."""
+    try:
+        loop: Any = trainer.fit_loop.epoch_loop
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+    except Exception:  # a Lightning without it: a validation due is then not rerun on resume
+        return False
+
+
+def _choose_config(config: TerminationConfig | None) -> TerminationConfig:
+    if config is None:
+        from .notices import default_config
+
+        return default_config()  # the detected platform's watchers and grace period
+    if not isinstance(config, TerminationConfig):
+        raise ConfigError(
+            f"termination_config must be a TerminationConfig, not {type(config).__name__}"
+        )
+    if config.save_fn is not None:
+        raise ConfigError(
+            "termination_config.save_fn is not used by GracefulInterruptCallback (Lightning "
+            "saves resume.ckpt itself); leave it None"
+        )
+    return config
+
+
+def _temp_prefix(final: Path) -> str:
+    return f".tmp-{final.name}."
+
+
+def _commit(trainer: pl.Trainer, final: Path) -> Path:
+    """``trainer.save_checkpoint`` into a temporary beside ``final``, then fsync, rename and
+    fsync the directory. Every rank calls it (the save is a collective under DDP); only global
+    rank 0 writes a file, so only rank 0 syncs and renames."""
+    tmp = final.with_name(f"{_temp_prefix(final)}{host_tag()}.{os.getpid()}.{os.urandom(4).hex()}")
+    writer = trainer.is_global_zero
+    try:
+        trainer.save_checkpoint(tmp)
+        if writer:
+            fsync_path(tmp)
+            os.replace(tmp, final)
+            fsync_dir(final.parent)
+    except BaseException:
+        if writer:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise
+    return final
+
+
+def _clean_stale_temporaries(final: Path) -> None:
+    """Remove temporaries of ``final`` left by a process of this host that was killed mid-save."""
+    prefix, me = _temp_prefix(final), host_tag()
+    with contextlib.suppress(OSError):
+        for entry in final.parent.glob(prefix + "*"):
+            host, _, rest = entry.name[len(prefix) :].partition(".")
+            pid = rest.partition(".")[0]
+            if host == me and pid.isdecimal() and not _pid_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
+def _describe(handler: object) -> str:
+    module = getattr(handler, "__module__", None) or "?"
+    name = getattr(handler, "__qualname__", None) or type(handler).__name__
+    return f"{module}.{name}"
+
+
+def _is_users(handler: object) -> bool:
+    """A handler someone installed (not SIG_DFL/SIG_IGN/None, not Python's Ctrl+C default)."""
+    return callable(handler) and handler is not signal.default_int_handler
+
+
 class GracefulInterruptCallback(pl.Callback):
-    """Stop a fit cleanly on SIGINT/SIGTERM, save ``save_dir/resume.ckpt``, resume exactly.
+    """Stop a fit cleanly on a signal or a platform notice, save ``save_dir/resume.ckpt``,
+    resume exactly.
 
     Contract (kept from the published callback):
 
@@ -170,12 +285,16 @@ class GracefulInterruptCallback(pl.Callback):
     - first signal: a warning with the checkpoint path; ``resume.ckpt`` saved; with a tracker,
       the checkpoint is uploaded, then the run finalized. A failing step is logged, never
       raised; a failed save does not stop the upload; a failed upload skips the finalization.
-      Then ``trainer.should_stop = True``.
     - second signal: a warning and ``os._exit(1)`` at once.
     - a signal in another process than the creator is ignored.
-    - ``on_train_end``: nothing after a normal fit; after an interrupt, a warning and
-      ``sys.exit(exit_code)`` so no later callback's train-end hook runs.
+    - after an interrupt the process exits with ``exit_code`` (default 0; None for 128 +
+      signum, 143 for a platform notice) so no later callback's train-end hook runs.
     - ``teardown``: for "fit", in the creating process, the saved handlers are restored.
+
+    ``termination_config``: how notices arrive (default: the detected platform's watchers and
+    grace period, as for ``PreemptionCheckpointHandler``); its ``exit_fn`` replaces
+    ``sys.exit``. A SIGTERM/SIGINT handler installed before ``fit()`` is not called during the
+    fit (a warning names it) and is back when the fit ends.
 
     Resume with ``trainer.fit(model, ckpt_path=callback.ckpt_path)``.
     """
@@ -187,21 +306,27 @@ class GracefulInterruptCallback(pl.Callback):
         *,
         exit_code: int | None = 0,
         signals: list[int | str] | None = None,
+        termination_config: TerminationConfig | None = None,
     ) -> None:
         super().__init__()
         self.save_dir = Path(save_dir)
         self.tracker = tracker
         self.exit_code = exit_code
         self.signals = normalize_signals(signals or [signal.SIGINT, signal.SIGTERM])
+        self.termination_config = _choose_config(termination_config)
         self.trainer: pl.Trainer | None = None
         self._creator = os.getpid()
-        self._requests = StopRequests()
-        self._latch: SignalLatch | None = None
+        self._ctl: StopController | None = None
         self._agreement: _StopAgreement | None = None
+        self._connector: Any = None  # Lightning's signal connector while its method is wrapped
         self._batches = 0
+        self._saved_batches = -1  # the value of _batches at the last committed save
+        self._batch_started = 0.0
         self._interrupted = False
         self._epoch_rng: dict[str, Any] | None = None
-        self._val_due = False
+        self._validates = False  # this fit has a validation loop
+        self._point: _Point | None = None  # the last training batch, while a validation runs
+        self._saving: _Point | None = None
         self._pending_rng: dict[str, Any] | None = None
         self._resume_state: dict[str, Any] | None = None
         self._fit = 0
@@ -222,21 +347,42 @@ class GracefulInterruptCallback(pl.Callback):
         global _fits
         _fits += 1
         self._fit = _fits  # counted in every process, so all ranks use the same store keys
+        self._batches, self._saved_batches, self._interrupted = 0, -1, False
+        self._point = self._saving = None
+        if self._ctl is not None:  # a new fit after a stop whose SystemExit was caught
+            self._ctl.latch.restore()
+        rank_zero = self._is_rank_zero(trainer)
+        self._ctl = StopController(
+            self.termination_config, self.signals, tracker=self.tracker if rank_zero else None
+        )
         if os.getpid() != self._creator:
             return
-        self._requests = StopRequests()
-        self._interrupted = False
-        self._batches = 0
-        self._latch = SignalLatch(self.signals, self._requests.add)
-        if self._latch.install():
-            patch_dataloader_workers()
+        if rank_zero:
+            _clean_stale_temporaries(self.ckpt_path)
+        if self._ctl.start():
+            self._warn_about_replaced_handlers()
+            self._wrap_signal_registration(trainer)
         logger.info("Added GracefulInterrupt callback")
+
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._take_back_signals(trainer)
+        state = self._resume_state
+        if state is not None and state.get("fresh"):
+            restore_rng(state["rng"])  # saved when a sanity check was stopped: start like it
+            self._resume_state = None
+        if trainer.world_size == 1:
+            # the sanity check runs under Lightning's isolate_rng: the RNG after it is this one
+            self._point = _Point(rng=capture_rng(), val_due=False, fresh=True)
+
+    def on_sanity_check_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._point = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._take_back_signals(trainer)
-        if self._resume_state is not None:
-            self._align_resume(trainer, self._resume_state)
-            self._resume_state = None
+        self._validates = bool(trainer.enable_validation)  # Lightning's test costs ~10 us
+        state, self._resume_state = self._resume_state, None
+        if state is not None and not state.get("fresh"):
+            self._align_resume(trainer, state)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             world = torch.distributed.get_world_size()
             if world > 1:
@@ -262,6 +408,8 @@ class GracefulInterruptCallback(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._restore_pending_rng()
+        self._point = None
+        self._batch_started = time.monotonic()
 
     def on_train_batch_end(
         self,
@@ -272,42 +420,100 @@ class GracefulInterruptCallback(pl.Callback):
         batch_idx: int,
     ) -> None:
         self._batches += 1
-        requested = bool(self._requests.stopping)
-        if requested and self._latch is not None:
-            self._latch.log_pending()
+        ctl = self._ctl
+        if ctl is None or ctl.stopped:
+            return
+        ctl.step_times.add(time.monotonic() - self._batch_started)
         if self._agreement is not None:
-            stop = self._agreement.should_stop(self._batches, requested)
-        else:
-            stop = requested
-        if stop:
-            self._stop(trainer)
+            self._at_ddp_boundary(trainer, self._agreement)
+            return
+        due = self._validates and _validation_due(trainer)
+        if ctl.pending and self._at_boundary(trainer, _Point(rng=None, val_due=due)):
+            return
+        if due:  # a stop during that validation saves this batch's state
+            self._point = _Point(
+                rng=capture_rng(), val_due=True, loops=trainer.fit_loop.state_dict()
+            )
+
+    def on_validation_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_started = time.monotonic()
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        ctl, point = self._ctl, self._point
+        if ctl is None or trainer.state.fn != "fit":
+            return
+        # A validation batch counts as a step for the grace policy: after a training batch
+        # with a validation due, the next boundary is one validation batch away.
+        ctl.step_times.add(time.monotonic() - self._batch_started)
+        # _point is only set inside a fit's validation (or sanity check), single process
+        if point is not None and ctl.pending and not ctl.stopped:
+            self._at_boundary(trainer, point)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._point = None
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._interrupted:
-            self._exit()
+        # The last place a stop can be seen: one that came after the last training batch
+        # (final validation, epoch-end hooks) saves the finished state and exits.
+        ctl = self._ctl
+        if ctl is None or ctl.stopped:
+            return
+        if self._agreement is not None:
+            self._agree_at_the_end(trainer, ctl, self._agreement)
+        if ctl.requests.first_stop() is not None:
+            ctl.latch.log_pending()
+            self._stop(trainer, _Point(rng=None, val_due=False), saved=None)
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         ours = isinstance(exception, SystemExit) and self._interrupted
         self._close()
-        if not ours and self.tracker is not None and self._is_rank_zero(trainer):
-            self._tracker_step("finalize", lambda t: t.finalize("failed"))
+        if not ours and self._ctl is not None:
+            self._ctl.tell_tracker("failed")  # rank 0 only: the others have no tracker
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and os.getpid() == self._creator:
             self._close()
 
     def state_dict(self) -> dict[str, Any]:
+        point = self._saving or _Point(rng=None, val_due=False)
         return {
-            "rng": capture_rng(),
-            "epoch_rng": self._epoch_rng,
+            "rng": point.rng if point.rng is not None else capture_rng(),
+            "epoch_rng": None if point.fresh else self._epoch_rng,
             "interrupted": self._interrupted,
-            "val_due": self._val_due,
+            "val_due": point.val_due,
+            "fresh": point.fresh,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume_state = dict(state_dict)
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        point = self._saving
+        if point is None:
+            return
+        if point.fresh:
+            checkpoint.pop("loops", None)
+        elif point.loops is not None:
+            checkpoint["loops"]["fit_loop"] = point.loops
 
     # -- exact resume --------------------------------------------------------------------
     def _align_resume(self, trainer: pl.Trainer, state: dict[str, Any]) -> None:
@@ -318,7 +524,8 @@ class GracefulInterruptCallback(pl.Callback):
         global torch RNG. So the epoch-start state is restored first, the new iterator skips
         the k batches already trained on, and the batch-end state is restored just before
         the next batch (or a validation that was due) runs. Saved at an epoch's end: the
-        batch-end state is restored at once, before the next epoch's iterator is drawn.
+        batch-end state is restored at once, the validation that was due runs, and the next
+        epoch's iterator is drawn.
         """
         loop = trainer.fit_loop.epoch_loop
         done = cast(Any, loop.batch_progress.current).processed
@@ -332,7 +539,7 @@ class GracefulInterruptCallback(pl.Callback):
             _recreate_iterator(trainer)
             if state.get("val_due"):
                 self._restore_pending_rng()
-                _run_validation(trainer)
+                self._run_due_validation(trainer)
                 # Lightning then fast-forwards its own record of that validation, which
                 # creates (and draws for) a validation iterator the uninterrupted fit did not
                 self._pending_rng = capture_rng()
@@ -340,20 +547,182 @@ class GracefulInterruptCallback(pl.Callback):
             # saved at an epoch's end: Lightning starts the next epoch without calling
             # on_train_epoch_start, with an iterator it drew before this hook
             restore_rng(state["rng"])
-            self._epoch_rng = state["rng"]
+            if state.get("val_due"):
+                self._run_due_validation(trainer)
+            self._epoch_rng = capture_rng()
             if not _lightning_iterates(trainer):
                 _recreate_iterator(trainer)
+            if state.get("val_due"):
+                self._pending_rng = capture_rng()  # past the fast-forward's draw, as above
+
+    def _run_due_validation(self, trainer: pl.Trainer) -> None:
+        """Run the validation the checkpoint marked due. A stop during it keeps that
+        checkpoint, which records exactly this state, when it is ``resume.ckpt``."""
+        resumed = trainer.ckpt_path
+        single = trainer.world_size == 1
+        if single and resumed is not None and Path(resumed).resolve() == self.ckpt_path.resolve():
+            self._point = _Point(rng=None, val_due=True)
+            self._saved_batches = self._batches
+        _run_validation(trainer)
+        self._point = None
 
     def _restore_pending_rng(self) -> None:
         if self._pending_rng is not None:
             restore_rng(self._pending_rng)
             self._pending_rng = None
 
-    # -- internals -------------------------------------------------------------------------
+    # -- stopping ------------------------------------------------------------------------
+    def _at_boundary(self, trainer: pl.Trainer, point: _Point) -> bool:
+        """Act on the requests at a boundary whose state is ``point``; True when stopped."""
+        ctl = cast(StopController, self._ctl)
+        saved_here = self._saved_batches == self._batches
+        decision = ctl.decide(saved_here=saved_here)
+        if decision is Decision.CONTINUE:
+            return False
+        saved = self.ckpt_path if saved_here else None
+        if decision is Decision.INSURANCE:
+            saved = self._insurance(trainer, point)
+            if not ctl.must_stop_now():
+                return False
+        self._stop(trainer, point, saved)
+        return True
+
+    def _at_ddp_boundary(self, trainer: pl.Trainer, agreement: _StopAgreement) -> None:
+        ctl = cast(StopController, self._ctl)
+        # Insurance checkpoints are skipped under DDP: every rank would have to save at the
+        # same batch. The grace policy still picks the batch to stop at.
+        if (
+            ctl.pending
+            and not agreement.announced
+            and ctl.decide(saved_here=False) is Decision.STOP
+        ):
+            notice = ctl.requests.first_stop()
+            agreement.announce(notice.signum if notice else None)
+        if agreement.should_stop(self._batches):
+            if ctl.requests.first_stop() is None:
+                _adopt(ctl, agreement.origin()[1])
+            self._stop(trainer, _Point(rng=None, val_due=_validation_due(trainer)), None)
+
+    @staticmethod
+    def _agree_at_the_end(
+        trainer: pl.Trainer, ctl: StopController, agreement: _StopAgreement
+    ) -> None:
+        """Every rank is in ``on_train_end``: one collective per fit tells each whether any
+        rank was told to stop, and by which signal (the largest, so all exit alike)."""
+        first = ctl.requests.first_stop()
+        mine = (first.signum or signal.SIGTERM) if first is not None else 0
+        if not mine and agreement.pending.is_set():
+            mine = agreement.origin()[1] or signal.SIGTERM
+        strategy = trainer.strategy
+        value = torch.tensor(int(mine), device=strategy.root_device)
+        agreed = int(strategy.reduce(value, reduce_op="max").item())
+        if agreed and first is None:
+            _adopt(ctl, agreed)
+
+    def _save(self, trainer: pl.Trainer, point: _Point) -> Path:
+        started = time.monotonic()
+        self._saving = point
+        try:
+            path = _commit(trainer, self.ckpt_path)
+        finally:
+            self._saving = None
+        cast(StopController, self._ctl).save_times.add(time.monotonic() - started)
+        self._saved_batches = self._batches
+        return path
+
+    def _insurance(self, trainer: pl.Trainer, point: _Point) -> Path | None:
+        try:
+            path = self._save(trainer, point)
+        except Exception as exc:  # the final save may still work: keep training
+            logger.error(
+                "preemptible: insurance checkpoint %s failed: %s: %s",
+                self.ckpt_path,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        logger.warning(
+            "preemptible: insurance checkpoint %s at global step %d; training goes on",
+            path,
+            trainer.global_step,
+        )
+        return path
+
+    def _stop(self, trainer: pl.Trainer, point: _Point, saved: Path | None) -> None:
+        ctl = cast(StopController, self._ctl)
+        first = ctl.requests.first_stop()
+        logger.warning(
+            "preemptible: %s: %s %s at global step %d, then stopping",
+            first.source if first is not None else "stop",
+            "saving" if saved is None else "already saved",
+            self.ckpt_path,
+            trainer.global_step,
+        )
+        self._interrupted = True
+        rank_zero = self._is_rank_zero(trainer)
+        quiet = rank_zero and self.tracker is not None
+        notice, _ = ctl.finish(
+            step=trainer.global_step,
+            save=lambda: self._save(trainer, point),
+            saved=saved,
+            save_failed=self._save_failed,
+            # Lightning finalizes its loggers with "failed" on the way out; for a logger on
+            # the same run as the tracker that would be a second, wrong, final status
+            after_tracker=(lambda: _quiet_loggers(trainer)) if quiet else None,
+            record=rank_zero,
+        )
+        code = self.exit_code if self.exit_code is not None else notice.exit_code
+        logger.warning("preemptible: fit interrupted; exiting with %d", code)
+        trainer.should_stop = True
+        if self._agreement is not None:
+            self._agreement.close()
+            self._agreement = None
+        self._keep_handlers_for_exit(trainer)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        ctl.hold_and_exit(code)  # an exit_fn that returns: the fit ends on should_stop
+
+    def _save_failed(self, exc: Exception) -> Path:
+        logger.error(
+            "preemptible: saving %s failed: %s: %s", self.ckpt_path, type(exc).__name__, exc
+        )
+        return self.ckpt_path  # the contract: the upload is still attempted
+
+    # -- signal handlers -----------------------------------------------------------------
+    def _warn_about_replaced_handlers(self) -> None:
+        latch = cast(StopController, self._ctl).latch
+        for sig in latch.signals:
+            previous = latch.previous(sig)
+            if _is_users(previous) and not latch.handles(previous):
+                name = signal_name(sig)
+                logger.warning(
+                    "preemptible: the %s handler installed before fit() (%s) is not called "
+                    "during the fit: the callback handles %s (checkpoint, then exit); it is "
+                    "put back when the fit ends",
+                    name,
+                    _describe(previous),
+                    name,
+                )
+
+    def _wrap_signal_registration(self, trainer: pl.Trainer) -> None:
+        """Lightning registers its SIGTERM handler at the start of the fit, after ``setup``
+        and before the sanity check; take SIGTERM back the moment it does."""
+        connector = getattr(trainer, "_signal_connector", None)
+        register = getattr(connector, "register_signal_handlers", None)
+        if connector is None or not callable(register):
+            return  # on_sanity_check_start / on_train_start take it back instead
+
+        def register_then_take_back() -> None:
+            register()
+            self._take_back_signals(trainer)
+
+        connector.register_signal_handlers = register_then_take_back
+        self._connector = connector
+
     def _take_back_signals(self, trainer: pl.Trainer) -> None:
-        """Lightning installs its SIGTERM handler after ``setup`` (chaining ours). Take SIGTERM
-        back, and make Lightning's later restore put back what the user had, not ours."""
-        latch = self._latch
+        """Take SIGTERM back from Lightning, and make Lightning's later restore put back what
+        the user had, not ours."""
+        latch = self._ctl.latch if self._ctl is not None else None
         if latch is None or not latch.installed:
             return
         latch.reclaim()
@@ -363,82 +732,46 @@ class GracefulInterruptCallback(pl.Callback):
             for sig, handler in list(originals.items()):
                 if latch.handles(handler):
                     originals[sig] = latch.previous(sig)
+        if connector is not None and any(s == signal.SIGTERM for s, _ in latch.received):
+            connector.received_sigterm = False  # it reached Lightning's handler too: ours
+
+    def _keep_handlers_for_exit(self, trainer: pl.Trainer) -> None:
+        """Lightning restores the handlers it found when the fit ends, also on the way out of
+        a stop. Where that is SIG_DFL (a late signal would kill a process that has saved),
+        ours stays, holding the exit code; any other handler is put back, so a notebook that
+        catches the SystemExit gets its Ctrl+C back."""
+        latch = cast(StopController, self._ctl).latch
+        connector = getattr(trainer, "_signal_connector", None)
+        originals = getattr(connector, "_original_handlers", None)
+        if isinstance(originals, dict):
+            for sig in latch.signals:
+                if latch.previous(sig) in (signal.SIG_DFL, None):
+                    originals.pop(sig, None)
 
     def _close(self) -> None:
         if self._agreement is not None:
             self._agreement.close()
             self._agreement = None
-        if self._latch is not None and not self._latch.holding:
-            self._latch.restore()  # a latch holding for the exit keeps its handlers to the end
+        if self._ctl is not None:
+            self._ctl.close()  # a latch holding for the exit keeps its handlers to the end
+        if self._connector is not None:
+            vars(self._connector).pop("register_signal_handlers", None)
+            self._connector = None
 
     @staticmethod
     def _is_rank_zero(trainer: pl.Trainer) -> bool:
         return int(getattr(trainer, "global_rank", 0)) == 0
 
-    def _tracker_step(self, what: str, fn: Any) -> bool:
-        try:
-            fn(self.tracker)
-        except Exception as exc:  # logged, never raised: the checkpoint matters more
-            logger.error("preemptible: tracker %s failed: %s: %s", what, type(exc).__name__, exc)
-            return False
-        return True
 
-    def _stop(self, trainer: pl.Trainer) -> None:
-        notice = self._requests.first_stop()
-        signum = notice.signum if notice is not None else signal.SIGTERM
-        path = self.ckpt_path
-        logger.warning(
-            "preemptible: %s: saving %s at global step %d, then stopping",
-            signal_name(signum or signal.SIGTERM),
-            path,
-            trainer.global_step,
-        )
-        self._interrupted = True
-        # a validation due after this batch is skipped now (it would eat the notice window)
-        # and run first thing on resume, so metrics and random draws stay as without a stop
-        with contextlib.suppress(Exception):
-            loop: Any = trainer.fit_loop.epoch_loop
-            self._val_due = bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
-        rank_zero = self._is_rank_zero(trainer)
-        if rank_zero:
-            _run.update_record(
-                state="stopping",
-                preempting=True,
-                reason=notice.source if notice else "signal",
-                signum=signum,
-                step=trainer.global_step,
-            )
-        try:
-            trainer.save_checkpoint(path)  # a collective under DDP: every rank is here now
-        except Exception as exc:
-            logger.error("preemptible: saving %s failed: %s: %s", path, type(exc).__name__, exc)
-        else:
-            if rank_zero:
-                _run.update_record(state="stopped", checkpoint=str(path.resolve()))
-        if self.tracker is not None and rank_zero:
-            status = "killed" if signum == signal.SIGINT else "preempted"
-            if self._tracker_step("upload", lambda t: t.upload_checkpoint(path)):
-                self._tracker_step("finalize", lambda t: t.finalize(status))
-                # Lightning finalizes its loggers with "failed" on the way out; for a logger
-                # on the same run that would be a second, wrong, final status
-                for lg in trainer.loggers:
-                    save = getattr(lg, "save", None)
-                    lg.finalize = _saver(save)  # type: ignore[method-assign]
-        trainer.should_stop = True
-        self._exit(signum)
+def _adopt(ctl: StopController, signum: int | None) -> None:
+    """Another rank was told to stop: stop as it does (same exit code, same tracker status)."""
+    source = signal_name(signum) if signum else "notice"
+    ctl.requests.add(Notice(source=source, signum=signum, detail="another rank was told"))
 
-    def _exit(self, signum: int | None = None) -> None:
-        code = self.exit_code if self.exit_code is not None else 128 + (signum or signal.SIGTERM)
-        logger.warning("preemptible: fit interrupted; exiting with %d", code)
-        if self._agreement is not None:
-            self._agreement.close()
-            self._agreement = None
-        if self._latch is not None:
-            # the checkpoint is saved: a late signal must not turn this exit into a death
-            self._latch.hold_for_exit(code)
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-        sys.exit(code)
+
+def _quiet_loggers(trainer: pl.Trainer) -> None:
+    for lg in trainer.loggers:
+        lg.finalize = _saver(getattr(lg, "save", None))  # type: ignore[method-assign]
 
 
 __all__ = ["GracefulInterruptCallback"]

@@ -1,12 +1,15 @@
 """A small real Lightning fit used by the tests (run as a subprocess).
 
-Prints ``batch E B`` as each training batch starts and ``rank R pid P`` at fit start. Dropout
-and a noise term draw from the global RNGs every step.
+Prints ``batch E B`` as each training batch starts, ``val B`` (``sanity val B`` in the sanity
+check) as each validation batch starts, ``epoch end E`` in the module's ``on_train_epoch_end``
+and ``rank R pid P`` at fit start. Dropout and a noise term draw from the global RNGs every
+step.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
 import random
@@ -15,15 +18,24 @@ import time
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, TensorDataset
 
 from preemptible.lightning import GracefulInterruptCallback
 
 
 class Model(pl.LightningModule):
-    def __init__(self, step_sleep: float, slow_save: float = 0.0) -> None:
+    def __init__(
+        self,
+        step_sleep: float,
+        slow_save: float = 0.0,
+        val_sleep: float = 0.0,
+        epoch_end_sleep: float = 0.0,
+    ) -> None:
         super().__init__()
         self.slow_save = slow_save
+        self.val_sleep = val_sleep
+        self.epoch_end_sleep = epoch_end_sleep
         self.net = torch.nn.Sequential(
             torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
         )
@@ -50,11 +62,14 @@ class Model(pl.LightningModule):
             time.sleep(self.slow_save)
 
     def validation_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
-        if self.step_sleep:
-            time.sleep(1.0)  # a slow validation the stop must not wait for
-        print(f"val {batch_idx}", flush=True)
+        print(f"{'sanity ' if self.trainer.sanity_checking else ''}val {batch_idx}", flush=True)
+        time.sleep(self.val_sleep)  # a slow validation the stop must not wait for
         x, y = batch
         self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+    def on_train_epoch_end(self) -> None:
+        print(f"epoch end {self.current_epoch}", flush=True)
+        time.sleep(self.epoch_end_sleep)
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         opt = torch.optim.Adam(self.parameters(), lr=1e-2)
@@ -83,6 +98,25 @@ class DebugProbe(pl.Callback):
         self._p("batch-start")
 
 
+class SlowWrite(TorchCheckpointIO):
+    """Writes half of the checkpoint, prints ``writing PATH``, waits, writes the rest: a kill
+    in between leaves a torn file where the checkpoint is written."""
+
+    def __init__(self, pause: float) -> None:
+        self.pause = pause
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):  # type: ignore[no-untyped-def]
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        data = buffer.getvalue()
+        with open(path, "wb") as fh:
+            fh.write(data[: len(data) // 2])
+            fh.flush()
+            print(f"writing {path}", flush=True)
+            time.sleep(self.pause)
+            fh.write(data[len(data) // 2 :])
+
+
 class TrainEndProbe(pl.Callback):
     def on_train_end(self, trainer, pl_module):  # type: ignore[no-untyped-def]
         print("later train-end hook ran", flush=True)
@@ -99,6 +133,12 @@ def main() -> int:
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--exit-code", default="0")
     p.add_argument("--val", action="store_true")
+    p.add_argument("--val-size", type=int, default=16, help="validation samples (8 a batch)")
+    p.add_argument("--val-sleep", type=float, default=None, help="default: 1 s with --step-sleep")
+    p.add_argument("--sanity-steps", type=int, default=0)
+    p.add_argument("--epoch-end-sleep", type=float, default=0.0)
+    p.add_argument("--slow-write", type=float, default=0.0)
+    p.add_argument("--slow-finally", type=float, default=0.0, help="the owner's finally block")
     p.add_argument("--slow-save", type=float, default=0.0)
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--tracker", choices=["none", "local", "mlflow", "wandb"], default="none")
@@ -117,7 +157,8 @@ def main() -> int:
         num_workers=args.workers,
         persistent_workers=args.workers > 0,
     )
-    val = DataLoader(TensorDataset(x[:16], y[:16]), batch_size=8) if args.val else None
+    n = args.val_size
+    val = DataLoader(TensorDataset(x[:n], y[:n]), batch_size=8) if args.val else None
 
     tracker = None
     if args.tracker == "local":
@@ -159,10 +200,12 @@ def main() -> int:
         callbacks=[callback, TrainEndProbe()]
         + ([DebugProbe()] if os.environ.get("FIT_DEBUG") else []),
         val_check_interval=4 if args.val else None,
-        num_sanity_val_steps=0,
+        num_sanity_val_steps=args.sanity_steps,
+        plugins=[SlowWrite(args.slow_write)] if args.slow_write else None,
     )
     print(f"rank {trainer.global_rank} pid {os.getpid()}", flush=True)
-    model = Model(args.step_sleep, args.slow_save)
+    val_sleep = args.val_sleep if args.val_sleep is not None else (1.0 if args.step_sleep else 0.0)
+    model = Model(args.step_sleep, args.slow_save, val_sleep, args.epoch_end_sleep)
     try:
         trainer.fit(model, train, val, ckpt_path=callback.ckpt_path if args.resume else None)
         if trainer.global_rank == 0:
@@ -171,7 +214,10 @@ def main() -> int:
         # the owner's pattern that used to overwrite the truth: "success" in a finally block
         if tracker is not None:
             tracker.finalize("finished")
-    print("fit done", flush=True)
+        if args.slow_finally:
+            print("finally", flush=True)
+            time.sleep(args.slow_finally)
+    print(f"fit done received_sigterm={trainer.received_sigterm}", flush=True)
     return 0
 
 

@@ -1,0 +1,259 @@
+"""Every place a stop can reach a Lightning fit (real fits in subprocesses, real signals).
+
+Each case: the stop is acted on where it arrives (a validation batch, the sanity check, the
+last epoch's end, a cloud notice), ``resume.ckpt`` is committed, the exit code and tracker
+status are the documented ones, and the resumed fit ends with the same weights, bit for bit,
+as a fit never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import Child, python_args
+from tests.fakes.metadata import MetadataServer
+
+pytestmark = pytest.mark.timeout(240)
+
+# The fits compared with each reference differ only in what does not change the weights
+# (sleeps, a longer validation set, a sanity check, a tracker).
+REFERENCES = {"val": ["--val"]}
+
+
+def fit_args(d: Path, *extra: str) -> list[str]:
+    return python_args("fit.py", "--save-dir", str(d), "--out", str(d / "o.pt"), *extra)
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def after(*lines: str) -> Callable[[str], bool]:
+    """Matches the last of ``lines`` once the others have been seen, in order."""
+    seen = [0]
+
+    def match(line: str) -> bool:
+        if line == lines[seen[0]]:
+            seen[0] += 1
+        return seen[0] == len(lines)
+
+    return match
+
+
+def tracker_events(d: Path) -> list[tuple[str, str | None]]:
+    events = [json.loads(line) for line in (d / "tracker.jsonl").read_text().splitlines()]
+    return [(e["event"], e.get("status")) for e in events]
+
+
+def temporaries(d: Path) -> list[Path]:
+    return sorted(d.glob(".tmp-resume.ckpt.*"))
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = {}
+    for kind, extra in REFERENCES.items():
+        d = tmp_path_factory.mktemp(f"ref-{kind}")
+        child = Child(fit_args(d, *extra))
+        try:
+            assert child.wait(180) == 0, child.output
+        finally:
+            child.kill()
+        out[kind] = d / "o.pt"
+    return out
+
+
+def resume(spawn, d: Path, *extra: str) -> Child:
+    child = spawn(fit_args(d, "--resume", "--val-sleep", "0", *extra))
+    assert child.wait(180) == 0, child.output
+    assert "fit done received_sigterm=False" in child.lines
+    return child
+
+
+def validated_first(child: Child) -> bool:
+    """The validation abandoned at batch 0 3 ran before the next training batch."""
+    lines = child.lines
+    return "val 0" in lines and lines.index("val 0") < lines.index("batch 0 4")
+
+
+@pytest.mark.timeout(400)
+def test_stops_in_validations_and_a_kill_mid_write(
+    references: dict[str, Path], tmp_path: Path, spawn
+) -> None:
+    ckpt = tmp_path / "resume.ckpt"
+    # 1. SIGTERM in a validation pass mid-epoch: four batches of 1 s each after batch 3, and
+    # the stop must not wait for them.
+    first = spawn(fit_args(tmp_path, "--val", "--val-size", "32", "--step-sleep", "0.05"))
+    first.wait_line(after("batch 0 3", "val 0"), timeout=120)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0, first.output
+    assert "val 1" not in first.lines, "the validation pass was not abandoned"
+    assert "batch 0 4" not in first.lines
+    assert temporaries(tmp_path) == []
+    committed = ckpt.read_bytes()
+
+    # 2. Resumed: the abandoned validation runs first, and a stop during it keeps the
+    # checkpoint it resumed from (the same state), at once.
+    again = spawn(fit_args(tmp_path, "--resume", "--val", "--step-sleep", "0.05"))
+    again.wait_line(lambda line: line == "val 0", timeout=120)
+    again.signal(signal.SIGTERM)
+    assert again.wait(60) == 0, again.output
+    assert "val 1" not in again.lines and "batch 0 4" not in again.lines
+    assert "already saved" in again.output and ckpt.read_bytes() == committed
+
+    # 3. Resumed again: a stop whose write is killed halfway leaves the previous resume.ckpt
+    # as it was (the write went to a temporary).
+    second = spawn(
+        fit_args(tmp_path, "--resume", "--val", "--val-sleep", "0", "--slow-write", "60")
+    )
+    second.wait_line(lambda line: line == "batch 1 2", timeout=120)
+    assert validated_first(second), second.output
+    second.signal(signal.SIGTERM)
+    second.wait_line(lambda line: line.startswith("writing "), timeout=30)
+    second.kill()  # SIGKILL to the group
+    assert ckpt.read_bytes() == committed, "resume.ckpt was written in place"
+    [torn] = temporaries(tmp_path)
+
+    # 4. Resumed again from the same checkpoint: SIGINT in the final validation, after the
+    # last training batch, still saves and exits; the tracker says "killed".
+    third = spawn(
+        fit_args(
+            tmp_path,
+            *("--resume", "--val", "--val-sleep", "0.3"),
+            *("--tracker", "local", "--exit-code", "signal"),
+        )
+    )
+    third.wait_line(after("batch 2 11", "val 0"), timeout=120)
+    third.signal(signal.SIGINT)
+    assert third.wait(60) == 130, third.output
+    assert not torn.exists(), "the killed writer's temporary was not cleaned up"
+    assert validated_first(third), third.output
+    assert "val 1" not in third.lines[third.lines.index("batch 2 11") :]
+    assert "later train-end hook ran" not in third.output
+    assert tracker_events(tmp_path) == [("checkpoint", None), ("finalize", "killed")]
+
+    # 5. The final validation runs on resume, no training is left, the weights are exact.
+    fourth = resume(spawn, tmp_path, "--val")
+    assert "val 0" in fourth.lines
+    assert not any(line.startswith("batch ") for line in fourth.lines)
+    assert same_weights(references["val"], tmp_path / "o.pt")
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_in_the_sanity_check_then_in_the_last_epoch_end(
+    references: dict[str, Path], tmp_path: Path, spawn
+) -> None:
+    args = ["--val", "--sanity-steps", "2"]
+    # 1. The sanity check: the SIGTERM is ours, not Lightning's (no SIGTERMException).
+    first = spawn(fit_args(tmp_path, *args, "--step-sleep", "0.05", "--tracker", "local"))
+    first.wait_line(lambda line: line == "sanity val 0", timeout=120)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0, first.output
+    out = first.output
+    assert "Received SIGTERM" not in out and "SIGTERMException" not in out
+    assert "sanity val 1" not in first.lines and "batch 0 0" not in first.lines
+    assert (tmp_path / "resume.ckpt").exists()
+    assert tracker_events(tmp_path) == [("checkpoint", None), ("finalize", "preempted")]
+
+    # 2. Resumed: the sanity check runs again first. A SIGTERM in the last epoch's
+    # on_train_epoch_end, after all training, still saves and exits with its code; one more
+    # SIGTERM while the script unwinds (its finally block) exits at once with that same code
+    # instead of killing the process.
+    run_dir = tmp_path / "run"
+    second = spawn(
+        fit_args(
+            tmp_path,
+            *("--resume", *args, "--epoch-end-sleep", "1", "--exit-code", "signal"),
+            *("--slow-finally", "60"),
+        ),
+        env={"PREEMPTIBLE_RUN_DIR": str(run_dir)},
+    )
+    second.wait_line(lambda line: line == "epoch end 2", timeout=120)  # the last epoch
+    assert second.lines.index("sanity val 0") < second.lines.index("batch 0 0")
+    second.signal(signal.SIGTERM)
+    second.wait_line(lambda line: line == "finally", timeout=60)
+    second.signal(signal.SIGTERM)
+    assert second.wait(10) == 143, second.output
+    assert "exiting now with 143" in second.output
+    assert not any(line.startswith("fit done") for line in second.lines), "the script went on"
+    assert "later train-end hook ran" not in second.output
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["state"] == "stopped" and record["signum"] == signal.SIGTERM
+    assert record["checkpoint"] == str((tmp_path / "resume.ckpt").resolve())
+
+    # 3. Nothing is left to train; the weights are exact.
+    third = resume(spawn, tmp_path, *args)
+    assert not any(line.startswith("batch ") for line in third.lines)
+    assert same_weights(references["val"], tmp_path / "o.pt")
+
+
+WINDOW = 6.0  # seconds of notice the fake GCE gives
+
+
+def test_gce_notice_insurance_then_final_before_the_deadline(
+    references: dict[str, Path], tmp_path: Path, spawn
+) -> None:
+    with MetadataServer() as server:
+        env = {
+            "GCE_METADATA_HOST": server.host,
+            "PREEMPTIBLE_GCE_NOTICE_SECONDS": str(WINDOW),
+            "PREEMPTIBLE_POLL_INTERVAL": "0.2",
+        }
+        first = spawn(
+            fit_args(
+                tmp_path,
+                *("--val", "--step-sleep", "0.1", "--val-sleep", "0.2", "--exit-code", "signal"),
+            ),
+            env=env,
+        )
+        first.wait_line(lambda line: line == "batch 0 5", timeout=120)
+        noticed = time.time()
+        server.state.gce_preempted = "TRUE"
+        final = first.wait_line(lambda line: "then stopping" in line, timeout=30)
+        assert first.wait(60) == 143, first.output
+        exited = time.time()
+    out = first.lines
+    insurance = next(i for i, line in enumerate(out) if "insurance checkpoint" in line)
+    trained_on = [line for line in out[insurance : out.index(final)] if line.startswith("batch ")]
+    assert len(trained_on) >= 5, f"training should go on after the insurance save\n{first.output}"
+    committed = (tmp_path / "resume.ckpt").stat().st_mtime - noticed
+    assert 0.4 * WINDOW < committed < WINDOW, f"final checkpoint {committed:.2f} s after notice"
+    # The process exit after the commit is interpreter shutdown (torch + Lightning): not
+    # counted by the grace policy; bounded here so that a hang would show.
+    assert exited - noticed < WINDOW + 15, f"exited {exited - noticed:.2f} s after the notice"
+    assert temporaries(tmp_path) == []
+    resume(spawn, tmp_path, "--val")
+    assert same_weights(references["val"], tmp_path / "o.pt")
+
+
+def test_ddp_stop_after_the_last_batch_on_one_rank_stops_both_alike(tmp_path: Path, spawn) -> None:
+    child = spawn(
+        fit_args(
+            tmp_path,
+            *("--devices", "2", "--epochs", "1", "--epoch-end-sleep", "2"),
+            *("--exit-code", "signal"),
+        ),
+        env={"MASTER_PORT": "29417"},
+    )
+    pids: dict[str, int] = {}
+    while len(pids) < 2:
+        line = child.wait_line(
+            lambda line: line.startswith("rank ") and line.split()[1] not in pids, timeout=120
+        )
+        pids[line.split()[1]] = int(line.split()[3])
+    # both ranks print to one pipe, so lines can run together: match a substring
+    child.wait_line(lambda line: "epoch end 0" in line, timeout=120)
+    os.kill(pids["1"], signal.SIGINT)  # rank 1 only, after all training
+    assert child.wait(120) == 130, child.output  # rank 0 exits as rank 1 was told to
+    assert child.output.count("fit interrupted; exiting with 130") == 2, child.output
+    assert "fit done" not in child.output
+    assert (tmp_path / "resume.ckpt").exists() and temporaries(tmp_path) == []
