@@ -27,6 +27,7 @@ import re
 import shutil
 import socket
 import stat
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -94,6 +95,28 @@ def fsync_path(path: Path) -> None:
 
 def fsync_dir(path: Path) -> None:
     _fsync_fd_of(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def write_text_atomic(path: Path, text: str, *, durable: bool = False) -> None:
+    """Replace ``path`` whole with ``text``. The temporary has an unpredictable name
+    (``mkstemp``) in the same directory, so nobody can plant a symlink where it is written, and
+    ``os.replace`` swaps the name itself, never writing through a link. ``durable``: fsync the
+    file before the rename and the directory after it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            fh.write(text)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(path.parent)
 
 
 def _fsync_fd_of(path: Path, flags: int) -> None:

@@ -12,18 +12,16 @@ or holds an odd ``record.json`` costs a warning, never the checkpoint or the exi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import stat
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._checkpoint import fsync_dir
+from ._checkpoint import write_text_atomic
 
 logger = logging.getLogger("preemptible")
 
@@ -114,18 +112,7 @@ def _update(run_dir: Path, fields: dict[str, Any]) -> Path:
         record["stopped_at"] = now
     record.update(fields, pid=os.getpid(), updated_at=now)
     path = run_dir / RECORD_NAME
-    fd, tmp = tempfile.mkstemp(prefix=f".{RECORD_NAME}.", suffix=".tmp", dir=run_dir)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(record, fh, indent=1, default=str)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(run_dir)
+    write_text_atomic(path, json.dumps(record, indent=1, default=str), durable=True)
     return path
 
 

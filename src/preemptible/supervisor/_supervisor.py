@@ -46,7 +46,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
-from .._checkpoint import CheckpointStore
+from .._checkpoint import CheckpointStore, write_text_atomic
 from .._env import env_str
 from .._errors import ConfigError, PreemptibleError
 from .._signals import DUPLICATE_WINDOW, KEEP_IGNORED
@@ -634,7 +634,7 @@ class Supervisor:
         path = self.run_dir / "heartbeat.json"
         beat = {**fields, "pid": os.getpid(), "run_id": self.run_id, "at": time.time()}
         try:
-            write_atomic(path, json.dumps(beat))
+            write_text_atomic(path, json.dumps(beat))
         except OSError as exc:
             self._warn_once("heartbeat", path, exc)
 
@@ -654,7 +654,7 @@ class Supervisor:
             return
         text = f"{pid}\n"
         try:
-            write_atomic(path, text)
+            write_text_atomic(path, text)
             self._pid_text = text
         except OSError as exc:
             self._warn_once("pid file", path, exc)
@@ -726,22 +726,6 @@ def _name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return str(signum)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` whole. The temporary file has an unpredictable name (``mkstemp``) in
-    the same directory, so in a shared directory nobody can plant a symlink where it will be
-    written, and ``os.replace`` swaps the name itself, never writing through a link."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _check_writable(path: Path, option: str) -> None:
