@@ -136,12 +136,16 @@ class StopController:
         save_failed: Callable[[Exception], Path | None] | None = None,
         after_tracker: Callable[[], None] | None = None,
         record: bool = True,
+        notice: Notice | None = None,
     ) -> tuple[Notice, Path | None]:
         """Record, save (unless ``saved``), record, acknowledge, tell the tracker. Returns the
         stop's notice and the checkpoint. A failed save raises, unless ``save_failed`` handles
         it: it returns the path to upload anyway (Lightning's contract), or None. ``record``:
-        False on the ranks that do not own the run record (two writers would race)."""
-        notice = self.requests.first_stop()
+        False on the ranks that do not own the run record (two writers would race).
+        ``notice``: the stop every rank agreed on (torch.distributed), when it is not this
+        rank's own first request: the record, the tracker and the exit code all tell its story."""
+        if notice is None:
+            notice = self.requests.first_stop()
         if notice is None:
             notice = Notice(source="stop", detail="no request recorded")
         # Written before the save too: if the save is cut short (second signal, SIGKILL at

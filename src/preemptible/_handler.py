@@ -15,11 +15,36 @@ from . import _run
 from ._async import AsyncSaver
 from ._checkpoint import _FINAL, Checkpoint, CheckpointStore
 from ._controller import Decision, StopController
+from ._distributed import (
+    META_NAME,
+    Agreed,
+    Ranks,
+    StopAgreement,
+    Subset,
+    check_sharded,
+    has_dtensor,
+    own_rng,
+    pack,
+    read_rank_rng,
+    read_shards,
+    remote_error,
+    run_on_zero,
+    split_sharded,
+    unpack,
+    write_shards,
+)
 from ._env import env_str
-from ._errors import CheckpointSaveError, ConfigError, PreemptibleError
+from ._errors import CheckpointLoadError, CheckpointSaveError, ConfigError, PreemptibleError
 from ._interval import SaveInterval
 from ._signals import normalize_signals, patch_dataloader_workers
-from ._state import apply_payload, build_payload, check_state, read_payload, write_payload
+from ._state import (
+    apply_payload,
+    build_payload,
+    capture_rng,
+    check_state,
+    read_payload,
+    write_payload,
+)
 from ._termination import Durations, Notice, TerminationConfig
 
 logger = logging.getLogger("preemptible")
@@ -46,6 +71,14 @@ class PreemptionCheckpointHandler:
     ``checkpoint_dir`` may be None under ``preemptible run``: the supervisor's
     ``PREEMPTIBLE_CHECKPOINT_DIR`` is used. One handler writes to a directory at a time: a
     second one (in any process) raises ``CheckpointLockError``.
+
+    Under torch.distributed (a process group of more than one rank, initialized before the
+    handler is created, every rank with a handler on the same shared directory), a signal or
+    notice on any rank stops every rank at the same step with the same exit code, with no
+    collective per step. ``save()`` and ``stop()`` are then collective (every rank calls them).
+    Rank 0 writes one checkpoint with every rank's random states; with ``sharded=True``, or
+    modules with DTensor parameters (FSDP2), every rank writes its shards through
+    ``torch.distributed.checkpoint`` into one directory that is committed as a whole.
     """
 
     def __init__(
@@ -62,6 +95,7 @@ class PreemptionCheckpointHandler:
         weights_only: bool = True,
         async_save: bool = False,
         async_policy: str = "wait",
+        sharded: bool = False,
     ) -> None:
         if termination_config is None:
             from .notices import default_config
@@ -115,6 +149,18 @@ class PreemptionCheckpointHandler:
                 "async_save needs state (preemptible snapshots it); with save_fn your own code "
                 "writes the checkpoint, so it cannot be taken in the background"
             )
+        if not isinstance(sharded, bool):
+            raise ConfigError(f"sharded={sharded!r} is not valid; use True or False")
+        self._sharded = sharded or has_dtensor(self._state.mapping)
+        if self._sharded and config.save_fn is not None:
+            raise ConfigError(
+                "sharded checkpoints are written by preemptible from state; with save_fn your "
+                "own code writes the checkpoint"
+            )
+        if self._sharded and async_save:
+            raise ConfigError(
+                "async_save is not available for sharded checkpoints; use one or the other"
+            )
         self._async = AsyncSaver(self.store, policy=async_policy) if async_save else None
         self.stall_times = Durations()  # what the training loop waited for each save
         self._last_save_end = time.monotonic()
@@ -128,18 +174,29 @@ class PreemptionCheckpointHandler:
         self._resumed = False
         self._stopped = False
         self._last_saved: tuple[int, Path] | None = None
+        # torch.distributed: the ranks, the agreement, and the count of collective steps
+        # (saves, resumes), which every rank takes in the same order
+        self._ranks: Ranks | None = None
+        self._agreement: StopAgreement | None = None
+        self._agreed_stop: Notice | None = None
+        self._want_save = False  # rank 0: a periodic save in seconds is due (agreed first)
+        self._seq = 0
 
         try:
+            self._ranks = Ranks.detect()
+            if self._ranks is not None:
+                self._agreement = self._ranks.agreement()
             if _is_rank_zero():  # under torch.distributed, the ranks share rank 0's directory
                 self.store.lock()
                 self._locked = True
-            self.store.clean_stale_temporaries()
+                self.store.clean_stale_temporaries()
             self._ctl.start()
         except BaseException:
             self.close()
             raise
-        # where this attempt really saves, for the supervisor's next PREEMPTIBLE_RESUME_FROM
-        _run.update_record(checkpoint_dir=str(self.store.directory.resolve()))
+        if _is_rank_zero():  # the run record has one writer
+            # where this attempt really saves, for the supervisor's next PREEMPTIBLE_RESUME_FROM
+            _run.update_record(checkpoint_dir=str(self.store.directory.resolve()))
 
     # -- public API --------------------------------------------------------------------
     @property
@@ -181,19 +238,29 @@ class PreemptionCheckpointHandler:
     def should_stop(self) -> bool:
         """True once a stop was requested and the grace policy says not to start another step.
 
-        In a loop of your own, call ``stop()`` when it is True (or ``save()`` and exit)."""
-        if not self._ctl.pending:
-            return False
-        self._ctl.latch.log_pending()
-        return self._ctl.must_stop_now()
+        In a loop of your own, call ``stop()`` when it is True (or ``save()`` and exit).
+        Under torch.distributed every call is a step boundary: call it once per step on every
+        rank; it turns True on every rank at the same step."""
+        if self._agreement is None:
+            if not self._ctl.pending:
+                return False
+            self._ctl.latch.log_pending()
+            return self._ctl.must_stop_now()
+        if self._agreed_stop is not None:
+            return True
+        return self._agree(act=False)
 
     def resume(self) -> int:
         """Restore the newest checkpoint that loads into ``state``; return the step to start from.
 
-        Without any checkpoint, returns 0 and leaves ``state`` as it is.
+        Without any checkpoint, returns 0 and leaves ``state`` as it is. Under torch.distributed
+        it is collective: rank 0 chooses the checkpoint, every rank restores it (``steps()``
+        and ``run()`` call it on every rank when you do not).
         """
         extra = self._resume_from_env()
-        if self.config.save_fn is not None:
+        if self._ranks is not None or self._sharded:
+            self._resume_ranks(extra)
+        elif self.config.save_fn is not None:
             newest = max([*extra, *self.store.committed()], key=lambda c: c.step, default=None)
             if newest is not None:
                 self._step, self.resume_path = newest.step, newest.path
@@ -234,7 +301,8 @@ class PreemptionCheckpointHandler:
                 if self._at_boundary():
                     return
             if self._step == total:
-                _run.update_record(state="finished", step=self._step)
+                if _is_rank_zero():
+                    _run.update_record(state="finished", step=self._step)
                 self._ctl.tell_tracker("finished")
         except Exception:
             self._ctl.tell_tracker("failed")
@@ -260,10 +328,16 @@ class PreemptionCheckpointHandler:
         """Commit a checkpoint of the current state; return its path.
 
         ``step`` is the number of completed steps (where a resumed run starts); default
-        ``handler.step``. Passing it also sets ``handler.step``.
+        ``handler.step``. Passing it also sets ``handler.step``. Under torch.distributed it is
+        collective: call it on every rank.
         """
         if step is not None:
             self.step = step
+        return self._save(reuse=False)
+
+    def _save(self, *, reuse: bool) -> Path:
+        """``save()``; ``reuse``: a checkpoint of this step committed already will do (the
+        multi-rank stop and insurance: only rank 0 knows of its background saves)."""
         step = self._step
         if self._async is not None:  # commit order = step order: the one in flight goes first
             self._async.wait()
@@ -282,7 +356,14 @@ class PreemptionCheckpointHandler:
                 step,
             )
         started = time.monotonic()
-        if self.config.save_fn is not None:
+        if self._sharded:
+            path = self._save_sharded(step)
+        elif self._ranks is not None:
+            path, written = self._save_full(step, reuse=reuse)
+            if not written:
+                self._last_saved = (step, path)
+                return path
+        elif self.config.save_fn is not None:
             path = self.store.save(step, self.config.save_fn)
         else:
             payload = build_payload(step, self._state)
@@ -293,7 +374,8 @@ class PreemptionCheckpointHandler:
         self._last_save_end = time.monotonic()
         if self._interval is not None:
             self._interval.observe_save(seconds)
-            _run.update_record(save_s=round(self._interval.save_cost()[0], 3))
+            if _is_rank_zero():
+                _run.update_record(save_s=round(self._interval.save_cost()[0], 3))
         self._last_saved = (step, path)
         logger.info("preemptible: saved %s (step %d, %.2f s)", path, step, self.save_times.max())
         return path
@@ -304,8 +386,16 @@ class PreemptionCheckpointHandler:
         128 + signum, 143 for a notice). For loops of your own, when ``should_stop`` is True."""
         if self._stopped:
             raise PreemptibleError("this handler has already stopped the run; create a new one")
-        self._ctl.request_stop("stop()", "handler.stop() was called")
-        self._stop()
+        if self._agreed_stop is None:  # not the stop all ranks agreed on: this rank asks
+            self._ctl.request_stop("stop()", "handler.stop() was called")
+            if self._agreement is not None and not self._agree(act=False, local=Decision.STOP):
+                assert self._ranks is not None
+                raise PreemptibleError(
+                    f"rank {self._ranks.rank}: under torch.distributed call stop() on every "
+                    "rank at the same step, or when should_stop is True; another rank was "
+                    "already past this step"
+                )
+        self._stop(self._agreed_stop)
 
     def close(self) -> None:
         """Restore the previous signal handlers, stop the watcher and release the directory;
@@ -315,6 +405,8 @@ class PreemptionCheckpointHandler:
             self._async.wait()  # never leave a write behind (the process may exit next)
             self._collect_async()
         self._ctl.close()
+        if self._agreement is not None:
+            self._agreement.close()
         if self._locked:
             self.store.unlock()
             self._locked = False
@@ -350,6 +442,10 @@ class PreemptionCheckpointHandler:
             due = self._step % every == 0 or self._step == total
         elif self._interval is not None:
             due = self._step == total or self._interval.due(time.monotonic(), self._last_save_end)
+            if due and self._ranks is not None and self._step != total:
+                # a clock is not the same on every rank: rank 0 asks, all save where agreed
+                self._want_save = self._ranks.is_zero
+                due = False
         else:
             due = False
         if due:
@@ -364,7 +460,13 @@ class PreemptionCheckpointHandler:
         self._collect_async()
         started = time.monotonic()
         step = self._step
-        snapshot = self._async.snapshot.copy(build_payload(step, self._state))
+        payload = build_payload(step, self._state)
+        if self._ranks is not None:  # every rank's random states; rank 0 writes
+            rngs = self._gather_rng()
+            if rngs is None:
+                return
+            payload.update(rng_ranks=rngs, world_size=self._ranks.world)
+        snapshot = self._async.snapshot.copy(payload)
         if self._async.submit(step, lambda tmp: write_payload(snapshot, tmp)):
             stall = time.monotonic() - started
             self.stall_times.add(stall)
@@ -394,6 +496,8 @@ class PreemptionCheckpointHandler:
         """Act on stop requests between two steps; True when the run stopped here."""
         if self._async is not None:
             self._collect_async()
+        if self._agreement is not None:
+            return self._agree(act=True)
         if not self._ctl.pending:  # the common case: one truth test per step
             return False
         decision = self._ctl.decide(saved_here=self._saved_at_current_step())
@@ -409,12 +513,23 @@ class PreemptionCheckpointHandler:
         self._stop()
         return True
 
-    def _stop(self) -> None:
+    def _stop(self, agreed: Notice | None = None) -> None:
+        """Save (unless saved here), record, exit. ``agreed``: the stop every rank agreed on;
+        its code is every rank's exit code, whichever rank's signal came first."""
         if self._async is not None:  # a save in flight of this very step is the final one
             self._async.wait()
             self._collect_async()
-        saved = self._last_saved[1] if self._saved_at_current_step() else None  # type: ignore[index]
-        notice, path = self._ctl.finish(step=self._step, save=self.save, saved=saved)
+        ranks = self._ranks
+        if ranks is None:
+            saved = self._last_saved[1] if self._saved_at_current_step() else None  # type: ignore[index]
+            notice, path = self._ctl.finish(step=self._step, save=self.save, saved=saved)
+        else:
+            notice, path = self._ctl.finish(
+                step=self._step,
+                save=lambda: self._save(reuse=True),
+                record=ranks.is_zero,
+                notice=agreed,  # the record and the tracker tell the agreed stop's story
+            )
         code = notice.exit_code
         logger.warning(
             "preemptible: stopped at step %d on %s; checkpoint %s; exiting with %d",
@@ -427,11 +542,211 @@ class PreemptionCheckpointHandler:
         # From here a late signal (a supervisor's escalation, a second notice, SLURM) exits
         # with ``code`` instead of killing a process that has already saved.
         self._ctl.latch.hold_for_exit(code)
+        if ranks is not None:
+            self._leave_together()
         self.close()
         exit_fn = self.config.exit_fn or sys.exit
         exit_fn(code)
         # an exit_fn that returns (a notebook, a test): the run goes on without our handlers
         self._ctl.latch.restore()
+
+    # -- torch.distributed ---------------------------------------------------------------
+    def _agree(self, *, act: bool, local: Decision | None = None) -> bool:
+        """A boundary under torch.distributed: every rank saves and stops where all agree.
+        ``act``: stop here when agreed (steps()/run()); else remember it (should_stop).
+        ``local``: what this rank asks for regardless of its requests (stop()). True when
+        the agreed stop is here."""
+        ag = self._agreement
+        assert ag is not None
+        ctl = self._ctl
+        if local is None and not ctl.pending and not self._want_save and ag.quiet():
+            return False  # the common case: two attribute writes and two truth tests
+        while True:
+            wanted = local or Decision.CONTINUE
+            if ctl.pending and wanted is Decision.CONTINUE:
+                if act:
+                    wanted = ctl.decide(saved_here=self._saved_at_current_step())
+                else:
+                    ctl.latch.log_pending()
+                    wanted = Decision.STOP if ctl.must_stop_now() else Decision.CONTINUE
+            if wanted is Decision.CONTINUE and self._want_save:
+                wanted = Decision.INSURANCE
+            agreed: Agreed = ag.decide(wanted, ctl.requests.first_stop())
+            if agreed.decision is Decision.CONTINUE:
+                return False
+            if agreed.decision is Decision.INSURANCE:
+                periodic, self._want_save = self._want_save, False
+                try:
+                    self._save(reuse=not periodic)
+                except CheckpointSaveError as exc:
+                    logger.error("preemptible: checkpoint at the agreed step failed: %s", exc)
+                continue  # the same boundary: a stop may be due right after the save
+            self._agreed_stop = agreed.notice
+            if act:
+                self._stop(agreed.notice)
+            return True
+
+    def _next_key(self, what: str) -> str:
+        self._seq += 1
+        return f"{what}/{self._seq}"
+
+    def _gather_rng(self) -> list[Any] | None:
+        """Every rank's random states, on rank 0 (None elsewhere)."""
+        ranks = self._ranks
+        assert ranks is not None
+        key = self._next_key("rng")
+        got = ranks.gather(key, pack(capture_rng()), "the random states of every rank")
+        return None if got is None else [unpack(b) for b in got]
+
+    def _save_full(self, step: int, *, reuse: bool) -> tuple[Path, bool]:
+        """Rank 0 writes the state with every rank's random states; the others wait for its
+        commit. Returns the checkpoint and whether it was written now."""
+        ranks = self._ranks
+        assert ranks is not None
+        key = self._next_key("save")
+        save_fn = self.config.save_fn
+        if save_fn is None:
+            ranks.store.set(f"{key}/rng/{ranks.rank}", pack(capture_rng()))
+
+        def write() -> dict[str, Any]:
+            if reuse and self._last_saved is not None and self._last_saved[0] == step:
+                return {"path": self._last_saved[1].name, "written": False}
+            if save_fn is not None:
+                return {"path": self.store.save(step, save_fn).name, "written": True}
+            rng_keys = [f"{key}/rng/{r}" for r in range(ranks.world)]
+            ranks.wait_all(rng_keys, "the random states of every rank")
+            rngs = [unpack(bytes(ranks.store.get(k))) for k in rng_keys]
+            payload = build_payload(step, self._state)
+            payload.update(rng_ranks=rngs, world_size=ranks.world)
+            return {"path": self.store.save(step, lambda t: write_payload(payload, t)).name}
+
+        fields = run_on_zero(ranks, f"{key}/done", f"rank 0 to save step {step}", write)
+        path = self.store.directory / str(fields.get("path"))
+        if "error" in fields:
+            raise remote_error(fields, f"save step {step}", path)
+        if ranks.is_zero and save_fn is None:
+            for r in range(ranks.world):
+                ranks.store.delete_key(f"{key}/rng/{r}")
+        return path, bool(fields.get("written", True))
+
+    def _save_sharded(self, step: int) -> Path:
+        """Every rank writes its shards into rank 0's temporary directory; rank 0 adds the
+        small state and commits the directory once every rank has written."""
+        ranks = self._ranks
+        rank, world = (ranks.rank, ranks.world) if ranks is not None else (0, 1)
+        objects, _plain = self._state.split()
+        big, _small = split_sharded(objects)
+        key = self._next_key("save")
+        rng = capture_rng()
+
+        def write(tmp: Path) -> None:
+            if ranks is not None:
+                ranks.announce(f"{key}/tmp", {"name": tmp.name})
+            write_shards(big, tmp, rank, rng)
+            if ranks is not None:
+                for r in range(1, world):
+                    heard = ranks.hear(f"{key}/written/{r}", "every rank to write its shards")
+                    if "error" in heard:
+                        raise CheckpointSaveError(f"rank {r}: {heard['error']}", tmp)
+            meta = build_payload(step, Subset(self._state.mapping, set(big)))
+            meta.update(sharded=sorted(big), world_size=world)
+            write_payload(meta, tmp / META_NAME)
+
+        if ranks is None:
+            return self.store.save(step, write)
+        if not ranks.is_zero:
+            got = ranks.wait_any([f"{key}/tmp", f"{key}/done"], f"rank 0 to save step {step}")
+            if got.endswith("/tmp"):
+                tmp = self.store.directory / str(ranks.get_json(got)["name"])
+                try:
+                    write_shards(big, tmp, rank, rng)
+                except BaseException as exc:
+                    ranks.announce(f"{key}/written/{rank}", {"error": f"{exc}"})
+                    raise
+                ranks.announce(f"{key}/written/{rank}", {})
+        fields = run_on_zero(
+            ranks,
+            f"{key}/done",
+            f"rank 0 to commit step {step}",
+            lambda: {"path": self.store.save(step, write).name},
+        )
+        path = self.store.directory / str(fields.get("path"))
+        if "error" in fields:
+            raise remote_error(fields, f"save step {step}", path)
+        return path
+
+    def _resume_ranks(self, extra: list[Checkpoint]) -> None:
+        """Rank 0 finds the newest checkpoint that loads; every rank restores it, each with its
+        own random states (a sharded one through torch.distributed.checkpoint, together)."""
+        ranks = self._ranks
+        rank = ranks.rank if ranks is not None else 0
+        peeked: dict[str, Any] | None = None  # rank 0 reads the newest one only once
+
+        def find() -> dict[str, Any]:
+            nonlocal peeked
+            newest: Checkpoint | None
+            if self.config.save_fn is not None:
+                newest = max([*extra, *self.store.committed()], key=lambda c: c.step, default=None)
+            else:
+                found = self.store.load_newest(self._peek, extra)
+                newest, peeked = (None, None) if found is None else found
+            if newest is None:
+                return {"path": None}
+            inside = newest.path.parent.resolve() == self.store.directory.resolve()
+            return {"path": newest.path.name if inside else str(newest.path), "step": newest.step}
+
+        if ranks is None:
+            fields = find()
+        else:
+            fields = run_on_zero(ranks, self._next_key("resume"), "rank 0 to resume", find)
+            if "error" in fields:
+                raise CheckpointLoadError(
+                    f"rank 0 could not resume: {fields['error']}", self.store.directory
+                )
+        if fields.get("path") is None:
+            return
+        path = self.store.directory / str(fields["path"])
+        if self.config.save_fn is not None:
+            self._step, self.resume_path = int(fields["step"]), path
+            return
+        try:
+            payload = peeked if peeked is not None else self._peek(path)
+        except Exception as exc:
+            raise CheckpointLoadError(
+                f"rank {rank} cannot read {path}, which rank 0 resumes from ({exc}); every "
+                "rank must see the checkpoint directory (a shared file system)",
+                path,
+            ) from exc
+        if path.is_dir():
+            objects, _plain = self._state.split()
+            big, _small = split_sharded(objects)
+            read_shards(big, path)
+            payload = dict(payload, rng=read_rank_rng(path, rank))
+            apply_payload(payload, Subset(self._state.mapping, set(big)), path)
+        else:
+            apply_payload(own_rng(payload, rank, path), self._state, path)
+        self._step, self.resume_path = payload["step"], path
+
+    def _peek(self, path: Path) -> dict[str, Any]:
+        """A checkpoint's payload: the whole file, or a sharded directory's small part."""
+        if path.is_dir():
+            check_sharded(path)
+            return read_payload(path / META_NAME, weights_only=self.weights_only)
+        return read_payload(path, weights_only=self.weights_only)
+
+    def _leave_together(self) -> None:
+        """After a committed stop: rank 0 finishes its record and tracker before any rank
+        exits, so that a launcher that tears the job down when the first rank exits (torchrun)
+        cannot cut rank 0 short."""
+        ranks = self._ranks
+        assert ranks is not None
+        try:
+            if ranks.is_zero:
+                ranks.store.set("stop/exit", "1")
+            else:
+                ranks.wait_any(["stop/exit"], "rank 0 to finish its stop")
+        except Exception as exc:  # the stop is committed; leaving is all that is left
+            logger.warning("preemptible: leaving without rank 0: %s", exc)
 
     def _resume_from_env(self) -> list[Checkpoint]:
         value = os.environ.get("PREEMPTIBLE_RESUME_FROM")

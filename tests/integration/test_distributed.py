@@ -1,0 +1,305 @@
+"""torch.distributed in real processes (gloo, CPU): every rank stops at the same step with the
+same exit code, the checkpoints resume every rank exactly, and launchers (torchrun, preemptible
+run) see a preempted job.
+
+Ranks are started one by one (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each in its own
+process group, so that a test can signal one rank; or by torchrun. A rank that stops alone
+leaves the others blocked in their next collective, which the per-test timeout turns into a
+failure; the ``spawn`` fixture kills every rank at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from preemptible._checkpoint import CheckpointStore
+from preemptible._state import read_payload
+from tests.conftest import PY, SCRIPTS, Child, attempts, read_pid, supervise
+
+SCRIPT = str(SCRIPTS / "ddp_train.py")
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+STEPS = 24
+STOPPED = re.compile(
+    r"^rank (\d+): preemptible: stopped at step (\d+) on (\S+);.* exiting with (\d+)$"
+)
+SAVED = re.compile(r"^rank (\d+): preemptible: saved \S+ \(step (\d+),")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def job_args(tmp_path: Path, out: str, *extra: str) -> list[str]:
+    return [
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(tmp_path / out),
+        "--steps",
+        str(STEPS),
+        *extra,
+    ]
+
+
+def launch(
+    start: Callable[..., Child], world: int, args: list[str], env: dict[str, str] | None = None
+) -> list[Child]:
+    port = str(free_port())
+    return [
+        start(
+            [PY, SCRIPT, *args],
+            env={
+                "RANK": str(r),
+                "LOCAL_RANK": str(r),
+                "WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "OMP_NUM_THREADS": "1",
+                **(env or {}),
+            },
+        )
+        for r in range(world)
+    ]
+
+
+def wait_all(ranks: list[Child], timeout: float) -> list[int]:
+    return [r.wait(timeout) for r in ranks]
+
+
+def stops(ranks: list[Child]) -> list[tuple[int, str, int]]:
+    """(step, source, exit code) as each rank logged its stop."""
+    found = []
+    for child in ranks:
+        matches = [m for line in child.lines if (m := STOPPED.match(line))]
+        assert len(matches) == 1, child.output
+        m = matches[0]
+        found.append((int(m.group(2)), m.group(3), int(m.group(4))))
+    return found
+
+
+def saves(child: Child) -> list[int]:
+    return [int(m.group(2)) for line in child.lines if (m := SAVED.match(line))]
+
+
+def committed(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "ckpt").glob("step-*.ckpt"))
+
+
+def outputs(tmp_path: Path, out: str, world: int) -> tuple[dict[str, torch.Tensor], list[str]]:
+    weights = torch.load(tmp_path / out, weights_only=True)
+    draws = [(tmp_path / f"{out}.rank{r}.json").read_text() for r in range(world)]
+    return weights, draws
+
+
+def assert_same_run(tmp_path: Path, reference: Path, out: str, world: int = 2) -> None:
+    got_w, got_draws = outputs(tmp_path, out, world)
+    ref_w, ref_draws = outputs(reference, "ref.pt", world)
+    assert got_w.keys() == ref_w.keys()
+    for k in ref_w:
+        assert torch.equal(got_w[k], ref_w[k]), f"{k} differs from the uninterrupted run"
+    assert got_draws == ref_draws, "a rank's random streams differ from the uninterrupted run"
+    assert len(set(ref_draws)) == world  # each rank really has streams of its own
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """An uninterrupted 2-rank run (saving every 5 steps, as the runs compared with it)."""
+    where = tmp_path_factory.mktemp("reference")
+    ranks: list[Child] = []
+    try:
+        ranks = launch(
+            lambda args, **kw: Child(args, **kw), 2, job_args(where, "ref.pt", "--save-every", "5")
+        )
+        assert wait_all(ranks, 120) == [0, 0], "\n".join(r.output for r in ranks)
+        yield where
+    finally:
+        for r in ranks:
+            r.kill()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("sig", "loop"),
+    [(signal.SIGINT, "steps"), (signal.SIGTERM, "run"), (signal.SIGUSR1, "own")],
+)
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(
+    tmp_path: Path, spawn, sig: signal.Signals, loop: str
+) -> None:
+    """Through each way of looping: steps() (with periodic saves in the background, which
+    rank 0 writes), run(), and should_stop/stop() in a loop of one's own."""
+    args = job_args(tmp_path, "out.pt", "--step-sleep", "0.02", "--loop", loop)
+    if loop == "steps":
+        args += ["--save-every", "2", "--async-save"]
+    ranks = launch(spawn, 2, args)
+    ranks[1].wait_line(lambda line: line == "rank 1 step 5", timeout=90)
+    ranks[1].signal(sig)
+    assert wait_all(ranks, 60) == [128 + sig] * 2, "\n".join(r.output for r in ranks)
+    [(step, source, _), other] = stops(ranks)
+    assert other == (step, sig.name, 128 + sig) and source == sig.name
+    assert committed(tmp_path)[-1] == f"step-{step:010d}.ckpt"
+    if loop == "steps":  # the final checkpoint holds both ranks' streams
+        found = CheckpointStore(tmp_path / "ckpt").load_newest(
+            lambda p: read_payload(p, weights_only=True)
+        )
+        assert found is not None and found[0].step == step
+        assert len(found[1]["rng_ranks"]) == 2
+
+
+@pytest.mark.timeout(150)
+def test_four_ranks_at_different_speeds_stop_together(tmp_path: Path, spawn) -> None:
+    """Rank 3 is slow; rank 0 is signalled: the fast ranks wait in their collectives, the
+    agreement waits for nobody, and all four stop at one step. Saves every 0.3 s (rank 0's
+    clock) happen at the same steps on every rank too."""
+    args = job_args(
+        tmp_path,
+        "out.pt",
+        "--steps",
+        "100000",
+        "--slow-rank",
+        "3",
+        "--slow-sleep",
+        "0.05",
+        "--save-every-seconds",
+        "0.3",
+    )
+    ranks = launch(spawn, 4, args)
+    ranks[0].wait_line(lambda line: line == "rank 0 step 30", timeout=120)
+    ranks[0].signal(signal.SIGTERM)
+    assert wait_all(ranks, 60) == [143] * 4, "\n".join(r.output for r in ranks)
+    assert len(set(stops(ranks))) == 1, stops(ranks)
+    periodic = [saves(r) for r in ranks]
+    assert len(periodic[0]) >= 3 and all(p == periodic[0] for p in periodic), periodic
+
+
+@pytest.mark.timeout(120)
+def test_a_notice_with_a_grace_window_to_one_rank_saves_and_stops_everywhere_alike(
+    tmp_path: Path, spawn
+) -> None:
+    notice = tmp_path / "notice"
+    args = job_args(
+        tmp_path,
+        "out.pt",
+        "--steps",
+        "100000",
+        "--step-sleep",
+        "0.05",
+        "--notice-file",
+        str(notice),
+        "--notice-rank",
+        "1",
+        "--grace",
+        "3",
+    )
+    ranks = launch(spawn, 2, args)
+    ranks[0].wait_line(lambda line: line == "rank 0 step 5", timeout=90)
+    notice.touch()
+    assert wait_all(ranks, 60) == [143, 143], "\n".join(r.output for r in ranks)
+    [(step, source, _), other] = stops(ranks)
+    assert other == (step, "test-notice", 143) and source == "test-notice"
+    insurance, final = saves(ranks[0])
+    assert saves(ranks[1]) == [insurance, final]
+    assert final == step and final - insurance >= 5  # it trained on through the window
+    assert committed(tmp_path) == [f"step-{insurance:010d}.ckpt", f"step-{step:010d}.ckpt"]
+
+
+@pytest.mark.timeout(120)
+def test_rank_zero_killed_mid_save_leaves_the_previous_checkpoint_the_newest(
+    tmp_path: Path, spawn
+) -> None:
+    args = job_args(tmp_path, "out.pt", "--save-every", "5", "--slow-write", "2")
+    ranks = launch(spawn, 2, args, env={"PREEMPTIBLE_DIST_TIMEOUT": "30"})
+    ranks[0].wait_line(lambda line: line == "rank 0 wrote step 10", timeout=90)
+    ranks[0].signal(signal.SIGKILL)
+    assert ranks[0].wait(30) == -signal.SIGKILL
+    ranks[1].kill()
+    assert committed(tmp_path) == ["step-0000000005.ckpt"]
+    [tmp] = (tmp_path / "ckpt").glob(".tmp-step-0000000010*")  # the save it cut short
+    assert tmp.stat().st_size > 0
+
+    # what a resume of any rank finds: the previous checkpoint, with both ranks' streams
+    found = CheckpointStore(tmp_path / "ckpt").load_newest(
+        lambda p: read_payload(p, weights_only=True)
+    )
+    assert found is not None
+    ckpt, payload = found
+    assert ckpt.step == 5 and len(payload["rng_ranks"]) == 2
+
+
+@pytest.mark.timeout(180)
+def test_sharded_checkpoints_hold_every_ranks_shards_and_resume_exactly(
+    tmp_path: Path, spawn, reference: Path
+) -> None:
+    args = job_args(tmp_path, "out.pt", "--save-every", "5", "--sharded")
+    ranks = launch(spawn, 2, args)
+    ranks[0].wait_line(lambda line: line == "rank 0 step 7", timeout=90)
+    ranks[0].signal(signal.SIGTERM)
+    assert wait_all(ranks, 60) == [143, 143], "\n".join(r.output for r in ranks)
+    [(step, _, _), _] = stops(ranks)
+    newest = tmp_path / "ckpt" / f"step-{step:010d}.ckpt"
+    names = sorted(p.name for p in newest.iterdir())
+    assert {".metadata", "preemptible.pt", "rng-0.pt", "rng-1.pt"} <= set(names), names
+
+    again = launch(spawn, 2, args)
+    assert wait_all(again, 120) == [0, 0], "\n".join(r.output for r in again)
+    assert all(f"resumed {step}" in r.output for r in again)
+    assert_same_run(tmp_path, reference, "out.pt")
+
+
+@pytest.mark.timeout(180)
+def test_fsdp2_shards_are_written_by_each_rank_and_resumed(tmp_path: Path, spawn) -> None:
+    args = job_args(tmp_path, "out.pt", "--fsdp", "--step-sleep", "0.02")
+    ranks = launch(spawn, 2, args)
+    ranks[1].wait_line(lambda line: line == "rank 1 step 5", timeout=90)
+    ranks[1].signal(signal.SIGUSR1)
+    assert wait_all(ranks, 60) == [138, 138], "\n".join(r.output for r in ranks)
+    [(step, _, _), _] = stops(ranks)
+    newest = tmp_path / "ckpt" / f"step-{step:010d}.ckpt"
+    shards = sorted(p.name for p in newest.glob("*.distcp"))
+    assert len(shards) == 2, shards  # one file of shards per rank
+
+    again = launch(spawn, 2, args)
+    assert wait_all(again, 120) == [0, 0], "\n".join(r.output for r in again)
+    assert all(f"resumed {step}" in r.output for r in again)
+
+
+@pytest.mark.timeout(240)
+def test_preemptible_run_over_torchrun_classifies_preempted_and_resumes_exactly(
+    tmp_path: Path, spawn, reference: Path
+) -> None:
+    """SIGTERM to torchrun: it passes it to both ranks at once, which stop together (143), and
+    torchrun exits 1; the supervisor reads rank 0's record (PREEMPTED), restarts, and the
+    resumed job ends with the weights and the per-rank random streams of the uninterrupted
+    run."""
+    pid_file = tmp_path / "torchrun.pid"
+    job = [
+        TORCHRUN,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        SCRIPT,
+        *job_args(tmp_path, "out.pt", "--save-every", "5"),
+    ]
+    job += ["--step-sleep", "0.1"]  # time to signal it: pauses change nothing computed
+    sup = supervise(spawn, tmp_path, "--pid-file", str(pid_file), "--", *job)
+    sup.wait_line(lambda line: line == "rank 0 step 8", timeout=120)
+    torchrun = read_pid(pid_file)
+    os.kill(torchrun, signal.SIGTERM)
+    assert sup.wait(180) == 0, sup.output
+    first, second = attempts(tmp_path)
+    assert first["state"] == "PREEMPTED", first
+    assert second["state"] == "FINISHED", second
+    stopped = [m for line in sup.lines if (m := STOPPED.match(line))]
+    assert len(stopped) == 2 and len({(m.group(2), m.group(4)) for m in stopped}) == 1, stopped
+    assert stopped[0].group(4) == "143"
+    assert_same_run(tmp_path, reference, "out.pt")
