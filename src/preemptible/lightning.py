@@ -40,7 +40,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +50,7 @@ import torch
 
 from ._checkpoint import _pid_alive, fsync_dir, fsync_path, host_tag
 from ._controller import Decision, StopController
+from ._distributed import Ranks, StopAgreement
 from ._errors import ConfigError
 from ._signals import normalize_signals, signal_name
 from ._state import capture_rng, restore_rng
@@ -58,67 +58,6 @@ from ._termination import Notice, TerminationConfig
 from .trackers import Tracker
 
 logger = logging.getLogger("preemptible")
-
-_fits = 0  # one key namespace per fit, identical on every rank (they run the same fits)
-
-
-class _StopAgreement:
-    """All DDP ranks stop after the same batch, without a collective per batch.
-
-    A rank that decides to stop writes ``pending`` (its rank and signal) to the store; a daemon
-    thread on every rank polls for it. A rank that knows of the stop writes ``ack/<rank>`` =
-    its batch count at its next boundary, once. When every ack is in, each rank computes the
-    same stop batch ``max(acks) + accumulate + 1``; ranks run in lockstep (each optimizer step
-    is a collective) so none can have passed it, and each stops when it gets there.
-    """
-
-    def __init__(self, store: Any, rank: int, world: int, prefix: str, accumulate: int) -> None:
-        self.store, self.rank, self.world = store, rank, world
-        self.prefix, self.accumulate = prefix, accumulate
-        self.pending = threading.Event()
-        self.announced = self.acked = False
-        self.stop_at: int | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="preemptible-ddp", daemon=True)
-        self._thread.start()
-
-    def _poll(self) -> None:
-        key = self.prefix + "pending"
-        while not self._done.wait(0.05):
-            try:
-                if self.store.check([key]):
-                    self.pending.set()
-                    return
-            except Exception:  # the store went away: the fit is ending
-                return
-
-    def close(self) -> None:
-        self._done.set()
-
-    def announce(self, signum: int | None) -> None:
-        if not self.announced:
-            self.announced = True
-            self.store.set(self.prefix + "pending", f"{self.rank}:{signum or 0}")
-            self.pending.set()
-
-    def origin(self) -> tuple[int, int | None]:
-        """The rank that announced the stop, and its signal (None for a notice)."""
-        value = self.store.get(self.prefix + "pending")
-        rank, signum = (value.decode() if isinstance(value, bytes) else str(value)).split(":")
-        return int(rank), (int(signum) or None)
-
-    def should_stop(self, batches: int) -> bool:
-        if not self.pending.is_set():
-            return False
-        if not self.acked:
-            self.acked = True
-            self.store.set(self.prefix + f"ack/{self.rank}", str(batches))
-        if self.stop_at is None:
-            keys = [self.prefix + f"ack/{r}" for r in range(self.world)]
-            if self.store.check(keys):
-                acks = [int(self.store.get(k)) for k in keys]
-                self.stop_at = max(acks) + self.accumulate + 1
-        return self.stop_at is not None and batches >= self.stop_at
 
 
 @dataclass(frozen=True)
@@ -317,7 +256,7 @@ class GracefulInterruptCallback(pl.Callback):
         self.trainer: pl.Trainer | None = None
         self._creator = os.getpid()
         self._ctl: StopController | None = None
-        self._agreement: _StopAgreement | None = None
+        self._agreement: StopAgreement | None = None
         self._connector: Any = None  # Lightning's signal connector while its method is wrapped
         self._batches = 0
         self._saved_batches = -1  # the value of _batches at the last committed save
@@ -329,7 +268,6 @@ class GracefulInterruptCallback(pl.Callback):
         self._saving: _Point | None = None
         self._pending_rng: dict[str, Any] | None = None
         self._resume_state: dict[str, Any] | None = None
-        self._fit = 0
 
     @property
     def ckpt_path(self) -> Path:
@@ -344,9 +282,6 @@ class GracefulInterruptCallback(pl.Callback):
         self.trainer = trainer
         if stage != "fit":
             return
-        global _fits
-        _fits += 1
-        self._fit = _fits  # counted in every process, so all ranks use the same store keys
         self._batches, self._saved_batches, self._interrupted = 0, -1, False
         self._point = self._saving = None
         if self._ctl is not None:  # a new fit after a stop whose SystemExit was caught
@@ -383,18 +318,11 @@ class GracefulInterruptCallback(pl.Callback):
         state, self._resume_state = self._resume_state, None
         if state is not None and not state.get("fresh"):
             self._align_resume(trainer, state)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            world = torch.distributed.get_world_size()
-            if world > 1:
-                from torch.distributed import distributed_c10d
-
-                self._agreement = _StopAgreement(
-                    distributed_c10d._get_default_store(),
-                    torch.distributed.get_rank(),
-                    world,
-                    f"preemptible/fit{self._fit}/",
-                    trainer.accumulate_grad_batches,
-                )
+        # DDP: every rank stops (and takes insurance checkpoints) after the same training
+        # batch, through the same store agreement as PreemptionCheckpointHandler
+        ranks = Ranks.detect()
+        if ranks is not None:
+            self._agreement = ranks.agreement()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The state the epoch's DataLoader iterator (seed, shuffle order) is drawn from. When
@@ -587,36 +515,38 @@ class GracefulInterruptCallback(pl.Callback):
         self._stop(trainer, point, saved)
         return True
 
-    def _at_ddp_boundary(self, trainer: pl.Trainer, agreement: _StopAgreement) -> None:
+    def _at_ddp_boundary(self, trainer: pl.Trainer, agreement: StopAgreement) -> None:
+        """A training batch's end under DDP: the ranks agree on the batch at which they take
+        an insurance checkpoint or stop (no collective while nothing is pending)."""
         ctl = cast(StopController, self._ctl)
-        # Insurance checkpoints are skipped under DDP: every rank would have to save at the
-        # same batch. The grace policy still picks the batch to stop at.
-        if (
-            ctl.pending
-            and not agreement.announced
-            and ctl.decide(saved_here=False) is Decision.STOP
-        ):
-            notice = ctl.requests.first_stop()
-            agreement.announce(notice.signum if notice else None)
-        if agreement.should_stop(self._batches):
-            if ctl.requests.first_stop() is None:
-                _adopt(ctl, agreement.origin()[1])
-            self._stop(trainer, _Point(rng=None, val_due=_validation_due(trainer)), None)
+        if not ctl.pending and agreement.quiet():
+            return
+        point = _Point(rng=None, val_due=self._validates and _validation_due(trainer))
+        while True:
+            local = ctl.decide(saved_here=self._saved_batches == self._batches)
+            agreed = agreement.decide(local, ctl.requests.first_stop())
+            if agreed.decision is Decision.CONTINUE:
+                return
+            if agreed.decision is Decision.INSURANCE:  # every rank saves at this batch
+                self._insurance(trainer, point)
+                continue  # the same batch: a stop may be due right after the save
+            self._stop(trainer, point, None, agreed=agreed.notice)
+            return
 
     @staticmethod
     def _agree_at_the_end(
-        trainer: pl.Trainer, ctl: StopController, agreement: _StopAgreement
+        trainer: pl.Trainer, ctl: StopController, agreement: StopAgreement
     ) -> None:
         """Every rank is in ``on_train_end``: one collective per fit tells each whether any
         rank was told to stop, and by which signal (the largest, so all exit alike)."""
         first = ctl.requests.first_stop()
+        if first is None:
+            first = agreement.open_stop()  # a rank asked after this one passed its last batch
         mine = (first.signum or signal.SIGTERM) if first is not None else 0
-        if not mine and agreement.pending.is_set():
-            mine = agreement.origin()[1] or signal.SIGTERM
         strategy = trainer.strategy
         value = torch.tensor(int(mine), device=strategy.root_device)
         agreed = int(strategy.reduce(value, reduce_op="max").item())
-        if agreed and first is None:
+        if agreed and ctl.requests.first_stop() is None:
             _adopt(ctl, agreed)
 
     def _save(self, trainer: pl.Trainer, point: _Point) -> Path:
@@ -648,9 +578,18 @@ class GracefulInterruptCallback(pl.Callback):
         )
         return path
 
-    def _stop(self, trainer: pl.Trainer, point: _Point, saved: Path | None) -> None:
+    def _stop(
+        self,
+        trainer: pl.Trainer,
+        point: _Point,
+        saved: Path | None,
+        *,
+        agreed: Notice | None = None,
+    ) -> None:
+        """Save (unless ``saved``), tell the tracker, exit. ``agreed``: the stop every DDP
+        rank agreed on (its signal gives every rank the same exit code)."""
         ctl = cast(StopController, self._ctl)
-        first = ctl.requests.first_stop()
+        first = agreed or ctl.requests.first_stop()
         logger.warning(
             "preemptible: %s: %s %s at global step %d, then stopping",
             first.source if first is not None else "stop",
@@ -670,6 +609,7 @@ class GracefulInterruptCallback(pl.Callback):
             # the same run as the tracker that would be a second, wrong, final status
             after_tracker=(lambda: _quiet_loggers(trainer)) if quiet else None,
             record=rank_zero,
+            notice=agreed,
         )
         code = self.exit_code if self.exit_code is not None else notice.exit_code
         logger.warning("preemptible: fit interrupted; exiting with %d", code)

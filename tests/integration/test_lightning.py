@@ -195,7 +195,7 @@ def _record(*args, **kwargs):
 
 logging.setLogRecordFactory(_record)
 """
-SAVE = re.compile(r"\[pid (\d+)\] preemptible: \w+: saving \S+ at global step (\d+)")
+SAVE = re.compile(r"\[pid (\d+)\] preemptible: [\w-]+: saving \S+ at global step (\d+)")
 EXIT = re.compile(r"\[pid (\d+)\] preemptible: fit interrupted; exiting with 0")
 
 
@@ -239,3 +239,50 @@ def test_ddp_signal_to_one_rank_stops_both_at_the_same_batch(tmp_path: Path, spa
         steps = stops_by_rank(child.output, pids)
         assert steps["0"] == steps["1"], f"ranks stopped at different steps: {steps}"
         assert (d / "resume.ckpt").exists()
+
+
+INSURANCE = re.compile(r"\[pid (\d+)\] preemptible: insurance checkpoint \S+ at global step (\d+)")
+STOP_FILE_PER_RANK = """
+import os
+_rank = os.environ.get("LOCAL_RANK", "0")
+os.environ["PREEMPTIBLE_STOP_FILE"] = os.environ["STOP_FILE_BASE"] + _rank
+"""
+
+
+def test_ddp_notice_to_one_rank_insurance_and_stop_at_the_same_batch(tmp_path: Path, spawn) -> None:
+    """A notice with a grace window seen by rank 1 only: both ranks take the insurance
+    checkpoint after the same batch, train on, and stop after the same batch."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PID_LOGS + STOP_FILE_PER_RANK)
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    d = tmp_path / "run"
+    base = str(tmp_path / "stop-rank")
+    child = spawn(
+        fit_args(d, "--step-sleep", "0.05", "--devices", "2", "--epochs", "60"),
+        env={
+            "MASTER_PORT": "29410",
+            "PYTHONPATH": path,
+            "STOP_FILE_BASE": base,
+            "PREEMPTIBLE_GRACE_PERIOD": "12",  # 7 s: notices.EXIT_MARGIN is 5
+        },
+    )
+    pids: dict[str, int] = {}
+    for _ in range(2):
+        line = child.wait_line(
+            lambda line, seen=pids: line.startswith("rank ") and line.split()[1] not in seen,
+            timeout=120,
+        )
+        pids[line.split()[1]] = int(line.split()[3])
+    child.wait_line(lambda line: "batch 0 4" in line, timeout=120)
+    Path(base + "1").write_text("")
+    assert child.wait(120) == 0, child.output
+    insured: dict[int, list[int]] = {}
+    for pid, step in INSURANCE.findall(child.output):
+        insured.setdefault(int(pid), []).append(int(step))
+    assert sorted(insured) == sorted(pids.values()), f"insurance by rank: {insured}"
+    assert insured[pids["0"]] == insured[pids["1"]], f"insurance at different steps: {insured}"
+    steps = stops_by_rank(child.output, pids)
+    assert steps["0"] == steps["1"], f"ranks stopped at different steps: {steps}"
+    assert steps["0"] >= insured[pids["0"]][0]
+    assert (d / "resume.ckpt").exists()
