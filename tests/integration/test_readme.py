@@ -351,6 +351,50 @@ def _run_loop(block: Block, options: dict[str, str], ctx: Ctx) -> None:
     _once_per_group(block, options, body)
 
 
+# -- torchrun -------------------------------------------------------------------------------
+
+TORCHRUN_STEP = re.compile(r"^step (\d+)\b")
+
+
+def _run_torchrun(block: Block, options: dict[str, str], ctx: Ctx) -> None:
+    """The block is a whole script for ``torchrun --standalone --nproc-per-node 2``: it prints
+    ``step N ...`` now and then on rank 0 and writes ``final.pt``. SIGTERM to torchrun once it
+    printed step ``at`` or later: torchrun passes it to both ranks, which stop at the same step
+    with a checkpoint; run again, it resumes and ends with the weights of an uninterrupted run."""
+    tmp, spawn = ctx.tmp, ctx.spawn
+    at = int(options.get("at", "300"))
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    ref_dir, run_dir = tmp / "uninterrupted", tmp / "interrupted"
+    args = [torchrun, "--standalone", "--nproc-per-node", "2", "train_ddp.py"]
+    for d in (ref_dir, run_dir):
+        d.mkdir()
+        (d / "train_ddp.py").write_text(block.text)
+    env = {"OMP_NUM_THREADS": "1"}
+    ref = spawn(args, cwd=ref_dir, env=env)
+    first = spawn(args, cwd=run_dir, env=env)
+
+    def reached(line: str) -> bool:
+        return (m := TORCHRUN_STEP.match(line)) is not None and int(m.group(1)) >= at
+
+    first.wait_line(reached, timeout=120)
+    first.signal(signal.SIGTERM)  # torchrun alone: it forwards the signal to its workers
+    rc = first.wait(120)
+    want = int(options.get("exit", "1"))
+    assert rc == want, f"{block.where}: SIGTERM to torchrun: exit {rc}, expected {want}\n" + (
+        first.output
+    )
+    assert sorted(run_dir.glob("ckpt/step-*.ckpt")), f"no checkpoint after the stop\n{first.output}"
+    assert not (run_dir / "final.pt").exists(), f"the run was not stopped early\n{first.output}"
+    second = spawn(args, cwd=run_dir, env=env)
+    assert second.wait(180) == 0, f"{block.where}: the resumed run failed\n{second.output}"
+    assert ref.wait(180) == 0, f"{block.where}: the uninterrupted run failed\n{ref.output}"
+    differ = _same(ref_dir / "final.pt", run_dir / "final.pt")
+    assert not differ, (
+        f"{block.where}: stopped and resumed under torchrun, the run ends with other values "
+        f"than an uninterrupted one: {', '.join(differ)}"
+    )
+
+
 # -- shell, script, synopsis, yaml ---------------------------------------------------------
 
 
@@ -673,6 +717,7 @@ KINDS: dict[str, Kind] = {
     "python": Kind(_run_python, frozenset({"setup", "exit", "group"}), PY, 150),
     "loop": Kind(_run_loop, frozenset({"setup", "exit", "at", "group"}), PY, 240),
     "shell": Kind(_run_shell, frozenset({"signal", "at", "exit"}), SH, 150),
+    "torchrun": Kind(_run_torchrun, frozenset({"at", "exit"}), PY, 300),
     "script": Kind(_run_script, frozenset(), SH),
     "synopsis": Kind(_run_synopsis, frozenset(), SH),
     "yaml": Kind(_run_yaml, frozenset(), YAML),
