@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,8 @@ import torch
 
 from preemptible._checkpoint import CheckpointStore
 from preemptible._state import read_payload
-from tests.conftest import PY, SCRIPTS, Child, attempts, read_pid, supervise
+from tests.conftest import PY, SCRIPTS, Child, attempts, read_pid, supervise, wait_for
+from tests.integration.test_slurm import job_field, sbatch, slurm  # noqa: F401 (fixtures)
 
 SCRIPT = str(SCRIPTS / "ddp_train.py")
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -302,4 +304,43 @@ def test_preemptible_run_over_torchrun_classifies_preempted_and_resumes_exactly(
     stopped = [m for line in sup.lines if (m := STOPPED.match(line))]
     assert len(stopped) == 2 and len({(m.group(2), m.group(4)) for m in stopped}) == 1, stopped
     assert stopped[0].group(4) == "143"
+    assert_same_run(tmp_path, reference, "out.pt")
+
+
+@pytest.mark.timeout(300)
+def test_srun_ranks_stopped_by_slurm_are_requeued_and_resume_exactly(
+    tmp_path: Path,
+    sbatch,  # noqa: F811 (the fixture imported above)
+    reference: Path,
+) -> None:
+    """A real SLURM job: ``preemptible run -- srun`` with two tasks as two ranks. SLURM's own
+    SIGTERM to every process of the step (``scancel --signal=TERM``, what a time limit or a
+    preemption sends) stops both ranks at one step; the supervisor reads rank 0's record
+    (PREEMPTED), requeues the job, and the requeued job resumes and ends with the weights and
+    per-rank streams of an uninterrupted run."""
+    port = free_port()
+    rank_env = (
+        "RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS "
+        f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port} OMP_NUM_THREADS=1"
+    )
+    train = " ".join(
+        [PY, SCRIPT, *job_args(tmp_path, "out.pt", "--save-every", "5", "--step-sleep", "0.1")]
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"cd {tmp_path}\n"
+        f"exec {PY} -m preemptible run --checkpoint-dir ckpt -- "
+        f"srun --kill-on-bad-exit=0 bash -c '{rank_env} exec {train}'\n"
+    )
+    out = tmp_path / "job.out"
+    job = sbatch("--ntasks=2", "--requeue", "--open-mode=append", "-o", str(out), str(script))
+    wait_for(lambda: out.exists() and "rank 0 step 8" in out.read_text(), 120, "step 8")
+    subprocess.run(["scancel", "--signal=TERM", job], check=True, timeout=30)
+    wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 240, "the job to complete")
+    text = out.read_text()
+    stopped = [m for line in text.splitlines() if (m := STOPPED.match(line))]
+    assert len(stopped) == 2 and len({(m.group(2), m.group(4)) for m in stopped}) == 1, text
+    assert stopped[0].group(4) == "143", text
+    assert f"requeued SLURM job {job}" in text and "FINISHED (exit 0)" in text, text
     assert_same_run(tmp_path, reference, "out.pt")
