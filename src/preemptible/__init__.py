@@ -17,6 +17,7 @@ from ._errors import (
     PreemptibleError,
 )
 from ._handler import PreemptionCheckpointHandler
+from ._report import report
 from ._run import RunInfo, current_run, mark_preempting
 from ._termination import Notice, TerminationConfig
 from .notices import detect_platform
@@ -40,4 +41,5 @@ __all__ = [
     "current_run",
     "detect_platform",
     "mark_preempting",
+    "report",
 ]
