@@ -1,0 +1,135 @@
+"""Command building: W&B's macros, W&B's value formatting, and no shell between us and argv."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preemptible import ConfigError
+from preemptible.sweeps._command import build_command
+from preemptible.sweeps._spec import SweepSpec, parse_spec
+
+PARAMS: dict[str, Any] = {
+    "lr": 0.1,
+    "flag": True,
+    "off": False,
+    "opt": {"beta": 0.9},
+    "act": "relu",
+}
+
+
+def make(command: list[Any] | None = None, program: str | None = "train.py") -> SweepSpec:
+    data: dict[str, Any] = {"method": "random", "parameters": {"a": {"value": 1}}}
+    if command is not None:
+        data["command"] = command
+    if program is not None:
+        data["program"] = program
+    return parse_spec(data)
+
+
+def build(spec: SweepSpec, tmp_path: Path, params: dict[str, Any] = PARAMS) -> list[str]:
+    return build_command(
+        spec, params, interpreter="/opt/py/bin/python", params_file=tmp_path / "p.json"
+    )
+
+
+def test_the_default_command_is_wandbs_with_values_formatted_as_wandb_does(tmp_path: Path) -> None:
+    assert build(make(), tmp_path) == [
+        "/usr/bin/env",
+        "/opt/py/bin/python",
+        "train.py",
+        "--lr=0.1",
+        "--flag=True",
+        "--off=False",
+        "--opt={'beta': 0.9}",  # W&B passes str() of the nested dict
+        "--act=relu",
+    ]
+    assert not (tmp_path / "p.json").exists()  # written only for ${args_json_file}
+
+
+def test_args_no_hyphens_and_args_no_boolean_flags(tmp_path: Path) -> None:
+    spec = make(["python", "${program}", "${args_no_hyphens}", "--", "${args_no_boolean_flags}"])
+    assert build(spec, tmp_path) == [
+        "python",
+        "train.py",
+        "lr=0.1",
+        "flag=True",
+        "off=False",
+        "opt={'beta': 0.9}",
+        "act=relu",
+        "--",
+        "--lr=0.1",
+        "--flag",
+        "--opt={'beta': 0.9}",
+        "--act=relu",
+    ]
+
+
+def test_args_json_is_one_argument_and_args_json_file_a_path_to_the_same_json(
+    tmp_path: Path,
+) -> None:
+    spec = make(["${interpreter}", "${program}", "${args_json}", "--cfg=${args_json_file}"])
+    argv = build(spec, tmp_path)
+    assert argv[:2] == ["/opt/py/bin/python", "train.py"]
+    assert json.loads(argv[2]) == PARAMS
+    assert argv[3] == f"--cfg={tmp_path / 'p.json'}"
+    assert json.loads((tmp_path / "p.json").read_text()) == PARAMS
+
+
+def test_a_whole_element_macro_may_expand_to_nothing_and_literals_stay(tmp_path: Path) -> None:
+    spec = make(["${env}", "x${env}y", "--epochs", 3, "${args}", "$HOME", "${unclosed"])
+    argv = build(spec, tmp_path, params={})
+    assert argv == ["/usr/bin/env", "x/usr/bin/envy", "--epochs", "3", "$HOME", "${unclosed"]
+
+
+def test_envvar_is_read_where_the_command_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = make(["${program}", "--data=${envvar:DATA_DIR}"])
+    monkeypatch.setenv("DATA_DIR", "/mnt/data")
+    assert build(spec, tmp_path) == ["train.py", "--data=/mnt/data"]
+    monkeypatch.delenv("DATA_DIR")
+    with pytest.raises(ConfigError, match=r"^command: \$\{envvar:DATA_DIR\} names an environment"):
+        build(spec, tmp_path)
+
+
+def test_a_macro_the_parser_never_saw_is_refused(tmp_path: Path) -> None:
+    spec = make()
+    bad = SweepSpec(**{**spec.__dict__, "command": ("${prog}",)})
+    with pytest.raises(ConfigError, match=r"^command: '\$\{prog\}' is not a macro; valid: "):
+        build(bad, tmp_path)
+
+
+PROGRAM = """\
+import json, sys
+print(json.dumps({"argv": sys.argv[1:], "file": json.load(open(sys.argv[-1].split("=", 1)[1]))}))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_program_receives_each_value_as_one_untouched_argument(tmp_path: Path) -> None:
+    program = tmp_path / "show.py"
+    program.write_text(PROGRAM)
+    params = {"name": "a b; echo $HOME `id` * \"'", "n": 3, "nested": {"k": "$(x)"}}
+    spec = make(
+        ["${env}", "${interpreter}", "${program}", "${args}", "--cfg=${args_json_file}"],
+        str(program),
+    )
+    argv = build_command(
+        spec, params, interpreter=sys.executable, params_file=tmp_path / "run" / "p.json"
+    )
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["argv"] == [
+        "--name=a b; echo $HOME `id` * \"'",
+        "--n=3",
+        "--nested={'k': '$(x)'}",
+        f"--cfg={tmp_path / 'run' / 'p.json'}",
+    ]
+    assert seen["file"] == params
