@@ -6,13 +6,38 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 logs=${TMPDIR:-/tmp}/preemptible-services
 mkdir -p "$logs"
+stops=()
+stop_all() { for cmd in ${stops[@]+"${stops[@]}"}; do eval "$cmd"; done; }
+trap stop_all EXIT
 
 if bash "$here/slurm.sh" up >"$logs/slurm-up.log" 2>&1; then
     export PREEMPTIBLE_TEST_SLURM=1
-    trap 'bash "$here/slurm.sh" down >"$logs/slurm-down.log" 2>&1' EXIT
+    stops+=('bash "$here/slurm.sh" down >"$logs/slurm-down.log" 2>&1')
 else
     export PREEMPTIBLE_TEST_SLURM="could not start SLURM: $(tail -1 "$logs/slurm-up.log")"
     echo "with-services: $PREEMPTIBLE_TEST_SLURM (SLURM tests will skip)" >&2
+fi
+
+# PostgreSQL for the sweep store tests, in memory where possible (a database per test is
+# created 3x faster), right under a sticky world-writable directory (the server's user must
+# reach it). Without server binaries those tests skip; any other failure is reported here and
+# the tests try once more themselves, and fail with the reason.
+pgbase=/tmp
+[ -w /dev/shm ] && pgbase=/dev/shm
+pgdir=$(mktemp -d "$pgbase/preemptible-pg.XXXXXX")
+if url=$(bash "$here/postgres.sh" up "$pgdir" 2>"$logs/postgres-up.log"); then
+    export PREEMPTIBLE_TEST_PG_URL=$url PREEMPTIBLE_TEST_PG_DIR=$pgdir
+    stops+=('bash "$here/postgres.sh" down "$pgdir" >"$logs/postgres-down.log" 2>&1')
+else
+    rc=$?
+    rm -rf "$pgdir"
+    reason="could not start PostgreSQL: $(tail -1 "$logs/postgres-up.log")"
+    if [ $rc = 3 ]; then
+        export PREEMPTIBLE_TEST_PG_SKIP=$reason
+        echo "with-services: $reason (PostgreSQL tests will skip)" >&2
+    else
+        echo "with-services: $reason" >&2
+    fi
 fi
 
 "$@"

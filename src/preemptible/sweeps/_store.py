@@ -1,0 +1,975 @@
+"""The sweep queue: sweeps, their runs and every attempt, in SQLite or PostgreSQL.
+
+Agents on one machine or many share one database. The guarantees:
+
+* A (run, attempt) is handed to exactly one agent. A claim is one transaction (SQLite:
+  ``BEGIN IMMEDIATE``; PostgreSQL: ``FOR UPDATE SKIP LOCKED``, and the sweep row locked only
+  to create a new run), and it carries a client token: a claim retried because its commit's
+  acknowledgement was lost finds the run it already took instead of taking a second one.
+* An agent holds its run by a lease on the database clock, renewed by ``heartbeat``. A lease
+  that runs out (the agent's machine was lost) ends the attempt CRASHED (PREEMPTED if the run
+  had marked itself preempting) and puts the run back once, whoever notices first.
+* Every call is retried with exponential backoff (capped at 5 s) while the database is locked,
+  restarting or unreachable, up to a deadline (``PREEMPTIBLE_DB_RETRY_TIMEOUT``, default 300 s);
+  each is idempotent, so a retry after a lost acknowledgement changes nothing twice.
+* The URL's password is never shown: every message uses ``redact_url``.
+
+Run states after an attempt (``finish``), following ``preemptible run``'s restart policy:
+FINISHED ends the run. PREEMPTED (and a lost lease) goes back to PENDING while the run has
+been preempted at most ``max_preemptions`` times, else the run ends PREEMPTED (or CRASHED).
+FAILED and CRASHED go back while the run has failed at most ``max_failures`` times (a run gets
+1 + ``max_failures`` tries for failures), else it ends in that state. KILLED (a Ctrl+C the run
+did not handle) ends the run. In a cancelled sweep every ending but FINISHED ends it CANCELLED.
+``release`` (the agent is stopping) puts the run back without touching any budget.
+
+One ``Store`` is one connection: one thread at a time may use it (give each concurrent thread
+or process its own).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import re
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
+from urllib.parse import urlsplit
+
+from .._env import env_float, env_str
+from .._errors import ConfigError, PreemptibleError
+from ._sample import Observation  # what ``propose`` reads: (params, metric, finished)
+
+logger = logging.getLogger("preemptible")
+
+T = TypeVar("T")
+ControlName = Literal["running", "stopped", "paused", "cancelled"]
+CONTROLS = ("running", "stopped", "paused", "cancelled")
+ENDINGS = ("FINISHED", "FAILED", "PREEMPTED", "KILLED", "CRASHED", "CANCELLED")
+RELEASED = "RELEASED"  # the attempt's ending when a stopping agent hands its run back
+LEASE_EXPIRED = "(lease expired)"  # closed_by of an attempt ended by someone else's expiry
+DEFAULT_RETRY_TIMEOUT = 300.0
+MAX_BACKOFF = 5.0
+_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+_VALID_URLS = "sqlite:///ABS/PATH.db, sqlite:REL/PATH.db or postgresql://USER:PASSWORD@HOST:PORT/DB"
+
+
+class StoreError(PreemptibleError):
+    """The sweep database refused an operation, or stayed unreachable past the retry deadline."""
+
+
+class LeaseLost(PreemptibleError):
+    """This agent no longer holds the run: its lease expired and the run was requeued."""
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    id: str
+    name: str | None
+    spec: dict[str, Any]
+    control: str
+    cancel_now: bool
+    run_cap: int | None
+    max_failures: int
+    max_preemptions: int
+    seed: int
+    runs_created: int
+    created_at: float
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: str
+    sweep_id: str
+    index: int
+    params: dict[str, Any]
+    state: str
+    attempt: int
+    preemptions: int
+    failures: int
+    lease_owner: str | None
+    lease_host: str | None
+    lease_expires: float | None
+    checkpoint_dir: str
+    summary: dict[str, Any] | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    run_id: str
+    number: int
+    agent: str
+    host: str
+    started_at: float
+    ended_at: float | None
+    ending: str | None
+    exit_code: int | None
+    duration: float | None
+    checkpoint_step: int | None
+    marked_preempting: bool
+    outcome: str | None  # the run's state after this attempt
+    closed_by: str | None  # the agent that ended it, or LEASE_EXPIRED
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A run handed to one agent for one attempt. ``checkpoint_dir`` is a directory name (the
+    run id): the agent decides where it lives; every attempt of the run gets the same one."""
+
+    run_id: str
+    sweep_id: str
+    index: int
+    params: dict[str, Any]
+    attempt: int
+    checkpoint_dir: str
+    preemptions: int
+    failures: int
+
+
+class Control(NamedTuple):
+    control: str
+    cancel_now: bool
+
+
+Propose = Callable[[list[Observation], int], dict[str, Any] | None]
+
+
+class Backend(Protocol):
+    kind: str
+    display: str
+
+    def connect(self) -> Any: ...
+    def transaction(self, conn: Any, *, write: bool) -> AbstractContextManager[Any]: ...
+    def transient(self, exc: BaseException) -> bool: ...
+    def broken(self, conn: Any) -> bool: ...
+    def convert(self, sql: str) -> str: ...
+    def scrub(self, text: str) -> str: ...
+
+
+# -- URLs ------------------------------------------------------------------------------------
+def redact_url(url: str) -> str:
+    """``url`` with its password (in the user part or a ``password=`` parameter) as ``***``;
+    the rest as written."""
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:  # unparsable: show none of it
+        return f"{url.split(':', 1)[0] if ':' in url else '?'}://***"
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            url = url.replace(netloc, f"{userinfo.split(':', 1)[0]}:***@{host}", 1)
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+
+
+def open_store(
+    url: str | None = None, *, root: Path | None = None, retry_timeout: float | None = None
+) -> Store:
+    """Open (and create or migrate) the sweep database. ``url`` None: ``$PREEMPTIBLE_DB``, else
+    ``<root or cwd>/.preemptible/sweeps.db``. ``retry_timeout``: seconds each operation keeps
+    retrying an unreachable or locked database (``$PREEMPTIBLE_DB_RETRY_TIMEOUT``, 300)."""
+    if not url:
+        url = env_str("PREEMPTIBLE_DB")
+    if retry_timeout is None:
+        retry_timeout = env_float("PREEMPTIBLE_DB_RETRY_TIMEOUT", DEFAULT_RETRY_TIMEOUT)
+        assert retry_timeout is not None
+    elif not (math.isfinite(retry_timeout) and retry_timeout >= 0):
+        raise ConfigError(f"retry_timeout={retry_timeout!r} is not valid; use seconds >= 0")
+    base = root if root is not None else Path.cwd()
+    return Store(_backend(url, base), retry_timeout=retry_timeout)
+
+
+def _backend(url: str | None, base: Path) -> Backend:
+    from ._store_sqlite import SqliteBackend
+
+    if url is None:
+        return SqliteBackend((base / ".preemptible" / "sweeps.db").absolute())
+    if url.startswith("sqlite:"):
+        rest = url[len("sqlite:") :]
+        if rest.startswith("//"):
+            rest = rest[2:]
+            if not rest.startswith("/"):
+                rest = ""  # sqlite://host/... : SQLite has no host
+        if not rest or rest.endswith("/"):
+            raise ConfigError(f"database URL {url!r} names no file; use {_VALID_URLS}")
+        path = Path("/" + rest.lstrip("/")) if rest.startswith("/") else base / rest
+        return SqliteBackend(path.absolute())
+    if url.startswith(("postgresql://", "postgres://")):
+        shown = redact_url(url)
+        netloc = url.split("://", 1)[1].split("/", 1)[0]
+        if netloc.count("@") > 1:
+            raise ConfigError(
+                f"database URL {shown!r}: the user or password contains '@'; write it as %40"
+            )
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                f"database URL {shown!r} needs psycopg 3; pip install 'preemptible[postgres]'"
+            ) from None
+        from ._store_pg import PostgresBackend
+
+        return PostgresBackend(url, shown)
+    raise ConfigError(f"database URL {redact_url(url)!r} is not valid; use {_VALID_URLS}")
+
+
+# -- SQL text ---------------------------------------------------------------------------------
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def _parse_queries(text: str) -> dict[str, str]:
+    pieces = _NAME.split(text)
+    return {name: body.strip() for name, body in zip(pieces[1::2], pieces[2::2], strict=True)}
+
+
+def _load_queries(kind: str) -> dict[str, str]:
+    sql = resources.files("preemptible.sweeps").joinpath("sql")
+    common = _parse_queries(sql.joinpath("queries.sql").read_text(encoding="utf-8"))
+    own = _parse_queries(sql.joinpath(kind).joinpath("queries.sql").read_text(encoding="utf-8"))
+    clash = sorted(set(common) & set(own))
+    if clash:
+        raise RuntimeError(f"queries {clash} are defined twice for {kind}")
+    return {**common, **own}
+
+
+def migrations(kind: str) -> list[tuple[int, str]]:
+    """(version, SQL) for every ``NNNN_name.sql`` of the backend, in order."""
+    folder = resources.files("preemptible.sweeps").joinpath("sql").joinpath(kind)
+    found = []
+    for entry in folder.iterdir():
+        match = re.fullmatch(r"(\d{4})_\w+\.sql", entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.read_text(encoding="utf-8")))
+    return sorted(found)
+
+
+def split_statements(script: str) -> list[str]:
+    """Statements of a migration: ``;`` ends one at the end of a line; ``--`` lines are
+    comments. (The drivers run one statement per call inside a transaction.)"""
+    lines = [ln for ln in script.splitlines() if not ln.lstrip().startswith("--")]
+    return [s.strip() for s in re.split(r";[ \t]*$", "\n".join(lines), flags=re.M) if s.strip()]
+
+
+class _Tx:
+    """One transaction: named queries with keyword parameters, rows as dicts."""
+
+    def __init__(self, cursor: Any, queries: dict[str, str], retry: bool) -> None:
+        self._cur = cursor
+        self._queries = queries
+        self.retry = retry  # an earlier try of this same operation may have committed
+
+    def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
+        if params:
+            self._cur.execute(sql, params)
+        else:
+            self._cur.execute(sql)
+        return int(self._cur.rowcount)
+
+    def run(self, query: str, /, **params: Any) -> int:
+        return self.execute(self._queries[query], params)
+
+    def all(self, query: str, /, **params: Any) -> list[dict[str, Any]]:
+        self.execute(self._queries[query], params)
+        columns = [d[0] for d in self._cur.description]
+        return [dict(zip(columns, row, strict=True)) for row in self._cur.fetchall()]
+
+    def one(self, query: str, /, **params: Any) -> dict[str, Any] | None:
+        rows = self.all(query, **params)
+        return rows[0] if rows else None
+
+
+# -- values -----------------------------------------------------------------------------------
+def _json(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{what} is not JSON-serializable ({exc}); use plain values") from None
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _check_int(name: str, value: object, low: int, *, none_ok: bool = False) -> None:
+    if value is None and none_ok:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        extra = " or None" if none_ok else ""
+        raise ConfigError(f"{name}={value!r} is not valid; use an integer >= {low}{extra}")
+
+
+def _check_seconds(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name}={value!r} is not valid; use seconds > 0")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{name}={value!r} is not valid; use seconds > 0")
+
+
+def _new_id() -> str:
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+
+def _metric_name(spec: Mapping[str, Any]) -> str | None:
+    metric = spec.get("metric")
+    if isinstance(metric, Mapping):
+        metric = metric.get("name")
+    return metric if isinstance(metric, str) else None
+
+
+def _metric(summary: Any, name: str | None) -> float | None:
+    if name is None or not isinstance(summary, Mapping):
+        return None
+    value = summary.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def settle(
+    ending: str,
+    *,
+    lost: bool,
+    preemptions: int,
+    failures: int,
+    max_preemptions: int,
+    max_failures: int,
+    control: str,
+) -> tuple[str, int, int]:
+    """(run state, preemptions, failures) after an attempt ended ``ending`` (module docstring).
+    ``lost``: the lease expired; it counts as a preemption whatever the ending."""
+    if ending == "FINISHED":
+        return "FINISHED", preemptions, failures
+    if control == "cancelled" or ending == "CANCELLED":
+        return "CANCELLED", preemptions, failures
+    if ending == "KILLED" and not lost:
+        return "KILLED", preemptions, failures
+    if lost or ending == "PREEMPTED":
+        preemptions += 1
+        return ("PENDING" if preemptions <= max_preemptions else ending), preemptions, failures
+    failures += 1
+    return ("PENDING" if failures <= max_failures else ending), preemptions, failures
+
+
+# -- the store --------------------------------------------------------------------------------
+class Store:
+    """The sweep queue in one database (``open_store``). Methods are transactions, retried."""
+
+    def __init__(self, backend: Backend, *, retry_timeout: float) -> None:
+        self._backend = backend
+        self._queries = {k: backend.convert(v) for k, v in _load_queries(backend.kind).items()}
+        self._retry_timeout = retry_timeout
+        self._conn: Any = None
+        self.kind = backend.kind
+        self.display = backend.display  # the URL with its password hidden
+        try:
+            self._migrate()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception as exc:  # closing a dead connection may complain; nothing to do
+                logger.debug("preemptible: closing %s: %s", self.display, exc)
+
+    # -- the retry loop ---------------------------------------------------------------------
+    def _transact(self, fn: Callable[[_Tx], T], *, write: bool = True) -> T:
+        """Run ``fn`` in one transaction; on a transient error reconnect if needed and run it
+        again (with backoff) until the retry deadline."""
+        started = time.monotonic()
+        delay = 0.05
+        failures = 0
+        while True:
+            connecting = self._conn is None
+            try:
+                if self._conn is None:
+                    self._conn = self._backend.connect()
+                connecting = False
+                with self._backend.transaction(self._conn, write=write) as cursor:
+                    result = fn(_Tx(cursor, self._queries, retry=failures > 0))
+                if failures:
+                    logger.warning(
+                        "preemptible: the sweep database %s answers again (after %.1f s)",
+                        self.display,
+                        time.monotonic() - started,
+                    )
+                return result
+            except Exception as exc:
+                if not self._backend.transient(exc):
+                    if not self._driver_error(exc, connecting):
+                        raise
+                    error = StoreError(
+                        f"cannot use the sweep database {self.display}: {self._say(exc)}"
+                    )
+                    if connecting:  # a driver may quote the connection string: no chain
+                        raise error from None
+                    raise error from exc
+                if self._conn is not None and self._backend.broken(self._conn):
+                    self.close()
+                waited = time.monotonic() - started
+                if waited + delay > self._retry_timeout:
+                    raise StoreError(
+                        f"the sweep database {self.display} is unreachable or locked: "
+                        f"{self._say(exc)}; gave up after {waited:.0f} s "
+                        "(PREEMPTIBLE_DB_RETRY_TIMEOUT)"
+                    ) from None
+                failures += 1
+                if failures == 1:
+                    logger.warning(
+                        "preemptible: the sweep database %s is unreachable or locked (%s); "
+                        "retrying for up to %.0f s",
+                        self.display,
+                        self._say(exc),
+                        self._retry_timeout,
+                    )
+                time.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, MAX_BACKOFF)
+
+    def _say(self, exc: BaseException) -> str:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        return self._backend.scrub(lines[0] if lines else type(exc).__name__)
+
+    @staticmethod
+    def _driver_error(exc: BaseException, connecting: bool) -> bool:
+        """An error of the database driver (or of creating the file's directory), to be
+        reported in one line; not our own errors, a sampler's, or a bug's."""
+        if isinstance(exc, OSError):
+            return connecting
+        return type(exc).__module__.startswith(("sqlite3", "psycopg"))
+
+    def _migrate(self) -> None:
+        """Apply the migrations this database lacks, one migrator at a time (SQLite: the write
+        lock; PostgreSQL: an advisory lock), so agents opening a new database together agree."""
+        wanted = migrations(self.kind)
+
+        def apply(tx: _Tx) -> None:
+            tx.run("migration_lock")
+            tx.run("create_schema_table")
+            have = {row["version"] for row in tx.all("schema_versions")}
+            newest = max(v for v, _ in wanted)
+            if have and max(have) > newest:
+                raise StoreError(
+                    f"the sweep database {self.display} has schema version {max(have)}; this "
+                    f"preemptible knows up to {newest}: upgrade preemptible"
+                )
+            for version, script in wanted:
+                if version not in have:
+                    for statement in split_statements(script):
+                        tx.execute(statement)
+                    tx.run("record_version", version=version)
+
+        self._transact(apply)
+
+    def schema_versions(self) -> list[int]:
+        return self._transact(lambda tx: [r["version"] for r in tx.all("schema_versions")])
+
+    # -- sweeps -----------------------------------------------------------------------------
+    def create_sweep(
+        self,
+        spec: Mapping[str, Any],
+        *,
+        name: str | None,
+        run_cap: int | None,
+        max_failures: int,
+        max_preemptions: int,
+        seed: int | None = None,
+    ) -> str:
+        """A new sweep, running; its id (8 letters and digits). ``seed`` None: a random one,
+        stored, so that every agent samples the same sequence."""
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"the sweep spec must be a mapping, not {type(spec).__name__}")
+        spec_text = _json(dict(spec), "the sweep spec")
+        if name is not None and not isinstance(name, str):
+            raise ConfigError(f"name={name!r} is not valid; use a string or None")
+        _check_int("run_cap", run_cap, 1, none_ok=True)
+        _check_int("max_failures", max_failures, 0)
+        _check_int("max_preemptions", max_preemptions, 0)
+        _check_int("seed", seed, 0, none_ok=True)
+        if seed is not None and seed >= 2**63:
+            raise ConfigError(f"seed={seed!r} is not valid; use an integer from 0 to 2**63 - 1")
+        values = {
+            "name": name,
+            "spec": spec_text,
+            "run_cap": run_cap,
+            "max_failures": max_failures,
+            "max_preemptions": max_preemptions,
+            "seed": seed if seed is not None else secrets.randbelow(2**31),
+        }
+        while True:
+            sweep_id, token = _new_id(), secrets.token_hex(8)
+
+            def insert(tx: _Tx, sweep_id: str = sweep_id, token: str = token) -> bool:
+                tx.run("insert_sweep", id=sweep_id, token=token, **values)
+                row = tx.one("sweep_token", id=sweep_id)
+                return row is not None and row["create_token"] == token
+
+            if self._transact(insert):  # else: the id was taken by another sweep; draw again
+                return sweep_id
+
+    def sweep(self, sweep_id: str) -> SweepRow:
+        return self._transact(lambda tx: self._sweep(tx, sweep_id), write=False)
+
+    def sweeps(self) -> list[SweepRow]:
+        return self._transact(
+            lambda tx: [self._sweep_row(r) for r in tx.all("list_sweeps")], write=False
+        )
+
+    def _sweep(self, tx: _Tx, sweep_id: str) -> SweepRow:
+        row = tx.one("get_sweep", id=sweep_id)
+        if row is None:
+            raise self._no_sweep(sweep_id)
+        return self._sweep_row(row)
+
+    def _no_sweep(self, sweep_id: str) -> ConfigError:
+        return ConfigError(f"no sweep {sweep_id!r} in {self.display}")
+
+    def _no_run(self, run_id: str) -> ConfigError:
+        return ConfigError(f"no run {run_id!r} in {self.display}")
+
+    @staticmethod
+    def _sweep_row(r: dict[str, Any]) -> SweepRow:
+        return SweepRow(
+            id=r["id"],
+            name=r["name"],
+            spec=json.loads(r["spec"]),
+            control=r["control"],
+            cancel_now=bool(r["cancel_now"]),
+            run_cap=r["run_cap"],
+            max_failures=r["max_failures"],
+            max_preemptions=r["max_preemptions"],
+            seed=r["seed"],
+            runs_created=r["runs_created"],
+            created_at=r["created_at"],
+        )
+
+    def set_control(self, sweep_id: str, control: ControlName, *, now: bool = False) -> None:
+        """running (resume), paused, stopped (no new claims; running runs finish) or cancelled
+        (pending runs are cancelled; agents stop their runs, at once with ``now``). A cancelled
+        sweep stays cancelled."""
+        if control not in CONTROLS:
+            raise ConfigError(f"control={control!r} is not valid; use one of {', '.join(CONTROLS)}")
+        if now and control != "cancelled":
+            raise ConfigError("now=True goes only with control='cancelled'")
+
+        def change(tx: _Tx) -> None:
+            row = tx.one("lock_sweep", id=sweep_id)
+            if row is None:
+                raise self._no_sweep(sweep_id)
+            if row["control"] == "cancelled" and control != "cancelled":
+                raise ConfigError(
+                    f"sweep {sweep_id!r} is cancelled; a cancelled sweep cannot be {control}"
+                )
+            cancel_now = int(control == "cancelled" and (now or bool(row["cancel_now"])))
+            tx.run("set_control", id=sweep_id, control=control, cancel_now=cancel_now)
+            if control == "cancelled":
+                tx.run("cancel_pending", sweep_id=sweep_id)
+
+        self._transact(change)
+
+    # -- runs -------------------------------------------------------------------------------
+    def add_runs(self, sweep_id: str, params: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Queue runs with these parameters (a grid laid out at once); their ids, in order."""
+        texts = [_json(dict(p), "run parameters") for p in params]
+        token = secrets.token_hex(8)
+
+        def add(tx: _Tx) -> list[str]:
+            if tx.retry:
+                done = tx.all("runs_by_create_token", token=token)
+                if done:
+                    return [r["id"] for r in done]
+            row = tx.one("lock_sweep", id=sweep_id)
+            if row is None:
+                raise self._no_sweep(sweep_id)
+            if row["control"] == "cancelled":
+                raise ConfigError(f"sweep {sweep_id!r} is cancelled; it takes no new runs")
+            first, cap = row["runs_created"], row["run_cap"]
+            if cap is not None and first + len(texts) > cap:
+                raise ConfigError(
+                    f"sweep {sweep_id!r} has {first} of its {cap} runs (run_cap); "
+                    f"{len(texts)} more do not fit"
+                )
+            ids = [self._insert_run(tx, sweep_id, first + i, t, token) for i, t in enumerate(texts)]
+            tx.run("count_created", id=sweep_id, n=len(texts))
+            return ids
+
+        return self._transact(add)
+
+    @staticmethod
+    def _insert_run(tx: _Tx, sweep_id: str, index: int, params: str, token: str) -> str:
+        run_id = f"{sweep_id}-{index}"
+        tx.run(
+            "insert_run", id=run_id, sweep_id=sweep_id, run_index=index, params=params, token=token
+        )
+        return run_id
+
+    def claim(
+        self,
+        sweep_id: str,
+        *,
+        agent: str,
+        host: str,
+        lease: float,
+        propose: Propose | None,
+    ) -> Claim | None:
+        """Take the next run for ``agent``: the oldest pending one (runs that ran before
+        first), else a new one with ``propose(history, index)``'s parameters while the sweep is
+        under its run cap. None when the sweep is not running or there is nothing to take.
+        Expired leases are dealt with first (``expire_leases``)."""
+        _check_seconds("lease", lease)
+        token = secrets.token_hex(8)
+
+        def take(tx: _Tx) -> Claim | None:
+            if tx.retry:  # did an earlier try commit, its acknowledgement lost?
+                mine = tx.one("claimed_by_token", token=token, agent=agent)
+                if mine is not None:
+                    return self._claim(tx, mine["id"])
+            self._expire(tx)
+            sweep = self._sweep(tx, sweep_id)
+            if sweep.control != "running":
+                return None
+            picked = tx.one("pick_pending", sweep_id=sweep_id)
+            if picked is None and propose is not None:
+                locked = tx.one("lock_sweep", id=sweep_id)  # one creator at a time
+                assert locked is not None
+                if locked["control"] != "running":
+                    return None
+                # a run may have come back, or been added, while this waited for the lock
+                picked = tx.one("pick_pending", sweep_id=sweep_id)
+                if picked is None:
+                    index, cap = locked["runs_created"], locked["run_cap"]
+                    if cap is not None and index >= cap:
+                        return None
+                    params = propose(self._history(tx, sweep_id, sweep.spec), index)
+                    if params is None:
+                        return None
+                    text = _json(dict(params), "proposed parameters")
+                    run_id = self._insert_run(tx, sweep_id, index, text, token)
+                    tx.run("count_created", id=sweep_id, n=1)
+                    picked = {
+                        "id": run_id,
+                        "sweep_id": sweep_id,
+                        "run_index": index,
+                        "params": text,
+                        "attempt": 0,
+                        "checkpoint_dir": run_id,
+                        "preemptions": 0,
+                        "failures": 0,
+                    }
+            if picked is None:
+                return None
+            taken = tx.run(
+                "take_run", id=picked["id"], agent=agent, host=host, lease=lease, token=token
+            )
+            if taken != 1:
+                raise RuntimeError(f"run {picked['id']} was picked but could not be taken")
+            tx.run("insert_attempt", id=picked["id"])
+            return self._claim_from({**picked, "attempt": picked["attempt"] + 1})
+
+        return self._transact(take)
+
+    def _claim(self, tx: _Tx, run_id: str) -> Claim:
+        row = tx.one("claim_row", id=run_id)
+        assert row is not None
+        return self._claim_from(row)
+
+    @staticmethod
+    def _claim_from(r: Mapping[str, Any]) -> Claim:
+        return Claim(
+            run_id=r["id"],
+            sweep_id=r["sweep_id"],
+            index=r["run_index"],
+            params=json.loads(r["params"]),
+            attempt=r["attempt"],
+            checkpoint_dir=r["checkpoint_dir"],
+            preemptions=r["preemptions"],
+            failures=r["failures"],
+        )
+
+    def heartbeat(self, run_id: str, *, agent: str, lease: float, attempt: int) -> Control:
+        """Extend the lease by ``lease`` seconds from now (database clock); the sweep's control,
+        so that the agent sees a stop, pause or cancel within one heartbeat. Raises LeaseLost
+        when the run is no longer this agent's (its lease expired and it was requeued); a
+        lease that ran out but that nobody has acted on yet is simply renewed."""
+        _check_seconds("lease", lease)
+
+        def beat(tx: _Tx) -> Control:
+            if tx.run("heartbeat", id=run_id, agent=agent, lease=lease, attempt=attempt) != 1:
+                raise self._lease_lost(tx, run_id, agent, attempt)
+            row = tx.one("control_of_run", id=run_id)
+            assert row is not None
+            return Control(row["control"], bool(row["cancel_now"]))
+
+        return self._transact(beat)
+
+    def _lease_lost(self, tx: _Tx, run_id: str, agent: str, attempt: int) -> PreemptibleError:
+        row = tx.one("get_run", id=run_id)
+        if row is None:
+            return self._no_run(run_id)
+        return LeaseLost(
+            f"run {run_id} attempt {attempt} is no longer held by agent {agent!r}: the run is "
+            f"{row['state']} at attempt {row['attempt']} (its lease expired?)"
+        )
+
+    def finish(
+        self,
+        run_id: str,
+        *,
+        agent: str,
+        attempt: int,
+        ending: str,
+        exit_code: int | None,
+        duration: float,
+        checkpoint_step: int | None,
+        summary: Mapping[str, Any] | None,
+        marked_preempting: bool = False,
+    ) -> str:
+        """Record how this agent's attempt ended; the run's new state (module docstring).
+        Calling it again for the same attempt changes nothing and returns the same state."""
+        if ending not in ENDINGS:
+            raise ConfigError(f"ending={ending!r} is not valid; use one of {', '.join(ENDINGS)}")
+        summary_text = None if summary is None else _json(dict(summary), "the run summary")
+        return self._close(
+            run_id,
+            agent=agent,
+            attempt=attempt,
+            ending=ending,
+            values={
+                "exit_code": exit_code,
+                "duration": float(duration),
+                "checkpoint_step": checkpoint_step,
+                "marked": int(bool(marked_preempting)),
+                "summary": summary_text,
+            },
+        )
+
+    def release(self, run_id: str, *, agent: str, attempt: int) -> None:
+        """Hand the run back (the agent is stopping): PENDING again, first in line, with the
+        same id, parameters and checkpoint directory; no budget is used."""
+        self._close(
+            run_id,
+            agent=agent,
+            attempt=attempt,
+            ending=RELEASED,
+            values={
+                "exit_code": None,
+                "duration": None,
+                "checkpoint_step": None,
+                "marked": 0,
+                "summary": None,
+            },
+        )
+
+    def _close(
+        self, run_id: str, *, agent: str, attempt: int, ending: str, values: dict[str, Any]
+    ) -> str:
+        def close(tx: _Tx) -> str:
+            run = tx.one("lock_run", id=run_id, attempt=attempt)
+            if run is None:
+                raise self._no_run(run_id)
+            if run["attempt_ended_at"] is not None:
+                if run["attempt_closed_by"] == agent:  # a retry of this same call
+                    return str(run["attempt_outcome"])
+                raise self._lease_lost(tx, run_id, agent, attempt)
+            if run["state"] != "RUNNING" or run["attempt"] != attempt:
+                raise self._lease_lost(tx, run_id, agent, attempt)
+            if run["lease_owner"] != agent:
+                raise self._lease_lost(tx, run_id, agent, attempt)
+            counts: Sequence[int]
+            if ending == RELEASED:
+                state = "CANCELLED" if run["control"] == "cancelled" else "PENDING"
+                counts = run["preemptions"], run["failures"]
+            else:
+                state, *counts = settle(
+                    ending,
+                    lost=False,
+                    preemptions=run["preemptions"],
+                    failures=run["failures"],
+                    max_preemptions=run["max_preemptions"],
+                    max_failures=run["max_failures"],
+                    control=run["control"],
+                )
+            self._settle_run(tx, run_id, attempt, state, counts, values["summary"])
+            tx.run(
+                "close_attempt",
+                run_id=run_id,
+                number=attempt,
+                ending=ending,
+                outcome=state,
+                closed_by=agent,
+                **values,
+            )
+            return state
+
+        return self._transact(close)
+
+    @staticmethod
+    def _settle_run(
+        tx: _Tx, run_id: str, attempt: int, state: str, counts: Sequence[int], summary: Any
+    ) -> bool:
+        preemptions, failures = counts
+        changed = tx.run(
+            "settle_run",
+            id=run_id,
+            attempt=attempt,
+            state=state,
+            preemptions=preemptions,
+            failures=failures,
+            summary=summary,
+        )
+        return changed == 1
+
+    def expire_leases(self) -> list[str]:
+        """End every attempt whose lease ran out (database clock) and requeue its run; the
+        ids of those runs. Concurrent callers never both deal with the same run."""
+        return self._transact(self._expire)
+
+    def _expire(self, tx: _Tx) -> list[str]:
+        expired = []
+        for r in tx.all("expired_runs"):
+            ending = "PREEMPTED" if r["marked_preempting"] else "CRASHED"
+            state, *counts = settle(
+                ending,
+                lost=True,
+                preemptions=r["preemptions"],
+                failures=r["failures"],
+                max_preemptions=r["max_preemptions"],
+                max_failures=r["max_failures"],
+                control=r["control"],
+            )
+            if self._settle_run(tx, r["id"], r["attempt"], state, counts, None):
+                tx.run(
+                    "close_attempt",
+                    run_id=r["id"],
+                    number=r["attempt"],
+                    ending=ending,
+                    exit_code=None,
+                    duration=None,
+                    checkpoint_step=None,
+                    marked=0,
+                    outcome=state,
+                    closed_by=LEASE_EXPIRED,
+                )
+                expired.append(r["id"])
+                logger.warning(
+                    "preemptible: run %s lost its agent (lease expired at attempt %d): %s",
+                    r["id"],
+                    r["attempt"],
+                    state,
+                )
+        return expired
+
+    def mark_preempting(self, run_id: str, *, attempt: int) -> None:
+        """The run declared itself preempting: a lost lease then ends the attempt PREEMPTED."""
+
+        def mark(tx: _Tx) -> None:
+            if tx.run("mark_preempting", run_id=run_id, number=attempt) != 1:
+                raise ConfigError(f"no attempt {attempt} of run {run_id!r} in {self.display}")
+
+        self._transact(mark)
+
+    def report(self, run_id: str, summary: Mapping[str, Any]) -> None:
+        """The run's latest metrics (replacing the previous summary)."""
+        text = _json(dict(summary), "the run summary")
+
+        def store(tx: _Tx) -> None:
+            if tx.run("report", id=run_id, summary=text) != 1:
+                raise self._no_run(run_id)
+
+        self._transact(store)
+
+    # -- reading ----------------------------------------------------------------------------
+    def runs(self, sweep_id: str) -> list[RunRow]:
+        def read(tx: _Tx) -> list[RunRow]:
+            self._sweep(tx, sweep_id)
+            return [self._run_row(r) for r in tx.all("list_runs", sweep_id=sweep_id)]
+
+        return self._transact(read, write=False)
+
+    def run(self, run_id: str) -> RunRow:
+        def read(tx: _Tx) -> RunRow:
+            row = tx.one("get_run", id=run_id)
+            if row is None:
+                raise self._no_run(run_id)
+            return self._run_row(row)
+
+        return self._transact(read, write=False)
+
+    @staticmethod
+    def _run_row(r: dict[str, Any]) -> RunRow:
+        return RunRow(
+            id=r["id"],
+            sweep_id=r["sweep_id"],
+            index=r["run_index"],
+            params=json.loads(r["params"]),
+            state=r["state"],
+            attempt=r["attempt"],
+            preemptions=r["preemptions"],
+            failures=r["failures"],
+            lease_owner=r["lease_owner"],
+            lease_host=r["lease_host"],
+            lease_expires=r["lease_expires"],
+            checkpoint_dir=r["checkpoint_dir"],
+            summary=_loads(r["summary"]),
+            created_at=r["created_at"],
+            updated_at=r["updated_at"],
+        )
+
+    def attempts(self, run_id: str) -> list[AttemptRow]:
+        rows = self._transact(lambda tx: tx.all("list_attempts", run_id=run_id), write=False)
+        return [
+            AttemptRow(
+                run_id=r["run_id"],
+                number=r["number"],
+                agent=r["agent"],
+                host=r["host"],
+                started_at=r["started_at"],
+                ended_at=r["ended_at"],
+                ending=r["ending"],
+                exit_code=r["exit_code"],
+                duration=r["duration"],
+                checkpoint_step=r["checkpoint_step"],
+                marked_preempting=bool(r["marked_preempting"]),
+                outcome=r["outcome"],
+                closed_by=r["closed_by"],
+            )
+            for r in rows
+        ]
+
+    def history(self, sweep_id: str) -> list[Observation]:
+        """Every run of the sweep in creation order, as the samplers see it: its parameters,
+        the sweep metric it last reported (the summary value named by the spec's
+        ``metric.name``; None if missing or not a finite number), whether it finished."""
+
+        def read(tx: _Tx) -> list[Observation]:
+            return self._history(tx, sweep_id, self._sweep(tx, sweep_id).spec)
+
+        return self._transact(read, write=False)
+
+    @staticmethod
+    def _history(tx: _Tx, sweep_id: str, spec: Mapping[str, Any]) -> list[Observation]:
+        name = _metric_name(spec)
+        return [
+            Observation(
+                json.loads(r["params"]),
+                _metric(_loads(r["summary"]), name),
+                r["state"] == "FINISHED",
+            )
+            for r in tx.all("history", sweep_id=sweep_id)
+        ]

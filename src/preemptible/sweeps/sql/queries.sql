@@ -1,0 +1,127 @@
+-- Named queries of the sweep queue, the same text for SQLite and PostgreSQL. Parameters are
+-- written :name (turned into %(name)s for psycopg). A query that differs between the two is
+-- in sqlite/queries.sql and postgres/queries.sql instead; those files may not repeat a name.
+-- Times come from preemptible_now() (the database clock, see 0001_init.sql).
+
+-- name: insert_sweep
+INSERT INTO preemptible_sweeps (id, name, spec, control, cancel_now, run_cap, max_failures,
+                                max_preemptions, seed, runs_created, create_token, created_at,
+                                updated_at)
+VALUES (:id, :name, :spec, 'running', 0, :run_cap, :max_failures, :max_preemptions, :seed, 0,
+        :token, preemptible_now(), preemptible_now())
+ON CONFLICT (id) DO NOTHING
+
+-- name: sweep_token
+SELECT create_token FROM preemptible_sweeps WHERE id = :id
+
+-- name: get_sweep
+SELECT id, name, spec, control, cancel_now, run_cap, max_failures, max_preemptions, seed,
+       runs_created, created_at
+FROM preemptible_sweeps WHERE id = :id
+
+-- name: list_sweeps
+SELECT id, name, spec, control, cancel_now, run_cap, max_failures, max_preemptions, seed,
+       runs_created, created_at
+FROM preemptible_sweeps ORDER BY created_at, id
+
+-- name: set_control
+UPDATE preemptible_sweeps
+SET control = :control, cancel_now = :cancel_now, updated_at = preemptible_now()
+WHERE id = :id
+
+-- name: cancel_pending
+UPDATE preemptible_runs SET state = 'CANCELLED', updated_at = preemptible_now()
+WHERE sweep_id = :sweep_id AND state = 'PENDING'
+
+-- name: count_created
+UPDATE preemptible_sweeps SET runs_created = runs_created + :n WHERE id = :id
+
+-- name: insert_run
+INSERT INTO preemptible_runs (id, sweep_id, run_index, params, state, attempt, preemptions,
+                              failures, create_token, queued_at, checkpoint_dir, created_at,
+                              updated_at)
+VALUES (:id, :sweep_id, :run_index, :params, 'PENDING', 0, 0, 0, :token, preemptible_now(),
+        :id, preemptible_now(), preemptible_now())
+
+-- name: runs_by_create_token
+SELECT id FROM preemptible_runs WHERE create_token = :token ORDER BY run_index
+
+-- name: claimed_by_token
+SELECT id FROM preemptible_runs
+WHERE claim_token = :token AND lease_owner = :agent AND state = 'RUNNING'
+
+-- name: take_run
+UPDATE preemptible_runs
+SET state = 'RUNNING', attempt = attempt + 1, lease_owner = :agent, lease_host = :host,
+    lease_expires = preemptible_now() + :lease, claim_token = :token,
+    updated_at = preemptible_now()
+WHERE id = :id AND state = 'PENDING'
+
+-- name: insert_attempt
+INSERT INTO preemptible_attempts (run_id, number, agent, host, started_at)
+SELECT id, attempt, lease_owner, lease_host, preemptible_now()
+FROM preemptible_runs WHERE id = :id
+
+-- name: claim_row
+SELECT id, sweep_id, run_index, params, attempt, checkpoint_dir, preemptions, failures
+FROM preemptible_runs WHERE id = :id
+
+-- name: heartbeat
+UPDATE preemptible_runs
+SET lease_expires = preemptible_now() + :lease, updated_at = preemptible_now()
+WHERE id = :id AND state = 'RUNNING' AND lease_owner = :agent AND attempt = :attempt
+
+-- name: control_of_run
+SELECT s.control, s.cancel_now
+FROM preemptible_runs r JOIN preemptible_sweeps s ON s.id = r.sweep_id
+WHERE r.id = :id
+
+-- name: close_attempt
+UPDATE preemptible_attempts
+SET ended_at = preemptible_now(), ending = :ending, exit_code = :exit_code,
+    duration = :duration, checkpoint_step = COALESCE(:checkpoint_step, checkpoint_step),
+    marked_preempting = CASE WHEN :marked = 1 THEN 1 ELSE marked_preempting END,
+    outcome = :outcome, closed_by = :closed_by
+WHERE run_id = :run_id AND number = :number AND ended_at IS NULL
+
+-- name: settle_run
+UPDATE preemptible_runs
+SET state = :state, preemptions = :preemptions, failures = :failures,
+    summary = COALESCE(:summary, summary), lease_owner = NULL, lease_host = NULL,
+    lease_expires = NULL, claim_token = NULL,
+    queued_at = CASE WHEN :state = 'PENDING' THEN preemptible_now() ELSE queued_at END,
+    requeued = CASE WHEN :state = 'PENDING' THEN 1 ELSE requeued END,
+    updated_at = preemptible_now()
+WHERE id = :id AND state = 'RUNNING' AND attempt = :attempt
+
+-- name: mark_preempting
+UPDATE preemptible_attempts SET marked_preempting = 1
+WHERE run_id = :run_id AND number = :number
+
+-- name: report
+UPDATE preemptible_runs SET summary = :summary, updated_at = preemptible_now() WHERE id = :id
+
+-- name: list_runs
+SELECT id, sweep_id, run_index, params, state, attempt, preemptions, failures, lease_owner,
+       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at
+FROM preemptible_runs WHERE sweep_id = :sweep_id ORDER BY run_index
+
+-- name: get_run
+SELECT id, sweep_id, run_index, params, state, attempt, preemptions, failures, lease_owner,
+       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at
+FROM preemptible_runs WHERE id = :id
+
+-- name: list_attempts
+SELECT run_id, number, agent, host, started_at, ended_at, ending, exit_code, duration,
+       checkpoint_step, marked_preempting, outcome, closed_by
+FROM preemptible_attempts WHERE run_id = :run_id ORDER BY number
+
+-- name: history
+SELECT params, state, summary FROM preemptible_runs
+WHERE sweep_id = :sweep_id ORDER BY run_index
+
+-- name: schema_versions
+SELECT version FROM preemptible_schema ORDER BY version
+
+-- name: record_version
+INSERT INTO preemptible_schema (version, applied_at) VALUES (:version, preemptible_now())

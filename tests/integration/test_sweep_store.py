@@ -1,0 +1,626 @@
+"""The sweep queue against a real SQLite file and a real PostgreSQL server (``store_url`` runs
+every test on both): claim order, budgets, control, leases, idempotent retries, migrations,
+and agents in separate processes claiming at once (PREEMPTIBLE_STRESS_SCALE sizes the stress
+test: 8 agents x 50 runs each at scale 1, the issue's 8 x 500 at scale 10)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preemptible import ConfigError
+from preemptible.sweeps._store import (
+    LEASE_EXPIRED,
+    Claim,
+    Control,
+    LeaseLost,
+    Observation,
+    Store,
+    StoreError,
+    open_store,
+)
+from tests.conftest import ROOT, Child, PgServer, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+WORKER = ROOT / "tests" / "integration" / "sweep_claimer.py"
+SCALE = float(os.environ.get("PREEMPTIBLE_STRESS_SCALE", "1"))
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    s = open_store(store_url, retry_timeout=30)
+    yield s
+    s.close()
+
+
+def new_sweep(store: Store, **kwargs: Any) -> str:
+    options: dict[str, Any] = {
+        "name": "test",
+        "run_cap": None,
+        "max_failures": 0,
+        "max_preemptions": 3,
+    }
+    options.update(kwargs)
+    spec = options.pop("spec", {"metric": {"name": "loss", "goal": "minimize"}})
+    return store.create_sweep(spec, **options)
+
+
+def claim(store: Store, sweep: str, agent: str = "a1", lease: float = 60, propose=None):
+    return store.claim(sweep, agent=agent, host="host-1", lease=lease, propose=propose)
+
+
+def finish(store: Store, c: Claim, ending: str, agent: str = "a1", **kwargs: Any) -> str:
+    values: dict[str, Any] = {
+        "exit_code": {"FINISHED": 0, "FAILED": 1}.get(ending, 143),
+        "duration": 1.5,
+        "checkpoint_step": 10,
+        "summary": None,
+    }
+    values.update(kwargs)
+    return store.finish(c.run_id, agent=agent, attempt=c.attempt, ending=ending, **values)
+
+
+def worker(spawn: Callable[..., Child], url: str, mode: str, *args: str) -> Child:
+    env = {"PREEMPTIBLE_DB_RETRY_TIMEOUT": "90"}
+    return spawn([sys.executable, str(WORKER), "--db", url, "--mode", mode, *args], env=env)
+
+
+# -- claims -----------------------------------------------------------------------------------
+def test_claims_take_requeued_runs_first_then_the_oldest(store: Store) -> None:
+    sweep = new_sweep(store)
+    ids = store.add_runs(sweep, [{"x": i} for i in range(3)])
+    first = claim(store, sweep)
+    assert first is not None
+    assert (first.run_id, first.attempt, first.params, first.index) == (ids[0], 1, {"x": 0}, 0)
+    second = claim(store, sweep, agent="a2")
+    assert second is not None and second.run_id == ids[1]
+    assert finish(store, first, "PREEMPTED") == "PENDING"
+    again = claim(store, sweep, agent="a3")  # the preempted run, before the never-run ids[2]
+    assert again is not None
+    assert (again.run_id, again.attempt, again.params) == (ids[0], 2, {"x": 0})
+    assert again.checkpoint_dir == first.checkpoint_dir == ids[0]
+    assert again.preemptions == 1
+    last = claim(store, sweep, agent="a3")
+    assert last is not None and last.run_id == ids[2]
+    assert claim(store, sweep) is None  # nothing pending, and no propose
+
+
+def test_propose_sees_the_history_and_the_index_until_the_run_cap(store: Store) -> None:
+    sweep = new_sweep(store, run_cap=3)
+    seen: list[tuple[list[Observation], int]] = []
+
+    def propose(history: list[Observation], index: int) -> dict[str, Any]:
+        seen.append((list(history), index))
+        return {"lr": 10.0**-index}
+
+    for expected in range(3):
+        c = claim(store, sweep, propose=propose)
+        assert c is not None and c.index == expected and c.params == {"lr": 10.0**-expected}
+        assert c.run_id == f"{sweep}-{expected}"
+        finish(store, c, "FINISHED", summary={"loss": 1.0 / (expected + 1), "other": "x"})
+    assert claim(store, sweep, propose=propose) is None  # run_cap reached: propose not asked
+    assert [index for _, index in seen] == [0, 1, 2]
+    assert seen[2][0] == [
+        Observation({"lr": 1.0}, 1.0, True),
+        Observation({"lr": 0.1}, 0.5, True),
+    ]
+    assert store.sweep(sweep).runs_created == 3
+
+
+def test_propose_none_creates_nothing(store: Store) -> None:
+    sweep = new_sweep(store)
+    assert claim(store, sweep, propose=lambda history, index: None) is None
+    assert store.runs(sweep) == []
+    assert store.sweep(sweep).runs_created == 0
+
+
+def test_history_reports_the_sweep_metric(store: Store) -> None:
+    sweep = new_sweep(store)
+    store.add_runs(sweep, [{"x": 1}, {"x": 2}, {"x": 3}])
+    a = claim(store, sweep)
+    b = claim(store, sweep)
+    assert a is not None and b is not None
+    store.report(a.run_id, {"loss": 0.7, "step": 3})
+    store.report(b.run_id, {"loss": "not a number"})
+    finish(store, a, "FINISHED", summary={"loss": 0.25})
+    assert store.history(sweep) == [
+        Observation({"x": 1}, 0.25, True),
+        Observation({"x": 2}, None, False),
+        Observation({"x": 3}, None, False),
+    ]
+    assert store.runs(sweep)[1].summary == {"loss": "not a number"}
+
+
+def test_create_sweep_stores_spec_budgets_and_a_seed(store: Store) -> None:
+    sweep = new_sweep(store, spec={"method": "grid", "nested": {"a": [1, 2]}}, run_cap=7)
+    row = store.sweep(sweep)
+    assert row.spec == {"method": "grid", "nested": {"a": [1, 2]}}
+    assert (row.run_cap, row.max_failures, row.max_preemptions) == (7, 0, 3)
+    assert isinstance(row.seed, int) and row.control == "running" and not row.cancel_now
+    assert len(sweep) == 8 and sweep.isalnum()
+    seeded = new_sweep(store, seed=12345)
+    assert store.sweep(seeded).seed == 12345
+    assert [s.id for s in store.sweeps()] == [sweep, seeded]
+    with pytest.raises(ConfigError, match=r"^no sweep 'nope' in "):
+        store.sweep("nope")
+    with pytest.raises(ConfigError, match="max_failures=-1 is not valid"):
+        new_sweep(store, max_failures=-1)
+    with pytest.raises(ConfigError, match="not JSON-serializable"):
+        new_sweep(store, spec={"x": float("nan")})
+
+
+# -- control ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("control", ["stopped", "paused"])
+def test_stop_and_pause_refuse_claims_and_reach_heartbeats(store: Store, control: str) -> None:
+    sweep = new_sweep(store)
+    store.add_runs(sweep, [{"x": 1}, {"x": 2}])
+    c = claim(store, sweep)
+    assert c is not None
+    store.set_control(sweep, control)  # type: ignore[arg-type]
+    assert claim(store, sweep, agent="a2") is None
+    assert store.heartbeat(c.run_id, agent="a1", lease=60, attempt=1) == Control(control, False)
+    assert finish(store, c, "FINISHED") == "FINISHED"  # the running run finishes
+    store.set_control(sweep, "running")
+    resumed = claim(store, sweep, agent="a2")
+    assert resumed is not None and resumed.params == {"x": 2}
+
+
+def test_cancel_cancels_pending_runs_and_reaches_running_ones(store: Store) -> None:
+    sweep = new_sweep(store)
+    ids = store.add_runs(sweep, [{"x": 1}, {"x": 2}, {"x": 3}])
+    c = claim(store, sweep)
+    done = claim(store, sweep)
+    assert c is not None and done is not None
+    store.set_control(sweep, "cancelled")
+    assert store.heartbeat(c.run_id, agent="a1", lease=60, attempt=1) == Control("cancelled", False)
+    store.set_control(sweep, "cancelled", now=True)
+    assert store.heartbeat(c.run_id, agent="a1", lease=60, attempt=1) == Control("cancelled", True)
+    assert claim(store, sweep, propose=lambda h, i: {"x": 9}) is None
+    assert finish(store, c, "PREEMPTED") == "CANCELLED"
+    assert finish(store, done, "FINISHED") == "FINISHED"  # it did finish
+    assert [r.state for r in store.runs(sweep)] == ["CANCELLED", "FINISHED", "CANCELLED"]
+    assert store.runs(sweep)[2].id == ids[2]
+    with pytest.raises(ConfigError, match="cancelled sweep cannot be running"):
+        store.set_control(sweep, "running")
+    with pytest.raises(ConfigError, match="now=True goes only with"):
+        store.set_control(sweep, "stopped", now=True)
+    with pytest.raises(ConfigError, match="control='bogus' is not valid; use one of running"):
+        store.set_control(sweep, "bogus")  # type: ignore[arg-type]
+
+
+# -- endings and budgets ----------------------------------------------------------------------
+def test_finish_is_idempotent_and_refuses_other_agents(store: Store) -> None:
+    sweep = new_sweep(store)
+    store.add_runs(sweep, [{"x": 1}])
+    c = claim(store, sweep)
+    assert c is not None
+    with pytest.raises(LeaseLost, match="no longer held by agent 'intruder'"):
+        finish(store, c, "FINISHED", agent="intruder")
+    assert finish(store, c, "FINISHED", summary={"loss": 0.1}) == "FINISHED"
+    assert finish(store, c, "FINISHED", summary={"loss": 0.1}) == "FINISHED"
+    with pytest.raises(LeaseLost):
+        finish(store, c, "FINISHED", agent="intruder")
+    [attempt] = store.attempts(c.run_id)
+    assert (attempt.number, attempt.agent, attempt.host) == (1, "a1", "host-1")
+    assert (attempt.ending, attempt.exit_code, attempt.duration) == ("FINISHED", 0, 1.5)
+    assert (attempt.checkpoint_step, attempt.outcome, attempt.closed_by) == (10, "FINISHED", "a1")
+    assert attempt.ended_at is not None and attempt.ended_at >= attempt.started_at
+    run = store.run(c.run_id)
+    assert (run.state, run.summary, run.lease_owner) == ("FINISHED", {"loss": 0.1}, None)
+    with pytest.raises(ConfigError, match="ending='DONE' is not valid"):
+        finish(store, c, "DONE")
+    with pytest.raises(ConfigError, match=r"^no run 'nope' in "):
+        store.finish(
+            "nope",
+            agent="a1",
+            attempt=1,
+            ending="FINISHED",
+            exit_code=0,
+            duration=1,
+            checkpoint_step=None,
+            summary=None,
+        )
+
+
+@pytest.mark.parametrize(
+    ("ending", "budget", "final"),
+    [
+        ("FAILED", {"max_failures": 2}, "FAILED"),
+        ("CRASHED", {"max_failures": 2}, "CRASHED"),
+        ("PREEMPTED", {"max_preemptions": 2}, "PREEMPTED"),
+    ],
+)
+def test_budgets(store: Store, ending: str, budget: dict[str, int], final: str) -> None:
+    sweep = new_sweep(store, **{"max_failures": 0, "max_preemptions": 0, **budget})
+    [run_id] = store.add_runs(sweep, [{"x": 1}])
+    states = []
+    for _ in range(3):
+        c = claim(store, sweep)
+        assert c is not None and c.run_id == run_id
+        states.append(finish(store, c, ending))
+    assert states == ["PENDING", "PENDING", final]  # 1 + budget tries
+    assert claim(store, sweep) is None
+    run = store.run(run_id)
+    counted = "failures" if ending != "PREEMPTED" else "preemptions"
+    assert getattr(run, counted) == 3 and run.attempt == 3
+    assert [a.ending for a in store.attempts(run_id)] == [ending] * 3
+
+
+def test_killed_and_cancelled_endings_end_the_run(store: Store) -> None:
+    sweep = new_sweep(store, max_failures=5, max_preemptions=5)
+    store.add_runs(sweep, [{"x": 1}, {"x": 2}])
+    a = claim(store, sweep)
+    b = claim(store, sweep)
+    assert a is not None and b is not None
+    assert finish(store, a, "KILLED", exit_code=130) == "KILLED"
+    assert finish(store, b, "CANCELLED") == "CANCELLED"
+
+
+def test_release_hands_the_run_back_without_using_a_budget(store: Store) -> None:
+    sweep = new_sweep(store, max_failures=0, max_preemptions=0)
+    ids = store.add_runs(sweep, [{"x": 1}, {"x": 2}])
+    c = claim(store, sweep)
+    assert c is not None
+    store.release(c.run_id, agent="a1", attempt=1)
+    store.release(c.run_id, agent="a1", attempt=1)  # a retry: nothing changes
+    run = store.run(c.run_id)
+    assert (run.state, run.preemptions, run.failures, run.lease_owner) == ("PENDING", 0, 0, None)
+    again = claim(store, sweep, agent="a2")
+    assert again is not None and (again.run_id, again.attempt) == (ids[0], 2)
+    assert [(a.ending, a.outcome) for a in store.attempts(ids[0])] == [
+        ("RELEASED", "PENDING"),
+        (None, None),
+    ]
+    with pytest.raises(LeaseLost):
+        store.release(c.run_id, agent="a1", attempt=2)
+
+
+# -- leases -----------------------------------------------------------------------------------
+def expire(store: Store) -> list[str]:
+    return wait_for(store.expire_leases, 30, "a lease to expire")  # type: ignore[return-value]
+
+
+def test_an_expired_lease_requeues_the_run_once(store: Store) -> None:
+    sweep = new_sweep(store, max_preemptions=1)
+    [run_id] = store.add_runs(sweep, [{"x": 1}])
+    c = claim(store, sweep, lease=0.2)
+    assert c is not None
+    assert store.heartbeat(run_id, agent="a1", lease=0.2, attempt=1).control == "running"
+    assert expire(store) == [run_id]
+    assert store.expire_leases() == []
+    run = store.run(run_id)
+    assert (run.state, run.attempt, run.preemptions, run.failures) == ("PENDING", 1, 1, 0)
+    [attempt] = store.attempts(run_id)
+    assert (attempt.ending, attempt.outcome, attempt.closed_by) == (
+        "CRASHED",
+        "PENDING",
+        LEASE_EXPIRED,
+    )
+    # the agent that lost it learns so at its next heartbeat, and cannot finish it
+    with pytest.raises(LeaseLost, match="no longer held"):
+        store.heartbeat(run_id, agent="a1", lease=60, attempt=1)
+    with pytest.raises(LeaseLost):
+        finish(store, c, "FINISHED")
+    # the next one, marked preempting at start, is lost too: PREEMPTED, and the budget is spent
+    again = claim(store, sweep, agent="a2", lease=0.2)
+    assert again is not None and again.attempt == 2
+    store.mark_preempting(run_id, attempt=2)
+    assert expire(store) == [run_id]
+    assert store.run(run_id).state == "PREEMPTED"
+    assert [a.ending for a in store.attempts(run_id)] == ["CRASHED", "PREEMPTED"]
+
+
+def test_claim_expires_leases_first(store: Store) -> None:
+    sweep = new_sweep(store)
+    [run_id] = store.add_runs(sweep, [{"x": 1}])
+    assert claim(store, sweep, lease=0.1) is not None
+    c = wait_for(lambda: claim(store, sweep, agent="a2"), 30, "the run to come back")
+    assert isinstance(c, Claim) and (c.run_id, c.attempt) == (run_id, 2)
+
+
+def lose_every_agent(store: Store, sweep: str, runs: int) -> None:
+    """Each run claimed by an agent that is then lost: all leases have run out on return."""
+    # a long lease first: a claim expires the leases that have run out, and takes them again
+    claims = [claim(store, sweep, agent=f"lost-{i}", lease=60) for i in range(runs)]
+    for c in claims:
+        assert c is not None
+        store.heartbeat(c.run_id, agent=f"lost-{c.index}", lease=0.001, attempt=1)
+    wait_for(
+        lambda: time.time() > max(r.lease_expires or 0 for r in store.runs(sweep)) + 0.01,
+        10,
+        "every lease to run out",
+    )
+
+
+def test_racing_expirers_in_threads_requeue_each_run_once(store_url: str, store: Store) -> None:
+    sweep = new_sweep(store)
+    ids = store.add_runs(sweep, [{"x": i} for i in range(20)])
+    stores = [open_store(store_url, retry_timeout=30) for _ in range(4)]
+    lose_every_agent(store, sweep, 20)
+    barrier = threading.Barrier(len(stores))
+    results: list[list[str]] = []
+
+    def expirer(s: Store) -> None:
+        barrier.wait(timeout=30)
+        results.append(s.expire_leases())
+
+    threads = [threading.Thread(target=expirer, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for s in stores:
+        s.close()
+    assert len(results) == len(stores)
+    assert sorted(r for found in results for r in found) == sorted(ids)
+    for run in store.runs(sweep):
+        assert (run.state, run.preemptions) == ("PENDING", 1)
+        assert [a.closed_by for a in store.attempts(run.id)] == [LEASE_EXPIRED]
+
+
+def test_racing_expirers_in_processes_requeue_each_run_once(
+    store_url: str, store: Store, spawn: Callable[..., Child], tmp_path: Path
+) -> None:
+    sweep = new_sweep(store)
+    ids = store.add_runs(sweep, [{"x": i} for i in range(30)])
+    go = tmp_path / "go"
+    children = [worker(spawn, store_url, "expire", "--go", str(go)) for _ in range(4)]
+    for child in children:
+        child.wait_line(lambda line: line == "ready", 60)
+    lose_every_agent(store, sweep, 30)
+    go.touch()
+    found = []
+    for child in children:
+        assert child.wait(60) == 0, child.output
+        found += json.loads(child.lines[-1])
+    assert sorted(found) == sorted(ids)
+    assert {(r.state, r.preemptions) for r in store.runs(sweep)} == {("PENDING", 1)}
+
+
+# -- retries: a commit whose acknowledgement is lost ------------------------------------------
+def lose_one_acknowledgement(store: Store) -> None:
+    """The next transaction commits, then fails as a dropped connection would."""
+    backend = store._backend
+    real = backend.transaction
+    if backend.kind == "sqlite":
+        import sqlite3
+
+        lost: Exception = sqlite3.OperationalError("database is locked")
+    else:
+        import psycopg
+
+        lost = psycopg.OperationalError("server closed the connection unexpectedly")
+
+    @contextlib.contextmanager
+    def transaction(conn: Any, *, write: bool) -> Iterator[Any]:
+        with real(conn, write=write) as cursor:
+            yield cursor
+        backend.transaction = real  # type: ignore[method-assign]
+        raise lost
+
+    backend.transaction = transaction  # type: ignore[method-assign]
+
+
+def test_a_claim_retried_after_a_lost_commit_returns_the_same_run(store: Store) -> None:
+    sweep = new_sweep(store)
+    ids = store.add_runs(sweep, [{"x": 1}, {"x": 2}])
+    lose_one_acknowledgement(store)
+    c = claim(store, sweep)
+    assert c is not None and (c.run_id, c.attempt) == (ids[0], 1)
+    assert [(r.state, r.attempt) for r in store.runs(sweep)] == [("RUNNING", 1), ("PENDING", 0)]
+    assert len(store.attempts(ids[0])) == 1
+
+
+def test_a_created_run_retried_after_a_lost_commit_is_created_once(store: Store) -> None:
+    sweep = new_sweep(store)
+    lose_one_acknowledgement(store)
+    c = claim(store, sweep, propose=lambda history, index: {"i": index})
+    assert c is not None and c.index == 0
+    assert [r.index for r in store.runs(sweep)] == [0]
+
+
+def test_other_writes_retried_after_a_lost_commit_happen_once(store: Store) -> None:
+    lose_one_acknowledgement(store)
+    sweep = new_sweep(store)
+    assert [s.id for s in store.sweeps()] == [sweep]
+    lose_one_acknowledgement(store)
+    ids = store.add_runs(sweep, [{"x": 1}, {"x": 2}])
+    assert [r.id for r in store.runs(sweep)] == ids
+    c = claim(store, sweep)
+    assert c is not None
+    lose_one_acknowledgement(store)
+    assert finish(store, c, "PREEMPTED") == "PENDING"
+    assert store.run(c.run_id).preemptions == 1
+
+
+# -- migrations -------------------------------------------------------------------------------
+def raw_execute(url: str, sql: str) -> None:
+    if url.startswith("sqlite:"):
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(url[len("sqlite://") :])) as conn, conn:
+            conn.execute(sql)
+    else:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql)  # type: ignore[call-overload]
+
+
+def test_migrations_run_once_and_refuse_a_newer_schema(store_url: str, store: Store) -> None:
+    sweep = new_sweep(store)
+    assert store.schema_versions() == [1]
+    with open_store(store_url) as again:  # every migration is there: nothing is applied
+        assert again.schema_versions() == [1]
+        assert again.sweep(sweep).id == sweep
+    raw_execute(store_url, "INSERT INTO preemptible_schema VALUES (99, 0)")
+    with pytest.raises(StoreError, match=r"schema version 99; .* upgrade preemptible"):
+        open_store(store_url)
+
+
+def test_agents_opening_a_new_database_together_migrate_it_once(
+    store_url: str, spawn: Callable[..., Child], tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    children = [worker(spawn, store_url, "open", "--go", str(go)) for _ in range(6)]
+    for child in children:
+        child.wait_line(lambda line: line == "ready", 60)
+    go.touch()
+    for child in children:
+        assert child.wait(60) == 0, child.output
+        assert child.lines[-1] == "opened"
+    with open_store(store_url) as s:
+        assert s.schema_versions() == [1]
+
+
+# -- URLs and passwords -----------------------------------------------------------------------
+def test_an_unreachable_server_is_retried_then_named_without_its_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = "postgresql://alice:s3cr%40t-pw@127.0.0.1:1/sweeps"
+    caplog.set_level(logging.DEBUG)
+    started = time.monotonic()
+    with pytest.raises(StoreError) as raised:
+        open_store(url, retry_timeout=0.5)
+    assert time.monotonic() - started >= 0.2  # it did retry
+    message = str(raised.value)
+    assert "postgresql://alice:***@127.0.0.1:1/sweeps" in message
+    assert "gave up after" in message and "PREEMPTIBLE_DB_RETRY_TIMEOUT" in message
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+    assert "unreachable or locked" in caplog.text
+    for secret in ("s3cr", "s3cr%40t-pw", "s3cr@t-pw"):
+        assert secret not in message and secret not in caplog.text
+
+
+@pytest.mark.parametrize("where", ["user part", "query"])
+def test_a_wrong_password_fails_at_once_and_is_not_shown(pg_server: PgServer, where: str) -> None:
+    with contextlib.suppress(Exception):
+        pg_server.admin("CREATE ROLE preemptible_pw LOGIN PASSWORD 'the-right-one'")
+    host = pg_server.url.split("@", 1)[1].split("/", 1)[0]
+    if where == "user part":
+        url = f"postgresql://preemptible_pw:Wr0ng-Pa55@{host}/postgres"
+    else:
+        url = f"postgresql://preemptible_pw@{host}/postgres?password=Wr0ng-Pa55"
+    started = time.monotonic()
+    try:
+        store = open_store(url, retry_timeout=60)
+    except StoreError as exc:
+        message = str(exc)
+    else:
+        store.close()
+        pytest.skip("this PostgreSQL server accepts any password for preemptible_pw")
+    assert time.monotonic() - started < 30  # not retried until the deadline
+    assert "password authentication failed" in message
+    assert "Wr0ng-Pa55" not in message and "***" in message
+
+
+def test_bad_urls_are_refused_in_one_line_without_the_password(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as raised:
+        open_store("mysql://root:hunter2@db/sweeps")
+    assert str(raised.value) == (
+        "database URL 'mysql://root:***@db/sweeps' is not valid; use sqlite:///ABS/PATH.db, "
+        "sqlite:REL/PATH.db or postgresql://USER:PASSWORD@HOST:PORT/DB"
+    )
+    with pytest.raises(ConfigError, match="contains '@'; write it as %40") as raised:
+        open_store("postgresql://u:p@ss@db/sweeps")
+    assert "p@ss" not in str(raised.value)
+    unwritable = tmp_path / "file"
+    unwritable.write_text("not a directory")
+    with pytest.raises(
+        StoreError, match=re.escape(f"cannot use the sweep database sqlite://{unwritable}/x/")
+    ):
+        open_store(f"sqlite://{unwritable}/x/sweeps.db")
+
+
+# -- many agents ------------------------------------------------------------------------------
+def run_agents(
+    spawn: Callable[..., Child],
+    url: str,
+    tmp_path: Path,
+    agents: int,
+    runs: int,
+    during: Callable[[Path], None] | None = None,
+    work: float = 0.001,
+) -> list[Child]:
+    """``agents`` worker processes claim and finish ``runs`` pre-created runs; every run must
+    end FINISHED after exactly one attempt, executed by exactly one agent."""
+    with open_store(url) as s:
+        sweep = s.create_sweep({}, name="stress", run_cap=None, max_failures=0, max_preemptions=0)
+        ids = s.add_runs(sweep, [{"i": i} for i in range(runs)])
+    log = tmp_path / "executed.log"
+    go = tmp_path / "go"
+    args = ["--sweep", sweep, "--log", str(log), "--go", str(go), "--work", str(work)]
+    children = [worker(spawn, url, "claim", "--agent", f"agent-{n}", *args) for n in range(agents)]
+    for child in children:
+        child.wait_line(lambda line: line == "ready", 120)
+    go.touch()
+    if during is not None:
+        during(log)
+    for child in children:
+        assert child.wait(600) == 0, child.output
+    executed = Counter(line.split()[0] for line in log.read_text().splitlines())
+    assert sorted(executed) == sorted(ids), "a run was never executed"
+    assert [r for r, n in executed.items() if n > 1] == [], "a run was executed twice"
+    with open_store(url) as s:
+        states = Counter((r.state, r.attempt) for r in s.runs(sweep))
+        assert states == {("FINISHED", 1): runs}
+        for run_id in ids[:: max(1, runs // 20)]:
+            assert [(a.number, a.ending) for a in s.attempts(run_id)] == [(1, "FINISHED")]
+    assert sum(int(c.lines[-1].split()[1]) for c in children) == runs
+    return children
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(int(600 * max(SCALE, 1)))
+def test_eight_agents_execute_every_run_exactly_once(
+    store_url: str, spawn: Callable[..., Child], tmp_path: Path
+) -> None:
+    run_agents(spawn, store_url, tmp_path, agents=8, runs=max(8, round(8 * 50 * SCALE)))
+
+
+@pytest.mark.timeout(300)
+def test_a_postgresql_restart_mid_sweep_loses_nothing_and_runs_nothing_twice(
+    pg_server: PgServer, spawn: Callable[..., Child], tmp_path: Path
+) -> None:
+    if pg_server.directory is None:
+        pytest.skip("the PostgreSQL server was started elsewhere; it is not ours to restart")
+    import uuid
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    pg_server.admin(f'CREATE DATABASE "{name}"')
+    runs = 240
+
+    def restart_when_a_quarter_is_done(log: Path) -> None:
+        def executed() -> int:
+            return log.exists() and len(log.read_text().splitlines())
+
+        wait_for(lambda: executed() >= runs // 4, 120, "a quarter of the runs")
+        pg_server.restart()
+        assert executed() < runs, "the sweep was over before the restart; make it longer"
+
+    try:
+        children = run_agents(
+            spawn,
+            pg_server.database_url(name),
+            tmp_path,
+            4,
+            runs,
+            during=restart_when_a_quarter_is_done,
+            work=0.02,
+        )
+        assert any("unreachable or locked" in c.output for c in children)
+    finally:
+        pg_server.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
