@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -279,3 +279,163 @@ def demo(steps: int, seed: int | None, workdir: Path | None) -> None:
         return
     click.echo("  final weights of 2+3 and 1: DIFFERENT")
     sys.exit(1)
+
+
+# -- sweeps ----------------------------------------------------------------------------------
+
+DB_HELP = (
+    "The sweep database: postgresql://USER:PASSWORD@HOST/DB for agents on several machines "
+    "[default: an SQLite file under ./.preemptible/]."
+)
+
+
+def _db_option(f: Any) -> Any:
+    return click.option(
+        "--db", default=None, envvar="PREEMPTIBLE_DB", show_envvar=True, help=DB_HELP
+    )(f)
+
+
+@main.group(context_settings=CONTEXT)
+def sweep() -> None:
+    """Create and control sweeps: many runs of one program, run by agents from a queue."""
+
+
+@sweep.command("create", context_settings=CONTEXT)
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--name", default=None, help="A name to show in status [default: the spec's name].")
+@_db_option
+def sweep_create(spec: Path, name: str | None, db: str | None) -> None:
+    """Create a sweep from SPEC (YAML, W&B's sweep format); print its id (last)."""
+    import json
+    import secrets
+
+    from .sweeps._sample import propose
+    from .sweeps._spec import load_spec
+    from .sweeps._store import open_store
+
+    try:
+        parsed = load_spec(spec)
+        for key in parsed.ignored:
+            click.echo(f"preemptible: {spec}: {key} is accepted and ignored", err=True)
+        with open_store(db) as store:
+            seed = secrets.randbelow(2**31)
+            sweep_id = store.create_sweep(
+                json.loads(json.dumps(parsed.raw)),
+                name=name or parsed.name,
+                run_cap=parsed.run_cap,
+                max_failures=parsed.max_failures,
+                max_preemptions=parsed.max_preemptions,
+                seed=seed,
+            )
+            if parsed.method == "grid":  # the whole grid is known: queue it, status shows it
+                size = parsed.grid_size() or 0
+                if parsed.run_cap is not None:
+                    size = min(size, parsed.run_cap)
+                points = [propose(parsed, [], index=i, seed=seed) for i in range(size)]
+                store.add_runs(sweep_id, [p for p in points if p is not None])
+            where = store.display
+    except PreemptibleError as exc:
+        _fail(str(exc))
+    click.echo(f"created sweep in {where}; start agents with: preemptible agent {sweep_id}")
+    click.echo(sweep_id)
+
+
+def _control(sweep_id: str, db: str | None, control: str, *, now: bool = False) -> None:
+    from .sweeps._store import open_store
+
+    try:
+        with open_store(db) as store:
+            store.set_control(sweep_id, control, now=now)  # type: ignore[arg-type]
+    except PreemptibleError as exc:
+        _fail(str(exc))
+    click.echo(f"sweep {sweep_id}: {control}{' (now)' if now else ''}")
+
+
+@sweep.command("stop", context_settings=CONTEXT)
+@click.argument("sweep_id")
+@_db_option
+def sweep_stop(sweep_id: str, db: str | None) -> None:
+    """No new runs are claimed; running runs finish."""
+    _control(sweep_id, db, "stopped")
+
+
+@sweep.command("pause", context_settings=CONTEXT)
+@click.argument("sweep_id")
+@_db_option
+def sweep_pause(sweep_id: str, db: str | None) -> None:
+    """No new runs are claimed until `sweep resume`; agents wait."""
+    _control(sweep_id, db, "paused")
+
+
+@sweep.command("resume", context_settings=CONTEXT)
+@click.argument("sweep_id")
+@_db_option
+def sweep_resume(sweep_id: str, db: str | None) -> None:
+    """Claims start again after `sweep pause` or `sweep stop`."""
+    _control(sweep_id, db, "running")
+
+
+@sweep.command("cancel", context_settings=CONTEXT)
+@click.argument("sweep_id")
+@click.option("--now", is_flag=True, help="SIGKILL running runs at once (no save).")
+@_db_option
+def sweep_cancel(sweep_id: str, now: bool, db: str | None) -> None:
+    """Running runs get SIGTERM (they save), then SIGKILL after the term timeout; pending
+    runs are cancelled."""
+    _control(sweep_id, db, "cancelled", now=now)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("sweep_id")
+@_db_option
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=None,
+    show_envvar=True,
+    help="Run at most N runs.",
+)
+@click.option(
+    "--heartbeat",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds between lease renewals (and looks at the sweep's control).",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds a run stays this agent's without a renewal; then it is requeued.",
+)
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".preemptible"),
+    show_default=True,
+    envvar="PREEMPTIBLE_HOME",
+    show_envvar=True,
+    help="Where run directories and checkpoints go (shared by agents on several machines).",
+)
+def agent(
+    sweep_id: str, db: str | None, count: int | None, heartbeat: float, lease: float, home: Path
+) -> None:
+    """Claim runs of SWEEP_ID and run them until the sweep has nothing left.
+
+    \b
+    Exit code: 0 nothing left (or --count runs done); 128+signum stopped by a signal (the
+    running run was stopped, saved and handed back); 2 bad usage or database.
+    """
+    from .sweeps._agent import Agent, AgentConfig
+
+    try:
+        config = AgentConfig(
+            sweep_id=sweep_id, db=db, count=count, heartbeat=heartbeat, lease=lease, home=home
+        )
+        code = Agent(config).run()
+    except PreemptibleError as exc:
+        _fail(str(exc))
+    sys.exit(code)

@@ -1,0 +1,247 @@
+"""``preemptible agent`` end to end: real agents (processes), real runs, real signals, a real
+queue (SQLite, and PostgreSQL where marked), states read back from the store."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from preemptible.sweeps._store import open_store
+from tests.conftest import PY, SCRIPTS, Child, wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+PROGRAM = str(SCRIPTS / "sweep_train.py")
+
+
+def write_spec(tmp_path: Path, params: dict[str, object], **extra: object) -> Path:
+    spec = {
+        "program": PROGRAM,
+        "method": "grid",
+        "metric": {"name": "loss", "goal": "minimize"},
+        "parameters": params,
+        **extra,
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return path
+
+
+def cli(*args: str) -> list[str]:
+    return [PY, "-m", "preemptible", *args]
+
+
+def create(spawn: Callable[..., Child], tmp_path: Path, db: str, spec: Path) -> str:
+    child = spawn(cli("sweep", "create", str(spec), "--db", db), cwd=tmp_path)
+    assert child.wait(60) == 0, child.output
+    return child.lines[-1].strip()
+
+
+def agent(spawn: Callable[..., Child], tmp_path: Path, db: str, sweep: str, *extra: str) -> Child:
+    return spawn(
+        cli("agent", sweep, "--db", db, "--heartbeat", "0.5", "--lease", "4", *extra),
+        cwd=tmp_path,
+    )
+
+
+def states(db: str, sweep: str) -> dict[int, str]:
+    with open_store(db) as store:
+        return {r.index: r.state for r in store.runs(sweep)}
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)
+
+
+def same(a: Path, b: Path) -> bool:
+    wa, wb = weights(a), weights(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_stopped_agent_hands_its_run_back_and_another_agent_resumes_it_exactly(
+    tmp_path: Path, spawn: Callable[..., Child], store_url: str
+) -> None:
+    """SIGTERM to agent A mid-run: the run saves, A records PREEMPTED and exits 143 without
+    claiming again; agent B takes the run back from the queue (same id, same checkpoints),
+    resumes it, and it ends with the weights of a run never stopped."""
+    spec = write_spec(
+        tmp_path,
+        {"lr": {"values": [0.05]}, "steps": {"value": 40}, "step-sleep": {"value": 0.05}},
+    )
+    sweep = create(spawn, tmp_path, store_url, spec)
+    a = agent(spawn, tmp_path, store_url, sweep)
+    a.wait_line(lambda line: line == "step 10", timeout=120)
+    a.signal(signal.SIGTERM)
+    assert a.wait(60) == 143, a.output
+    assert "no more runs claimed" in a.output
+    assert states(store_url, sweep) == {0: "PENDING"}
+
+    b = agent(spawn, tmp_path, store_url, sweep)
+    assert b.wait(120) == 0, b.output
+    with open_store(store_url) as store:
+        [run] = store.runs(sweep)
+        attempts = store.attempts(run.id)
+    assert run.state == "FINISHED" and run.preemptions == 1
+    assert [x.ending for x in attempts] == ["PREEMPTED", "FINISHED"]
+    assert attempts[0].checkpoint_step is not None and attempts[0].checkpoint_step >= 10
+    assert run.summary is not None and run.summary["step"] == 39
+    assert "resuming from" in b.output
+
+    # the same run, never stopped, in another home
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    sweep_ref = create(spawn, ref, f"sqlite://{ref}/q.db", spec)
+    c = agent(spawn, ref, f"sqlite://{ref}/q.db", sweep_ref)
+    assert c.wait(120) == 0, c.output
+    assert same(
+        tmp_path / ".preemptible" / "runs" / run.id / "final.pt",
+        ref / ".preemptible" / "runs" / f"{sweep_ref}-0" / "final.pt",
+    )
+
+
+def test_a_lost_agent_s_run_is_requeued_once_and_finished_by_another(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    """SIGKILL to an agent and its run's process group (the machine is gone): when the lease
+    runs out, another agent requeues the run (CRASHED, a preemption) and finishes it."""
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = write_spec(tmp_path, {"steps": {"value": 40}, "step-sleep": {"value": 0.05}})
+    sweep = create(spawn, tmp_path, db, spec)
+    a = agent(spawn, tmp_path, db, sweep)
+    a.wait_line(lambda line: line == "step 5", timeout=120)
+    with open_store(db) as store:
+        [run] = store.runs(sweep)
+    pid_of_run = int(
+        json.loads((tmp_path / ".preemptible/runs" / run.id / "heartbeat.json").read_text())[
+            "child_pid"
+        ]
+    )
+    a.signal_group(signal.SIGKILL)  # the agent
+    with contextlib.suppress(ProcessLookupError):  # and the run's group, if its guardian
+        os.killpg(pid_of_run, signal.SIGKILL)  # has not ended it already
+    b = agent(spawn, tmp_path, db, sweep)
+    assert b.wait(120) == 0, b.output
+    with open_store(db) as store:
+        [run] = store.runs(sweep)
+        attempts = store.attempts(run.id)
+    assert run.state == "FINISHED" and run.preemptions == 1
+    assert [x.ending for x in attempts] == ["CRASHED", "FINISHED"]
+
+
+def test_cancel_stops_the_running_run_with_a_checkpoint_and_the_agent_exits(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = write_spec(
+        tmp_path,
+        {"lr": {"values": [0.01, 0.02]}, "steps": {"value": 400}, "step-sleep": {"value": 0.05}},
+    )
+    sweep = create(spawn, tmp_path, db, spec)
+    a = agent(spawn, tmp_path, db, sweep)
+    a.wait_line(lambda line: line == "step 5", timeout=120)
+    cancel = spawn(cli("sweep", "cancel", sweep, "--db", db), cwd=tmp_path)
+    assert cancel.wait(60) == 0, cancel.output
+    assert a.wait(60) == 0, a.output
+    with open_store(db) as store:
+        runs = store.runs(sweep)
+        attempts = store.attempts(runs[0].id)
+    assert [r.state for r in runs] == ["CANCELLED", "CANCELLED"]  # running and pending
+    assert len(attempts) == 1 and attempts[0].checkpoint_step is not None  # it saved
+    assert sorted((tmp_path / ".preemptible/runs" / runs[0].id / "checkpoints").glob("step-*"))
+
+
+def test_pause_holds_the_agent_and_resume_lets_it_go_on(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = write_spec(tmp_path, {"lr": {"values": [0.01, 0.02]}, "steps": {"value": 3}})
+    sweep = create(spawn, tmp_path, db, spec)
+    pause = spawn(cli("sweep", "pause", sweep, "--db", db), cwd=tmp_path)
+    assert pause.wait(60) == 0, pause.output
+    a = agent(spawn, tmp_path, db, sweep)
+    wait_for(lambda: "agent" in a.output, 60, "the agent to start")
+    with pytest.raises(AssertionError):
+        a.wait_line(lambda line: line.startswith("step "), timeout=3)  # nothing runs
+    assert states(db, sweep) == {0: "PENDING", 1: "PENDING"}
+    resume = spawn(cli("sweep", "resume", sweep, "--db", db), cwd=tmp_path)
+    assert resume.wait(60) == 0, resume.output
+    assert a.wait(120) == 0, a.output
+    assert states(db, sweep) == {0: "FINISHED", 1: "FINISHED"}
+
+
+def test_a_failing_run_uses_its_failure_budget_then_the_agent_moves_on(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = write_spec(
+        tmp_path,
+        {"fail": {"values": [True]}, "steps": {"value": 3}},
+        max_failures=1,
+        command=["${env}", "${interpreter}", "${program}", "${args_no_boolean_flags}"],
+    )
+    sweep = create(spawn, tmp_path, db, spec)
+    a = agent(spawn, tmp_path, db, sweep)
+    assert a.wait(120) == 0, a.output
+    with open_store(db) as store:
+        [run] = store.runs(sweep)
+        attempts = store.attempts(run.id)
+    assert run.state == "FAILED" and [x.exit_code for x in attempts] == [3, 3]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["agent", "nosuchid", "--db", "sqlite:///{tmp}/q.db"], "no sweep 'nosuchid'"),
+        (["agent", "x", "--db", "mysql://u:secret@h/db"], "***"),
+        (["agent", "x", "--heartbeat", "10", "--lease", "5"], "--lease 5 is not valid"),
+        (["sweep", "create", "{tmp}/missing.yaml"], "missing.yaml"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, spawn: Callable[..., Child], args: list[str], says: str
+) -> None:
+    child = spawn(cli(*(a.format(tmp=tmp_path) for a in args)), cwd=tmp_path)
+    assert child.wait(60) == 2, child.output
+    errors = [line for line in child.lines if line.startswith("preemptible:")]
+    assert len(errors) == 1 and says in errors[0], child.output
+    assert "Traceback" not in child.output and "secret" not in child.output
+
+
+def test_cancel_now_kills_the_run_at_once(tmp_path: Path, spawn: Callable[..., Child]) -> None:
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = write_spec(tmp_path, {"steps": {"value": 4000}, "step-sleep": {"value": 0.05}})
+    sweep = create(spawn, tmp_path, db, spec)
+    a = agent(spawn, tmp_path, db, sweep)
+    a.wait_line(lambda line: line == "step 5", timeout=120)
+    cancel = spawn(cli("sweep", "cancel", sweep, "--now", "--db", db), cwd=tmp_path)
+    assert cancel.wait(60) == 0, cancel.output
+    assert a.wait(60) == 0, a.output
+    with open_store(db) as store:
+        [run] = store.runs(sweep)
+        [attempt] = store.attempts(run.id)
+    assert run.state == "CANCELLED"
+    assert attempt.exit_code == 128 + signal.SIGKILL and attempt.checkpoint_step is None
+
+
+def test_stop_lets_the_running_run_finish_and_claims_nothing_more(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = write_spec(
+        tmp_path,
+        {"lr": {"values": [0.01, 0.02]}, "steps": {"value": 30}, "step-sleep": {"value": 0.05}},
+    )
+    sweep = create(spawn, tmp_path, db, spec)
+    a = agent(spawn, tmp_path, db, sweep)
+    a.wait_line(lambda line: line == "step 3", timeout=120)
+    stop = spawn(cli("sweep", "stop", sweep, "--db", db), cwd=tmp_path)
+    assert stop.wait(60) == 0, stop.output
+    assert a.wait(60) == 0, a.output
+    assert states(db, sweep) == {0: "FINISHED", 1: "PENDING"}
