@@ -175,6 +175,17 @@ def test_pause_holds_the_agent_and_resume_lets_it_go_on(
     assert a.wait(120) == 0, a.output
     assert states(db, sweep) == {0: "FINISHED", 1: "FINISHED"}
 
+    picture = tmp_path / "timeline.png"
+    status = spawn(cli("status", sweep, "--db", db, "--json", "--plot", str(picture)))
+    assert status.wait(60) == 0, status.output
+    doc = json.loads(status.output[status.output.index("{") :])
+    assert [r["state"] for r in doc["runs"]] == ["FINISHED", "FINISHED"]
+    assert doc["sweep"]["best"]["run_id"] in {r["run_id"] for r in doc["runs"]}
+    assert picture.read_bytes().startswith(b"\x89PNG")
+    table = spawn(cli("status", sweep, "--db", db))
+    assert table.wait(60) == 0, table.output
+    assert "lr=0.01 steps=3" in table.output and "FINISHED" in table.output
+
 
 def test_a_failing_run_uses_its_failure_budget_then_the_agent_moves_on(
     tmp_path: Path, spawn: Callable[..., Child]

@@ -16,9 +16,9 @@ ended. What the agent adds is the queue:
   run was handed to another agent) kills the run at once: two attempts must never write one
   checkpoint directory.
 
-Stopping an agent (SIGINT, SIGTERM, SIGHUP): the signal goes to the run, which saves and exits;
-the agent records the attempt (the run goes back to the queue) and exits 128 + signum without
-claiming again. Between runs it exits at once. A second signal reaches the run as a second
+Stopping an agent (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2): the signal goes to the run,
+which saves and exits; the agent records the attempt (the run goes back to the queue) and exits
+128 + signum without claiming again. Between runs it exits at once. A second signal reaches the run as a second
 signal: it exits at once, as under ``preemptible run``.
 
 Agents on several machines must share the directory of runs (``--home``): checkpoints of a
@@ -51,7 +51,8 @@ from ._store import Claim, LeaseLost, Store, StoreError, open_store
 
 logger = logging.getLogger("preemptible")
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# what an agent takes as a stop: the signals the supervisor passes on to a run
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_HEARTBEAT = 10.0
 DEFAULT_LEASE = 60.0
 
@@ -81,7 +82,7 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.host = socket.gethostname()
-        self.id = f"{self.host}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.id = f"{os.getpid()}-{secrets.token_hex(4)}"  # shown as agent@host
         self.store = open_store(config.db)
         self.sweep = self.store.sweep(config.sweep_id)  # an unknown sweep fails here: one line
         self.spec: SweepSpec = parse_spec(self.sweep.spec, source=f"sweep {self.sweep.id}")
