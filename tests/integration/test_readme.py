@@ -564,6 +564,16 @@ def _run_yaml(block: Block, options: dict[str, str], ctx: Ctx) -> None:
                 )
 
 
+def _run_sweep(block: Block, options: dict[str, str], ctx: Ctx) -> None:
+    """A sweep spec: ``preemptible sweep create`` must take it as it is, with nothing ignored."""
+    from preemptible.sweeps._spec import load_spec
+
+    path = ctx.tmp / "sweep.yaml"
+    path.write_text(block.text)
+    spec = load_spec(path)  # a ConfigError names the key
+    assert not spec.ignored, f"{block.where}: keys without effect: {spec.ignored}"
+
+
 # -- make and output -----------------------------------------------------------------------
 
 
@@ -721,6 +731,7 @@ KINDS: dict[str, Kind] = {
     "script": Kind(_run_script, frozenset(), SH),
     "synopsis": Kind(_run_synopsis, frozenset(), SH),
     "yaml": Kind(_run_yaml, frozenset(), YAML),
+    "sweep": Kind(_run_sweep, frozenset(), YAML),
     "make": Kind(_run_make, frozenset({"run", "skip", "why"}), SH, 300),
     "output": Kind(_run_output, frozenset({"of"}), None, 300),
     "skip": Kind(_run_skip, frozenset(), None),
