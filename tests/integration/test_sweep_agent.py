@@ -213,11 +213,16 @@ def test_a_failing_run_uses_its_failure_budget_then_the_agent_moves_on(
         (["agent", "x", "--db", "mysql://u:secret@h/db"], "***"),
         (["agent", "x", "--heartbeat", "10", "--lease", "5"], "--lease 5 is not valid"),
         (["sweep", "create", "{tmp}/missing.yaml"], "missing.yaml"),
+        (["sweep", "create", "{tmp}/bad.yaml"], "parameters.lr.distribution: 'lognormal'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
     tmp_path: Path, spawn: Callable[..., Child], args: list[str], says: str
 ) -> None:
+    (tmp_path / "bad.yaml").write_text(
+        "program: train.py\nmethod: random\n"
+        "parameters:\n  lr: {distribution: lognormal, mu: 0, sigma: 1}\n"
+    )
     child = spawn(cli(*(a.format(tmp=tmp_path) for a in args)), cwd=tmp_path)
     assert child.wait(60) == 2, child.output
     errors = [line for line in child.lines if line.startswith("preemptible:")]
