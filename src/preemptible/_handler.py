@@ -402,7 +402,7 @@ class PreemptionCheckpointHandler:
         safe to call twice. After a committed stop whose exit is under way, the handlers stay
         until the process is gone (a late signal then exits with the stop's code)."""
         if self._async is not None:
-            self._async.wait()  # never leave a write behind (the process may exit next)
+            self._async.close()  # never leave a write behind; frees the staging buffers
             self._collect_async()
         self._ctl.close()
         if self._agreement is not None:
@@ -466,8 +466,7 @@ class PreemptionCheckpointHandler:
             if rngs is None:
                 return
             payload.update(rng_ranks=rngs, world_size=self._ranks.world)
-        snapshot = self._async.snapshot.copy(payload)
-        if self._async.submit(step, lambda tmp: write_payload(snapshot, tmp)):
+        if self._async.save(step, payload, write_payload):  # the copy is made in there
             stall = time.monotonic() - started
             self.stall_times.add(stall)
             if self._interval is not None:
