@@ -261,3 +261,17 @@ def test_stop_lets_the_running_run_finish_and_claims_nothing_more(
     assert stop.wait(60) == 0, stop.output
     assert a.wait(60) == 0, a.output
     assert states(db, sweep) == {0: "FINISHED", 1: "PENDING"}
+
+
+def test_a_run_whose_command_cannot_start_fails_and_the_agent_goes_on(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = write_spec(
+        tmp_path, {"lr": {"values": [0.1, 0.2]}}, command=[str(tmp_path / "no-such-program")]
+    )
+    sweep = create(spawn, tmp_path, db, spec)
+    a = agent(spawn, tmp_path, db, sweep)
+    assert a.wait(120) == 0, a.output
+    assert "could not start" in a.output
+    assert states(db, sweep) == {0: "FAILED", 1: "FAILED"}

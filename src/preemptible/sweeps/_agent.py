@@ -201,19 +201,8 @@ class Agent:
                 )
             )
         except (OSError, PreemptibleError) as exc:
-            # the run cannot even start here (its command, this machine's disk): FAILED, so
-            # that its failure budget, not an endless loop of claims, decides what happens
-            logger.error("preemptible: run %s cannot start: %s", claim.run_id, exc)
-            self.store.finish(
-                claim.run_id,
-                agent=self.id,
-                attempt=claim.attempt,
-                ending="FAILED",
-                exit_code=None,
-                duration=0.0,
-                checkpoint_step=None,
-                summary=None,
-            )
+            logger.error("preemptible: run %s could not start: %s", claim.run_id, exc)
+            self._fail_to_start(claim)
             return None
         if self._signals:  # told to stop between the claim and the start
             self.store.release(claim.run_id, agent=self.id, attempt=claim.attempt)
@@ -223,6 +212,10 @@ class Agent:
         beat.start()
         try:
             attempt = supervisor.run_attempt(claim.attempt)
+        except PreemptibleError as exc:  # it could not start (no such program, a lock held)
+            logger.error("preemptible: run %s could not start: %s", claim.run_id, exc)
+            self._fail_to_start(claim)
+            return None
         finally:
             beat.stop()
             self._install()
@@ -260,6 +253,20 @@ class Agent:
         if received:
             return self._stopped(received[0])
         return None
+
+    def _fail_to_start(self, claim: Claim) -> None:
+        """The run cannot even start here (its command, this machine's disk): FAILED, so that
+        its failure budget, not an endless loop of claims, decides what happens to it."""
+        self.store.finish(
+            claim.run_id,
+            agent=self.id,
+            attempt=claim.attempt,
+            ending="FAILED",
+            exit_code=None,
+            duration=0.0,
+            checkpoint_step=None,
+            summary=None,
+        )
 
 
 class _Heartbeat:
