@@ -183,30 +183,38 @@ def doctor(as_json: bool) -> None:
 
 @main.command(context_settings=CONTEXT)
 @click.option(
+    "--single",
+    is_flag=True,
+    show_envvar=True,
+    help="The single-run demo: train, SIGTERM at a random step, resume, compare.",
+)
+@click.option(
     "--steps",
     type=click.IntRange(min=10),
-    default=200,
-    show_default=True,
+    default=None,
     show_envvar=True,
-    help="Training steps of each run.",
+    help="Training steps of each run, with --single [default: 200].",
 )
 @click.option(
     "--seed",
     type=int,
     default=None,
     show_envvar=True,
-    help="Seed that picks the step to interrupt (default: random).",
+    help="Seed that picks the steps to interrupt at (default: random).",
 )
 @click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     show_envvar=True,
-    help="Where checkpoints go (default: a temporary directory).",
+    help="Where the queue, runs and checkpoints go (default: a temporary directory).",
 )
-def demo(steps: int, seed: int | None, workdir: Path | None) -> None:
-    """Train a small model, SIGTERM it at a random step, resume it, compare with an
-    uninterrupted run bit for bit."""
+def demo(single: bool, steps: int | None, seed: int | None, workdir: Path | None) -> None:
+    """Run a 6-run sweep with two agents on an SQLite queue, preempt two runs mid-way (SIGTERM
+    to an agent, a stop file), let other agents resume them, and compare their final weights
+    with uninterrupted runs bit for bit. --single: one run, SIGTERM, resume, compare."""
+    if steps is not None and not single:
+        _fail("--steps is for --single; the sweep demo's runs have a fixed length")
     try:
         import torch
     except ImportError:
@@ -223,6 +231,11 @@ def demo(steps: int, seed: int | None, workdir: Path | None) -> None:
             f"cannot use {where} for the demo ({exc.strerror or exc}); give --workdir a "
             "writable directory"
         )
+    if not single:
+        from ._sweep_demo import run_sweep_demo
+
+        sys.exit(run_sweep_demo(workdir, seed=seed, echo=click.echo))
+    steps = 200 if steps is None else steps
     rng = random.Random(seed)
     stop_at = rng.randrange(steps // 5, steps - steps // 5)
     cmd = [sys.executable, "-m", "preemptible._demo", "--steps", str(steps)]

@@ -36,7 +36,7 @@ output    a sample of output, not code: skipped. ``of="make demo"`` (or any comm
 skip:     ``<!-- readme-test: skip: REASON -->``.
 
 Commands named by ``make run=`` and ``output of=`` start in the background when the module
-starts and their items run last, so the demo (~20 s) overlaps the other items.
+starts and their items run last, so the demo (a sweep: about a minute) overlaps the other items.
 """
 
 from __future__ import annotations
@@ -628,7 +628,7 @@ class Background:
                 start_new_session=True,
             )
 
-    def output(self, timeout: float = 240) -> str:
+    def output(self, timeout: float = 420) -> str:
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -667,7 +667,7 @@ def _commands_of(block: Block) -> list[str]:
 def background_commands(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
-    """Start the commands the selected items compare with (the demo: ~20 s) at once, so they
+    """Start the commands the selected items compare with (the demo: a minute) at once, so they
     run beside the other items (their items come last); kill what is left at the end."""
     wanted = set()
     for item in request.session.items:
@@ -701,6 +701,8 @@ def shape(text: str) -> list[str]:
     out = []
     for line in text.splitlines():
         line = re.sub(r"\S*/\S*", "PATH", line)
+        line = re.sub(r"(?<![\w-])[a-z0-9]{8}(?=-\d|\b)", "ID", line)  # sweep and run ids
+        line = re.sub(r"\b\d+[smhd](\d+[smhd])?\b", "AGE", line)  # status ages: 47s, 1m02s
         line = re.sub(r"\d+(\.\d+)?", "N", line)
         line = " ".join(line.split())
         if line:
@@ -733,7 +735,7 @@ KINDS: dict[str, Kind] = {
     "yaml": Kind(_run_yaml, frozenset(), YAML),
     "sweep": Kind(_run_sweep, frozenset(), YAML),
     "make": Kind(_run_make, frozenset({"run", "skip", "why"}), SH, 300),
-    "output": Kind(_run_output, frozenset({"of"}), None, 300),
+    "output": Kind(_run_output, frozenset({"of"}), None, 480),
     "skip": Kind(_run_skip, frozenset(), None),
 }
 
