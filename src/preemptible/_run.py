@@ -110,6 +110,10 @@ def _update(run_dir: Path, fields: dict[str, Any]) -> Path:
         record["preempting_at"] = now
     if fields.get("state") in ("stopping", "stopped") and "stopped_at" not in record:
         record["stopped_at"] = now
+    if fields.get("state") == "stopped":
+        # the final checkpoint is committed: the exit starts here (the supervisor measures it
+        # to the moment the process is gone, and budgets that for the next attempt's exit)
+        record["committed_at"] = now
     record.update(fields, pid=os.getpid(), updated_at=now)
     path = run_dir / RECORD_NAME
     write_text_atomic(path, json.dumps(record, indent=1, default=str), durable=True)

@@ -123,6 +123,6 @@ def test_grace_period_keeps_training_then_saves_again(tmp_path: Path, spawn) -> 
     assert len(saved) == 2, f"expected an insurance and a final checkpoint, got {saved}"
     assert saved[1] - saved[0] >= 10, "training should continue for most of the 3 s window"
     committed_after = files[1].stat().st_mtime - sent
-    assert 1.5 < committed_after < 3.0, (
+    assert 1.0 < committed_after < 3.0, (
         f"final checkpoint committed {committed_after:.2f} s after the signal; grace was 3 s"
     )

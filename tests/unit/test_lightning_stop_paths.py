@@ -19,10 +19,12 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, TensorDataset
 
-from preemptible import TerminationConfig
+from preemptible import Notice, TerminationConfig
 from preemptible._checkpoint import host_tag
+from preemptible._controller import Decision
+from preemptible._distributed import StopAgreement
 from preemptible._errors import ConfigError
-from preemptible.lightning import GracefulInterruptCallback, _StopAgreement
+from preemptible.lightning import GracefulInterruptCallback
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -179,19 +181,20 @@ def test_temporaries_of_dead_writers_on_this_host_are_removed(tmp_path: Path) ->
     assert alive.exists() and foreign.exists()  # still being written, or not ours to judge
 
 
-def test_ddp_agreement_carries_the_signal_of_the_rank_that_was_told() -> None:
+def test_a_stop_asked_for_after_another_rank_passed_its_last_batch_is_seen_at_the_end() -> None:
+    """The DDP path's end of fit: rank 0 has passed its last boundary when rank 1 asks for a
+    stop; the agreement would act at a boundary that never comes, so ``on_train_end`` asks
+    ``open_stop()``, which must return the stop with rank 1's signal."""
     store = torch.distributed.HashStore()
-    told = _StopAgreement(store, 1, 2, "fit1/", accumulate=1)
-    other = _StopAgreement(store, 0, 2, "fit1/", accumulate=1)
+    told = StopAgreement(store, 1, 2, poll_interval=0.01, timeout=10)
+    other = StopAgreement(store, 0, 2, poll_interval=0.01, timeout=10)
     try:
-        told.announce(signal.SIGINT)
-        other.pending.wait(5)
-        assert other.pending.is_set()
-        assert other.origin() == (1, signal.SIGINT)
-        assert not told.should_stop(4) and not other.should_stop(5)  # acks 4 and 5
-        assert not told.should_stop(6)
-        assert told.stop_at == other.stop_at == 7  # max(acks) + accumulate + 1
-        assert told.should_stop(7) and other.should_stop(7)
+        assert other.open_stop() is None
+        assert other.quiet()  # rank 0's last batch
+        notice = Notice(source="SIGINT", signum=signal.SIGINT)
+        assert told.decide(Decision.STOP, notice).decision is Decision.CONTINUE
+        seen = other.open_stop()
+        assert seen is not None and seen.signum == signal.SIGINT
     finally:
         told.close()
         other.close()

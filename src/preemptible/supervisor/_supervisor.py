@@ -41,6 +41,7 @@ import select
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -49,13 +50,16 @@ from typing import Any, NamedTuple
 from .._checkpoint import CheckpointStore, write_text_atomic
 from .._env import env_str
 from .._errors import ConfigError, PreemptibleError
+from .._interval import _tail
+from .._run import read_record
 from .._signals import DUPLICATE_WINDOW, KEEP_IGNORED
+from .._termination import EXIT_SECONDS_ENV
 from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
 from ..notices import grace_period_from_env
 from . import _slurm
 from ._classify import Ending, RunState, classify, exit_code_for
 from ._process import ProcessGroup, become_subreaper
-from ._record import RunRecord, load_record
+from ._record import RunRecord, _time, load_record
 
 logger = logging.getLogger("preemptible")
 
@@ -64,6 +68,9 @@ DEFAULT_TERM_TIMEOUT = 60.0
 MAX_RESTART_DELAY = 86400.0  # a day: longer is a typo, and select() refuses huge timeouts
 WATCH_INTERVAL = 2.0  # seconds between looks for processes that left the job's group
 LOCK_NAME = "supervisor.lock"
+JOURNAL_NAME = "attempts.jsonl"
+JOURNAL_TAIL_BYTES = 1 << 16  # the journal's last attempts; a line is ~300 bytes
+EXIT_HISTORY = 3  # measured exits passed on: the next attempt budgets the longest of these
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -175,6 +182,7 @@ class Attempt:
     exit_code: int
     duration: float
     signals: list[Received] = field(default_factory=list)
+    exit_seconds: float | None = None  # from the final commit to the last process reaped
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -187,6 +195,7 @@ class Attempt:
             "signals": [_name(s.signum) for s in self.signals],
             "forwarded": [s.forwarded for s in self.signals],
             "ended_at": time.time(),
+            **({} if self.exit_seconds is None else {"exit_s": round(self.exit_seconds, 3)}),
         }
 
 
@@ -268,6 +277,7 @@ class Supervisor:
         # where the job really saves (its record's checkpoint_dir); resumes come from here
         self.resume_dir = self.checkpoint_dir
         self.signals: list[Received] = []  # received since the supervisor started
+        self.requested: list[Received] = []  # of those, the stops asked for by stop_job()
         self.attempts: list[Attempt] = []
         self.policy = RestartPolicy(config)
         self._group: ProcessGroup | None = None
@@ -356,12 +366,43 @@ class Supervisor:
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> int:
+        """Attempts until the run ends (the restart policy); the exit code of the last."""
+        with self._session():
+            self._exit_code = self._loop()
+            return self._exit_code
+
+    def run_attempt(self, number: int) -> Attempt:
+        """One attempt, numbered ``number``, for a caller that owns the restart policy
+        (``preemptible agent``, whose queue decides what comes next): the same forwarding,
+        escalation, subreaper, guardian, journal and classification as ``run()``."""
+        with self._session():
+            attempt = self._attempt(number)
+            self._exit_code = attempt.exit_code
+            return attempt
+
+    def stop_job(self, signum: int) -> None:
+        """Stop the running attempt as a received ``signum`` would, from another thread (a
+        sweep's cancel; SIGKILL for a lost lease or ``cancel --now``): passed on to the group,
+        then the escalation. Listed in ``requested`` too, to tell it from a real signal."""
+        received = Received(signum, time.time(), True)
+        self.requested.append(received)
+        self.signals.append(received)
+        self._last_forward = (signum, time.monotonic())
+        group = self._group
+        if group is not None:
+            group.signal(signum)
+        else:
+            self._pending.append(signum)
+        with contextlib.suppress(OSError, ValueError):
+            os.write(self._wake_w, b"\0")  # the wait in _supervise looks again now
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[None]:
         self._prepare()
         become_subreaper()
         self._install()
         try:
-            self._exit_code = self._loop()
-            return self._exit_code
+            yield
         finally:
             self._uninstall()
             self._heartbeat_final()
@@ -430,9 +471,9 @@ class Supervisor:
         attempt_dir, group = self._start(number)
         done = False
         try:
-            self._supervise(number, group, first)
+            gone = self._supervise(number, group, first)
             self._group = None
-            attempt = self._finish(number, attempt_dir, group, first)  # recorded first
+            attempt = self._finish(number, attempt_dir, group, first, gone)  # recorded first
             left = group.stop_leftovers(self.config.linger, self._sleep)
             if left:
                 logger.warning(
@@ -491,6 +532,10 @@ class Supervisor:
         else:
             env.pop("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT", None)
         env.pop("PREEMPTIBLE_RESUME_FROM", None)
+        exits = measured_exits(self.run_dir / JOURNAL_NAME)
+        if exits:
+            # the worst of the last few: one fast exit must not shrink the budget of the next
+            env[EXIT_SECONDS_ENV] = f"{max(exits):.3f}"
         try:
             latest = CheckpointStore(self.resume_dir).latest()
         except OSError as exc:
@@ -501,8 +546,9 @@ class Supervisor:
             env["PREEMPTIBLE_RESUME_FROM"] = str(latest.path.resolve())
         return env
 
-    def _supervise(self, number: int, group: ProcessGroup, first: int) -> None:
-        """Wait for the attempt's whole group; escalate, watch for escapees, beat."""
+    def _supervise(self, number: int, group: ProcessGroup, first: int) -> float:
+        """Wait for the attempt's whole group; escalate, watch for escapees, beat. Returns
+        when (wall time) the group's last process was reaped: a SIGCHLD wakes the wait."""
         plan = _Escalation()
         next_beat = next_watch = 0.0
         while not group.reap():
@@ -522,7 +568,9 @@ class Supervisor:
                 next_beat = now + self.config.heartbeat_interval
             wake = min(next_beat, next_watch, plan.next_at())
             self._sleep(min(max(wake - now, 0.0), 1.0))
+        gone = time.time()
         self._log_signals(first)
+        return gone
 
     def _escalate(
         self, plan: _Escalation, group: ProcessGroup, mine: list[Received], now: float
@@ -565,7 +613,9 @@ class Supervisor:
             )
             group.signal(sig)
 
-    def _finish(self, number: int, attempt_dir: Path, group: ProcessGroup, first: int) -> Attempt:
+    def _finish(
+        self, number: int, attempt_dir: Path, group: ProcessGroup, first: int, gone: float
+    ) -> Attempt:
         ending = group.ending or Ending(lost=True)
         record = load_record(attempt_dir)
         mine = self.signals[first:]
@@ -575,6 +625,7 @@ class Supervisor:
         )
         code = exit_code_for(state, ending, record, mine[0].signum if mine else None)
         attempt = Attempt(number, group.pid, state, ending, code, group.duration, mine)
+        attempt.exit_seconds = exit_seconds(attempt_dir, gone, group.duration)
         self.attempts.append(attempt)
         self._journal(attempt)
         self._follow_checkpoints(record)
@@ -623,7 +674,7 @@ class Supervisor:
             )
 
     def _journal(self, attempt: Attempt) -> None:
-        path = self.run_dir / "attempts.jsonl"
+        path = self.run_dir / JOURNAL_NAME
         try:
             with open(path, "a") as fh:
                 fh.write(json.dumps(attempt.as_json()) + "\n")
@@ -719,6 +770,38 @@ def term_timeout(explicit: float | None = None) -> tuple[float, str]:
             "terminationGracePeriodSeconds",
         )
     return DEFAULT_TERM_TIMEOUT, "the default; set --term-timeout"
+
+
+def exit_seconds(attempt_dir: Path, gone: float, duration: float) -> float | None:
+    """Seconds from the attempt's final commit (its record's ``committed_at``) to ``gone``,
+    when its last process was reaped: the way out (watcher, acknowledgements, tracker,
+    interpreter and torch shutdown) that the process cannot time itself. None without a
+    final commit, or when the record's time cannot be this attempt's (it is the job's
+    input: a bad one must not set the next attempt's budget)."""
+    record = read_record(attempt_dir)
+    committed = _time(record.get("committed_at"))
+    if record.get("state") != "stopped" or committed is None:
+        return None
+    seconds = gone - committed
+    return seconds if 0 <= seconds <= duration else None
+
+
+def measured_exits(journal: Path) -> list[float]:
+    """The exit times of the last ``EXIT_HISTORY`` attempts that measured one, oldest first.
+    Read from the journal, so that a supervisor started again (a requeued SLURM job, a
+    rerun of the same command) knows the run's earlier attempts too."""
+    found: list[float] = []
+    for line in reversed(_tail(journal, JOURNAL_TAIL_BYTES)):
+        try:
+            entry = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        value = _time(entry.get("exit_s")) if isinstance(entry, dict) else None
+        if value is not None and value >= 0:
+            found.append(value)
+            if len(found) == EXIT_HISTORY:
+                break
+    return found[::-1]
 
 
 def _name(signum: int) -> str:
