@@ -34,6 +34,18 @@ STOPPED = re.compile(
     r"^rank (\d+): preemptible: stopped at step (\d+) on (\S+);.* exiting with (\d+)$"
 )
 SAVED = re.compile(r"^rank (\d+): preemptible: saved \S+ \(step (\d+),")
+# Ranks that share one stream (under torchrun, srun) can write into each other's lines: a
+# print is two writes (text, newline), so another rank's line may land between them. Search
+# the whole output for these, unanchored.
+STOPPED_IN = re.compile(
+    r"rank (\d+): preemptible: stopped at step (\d+) on (\S+);[^\n]* exiting with (\d+)"
+)
+STEP_IN = re.compile(r"rank 0 step (\d+)")
+
+
+def reached(step: int) -> Callable[[str], bool]:
+    """A line of a shared stream showing that rank 0 started ``step`` or a later one."""
+    return lambda line: any(int(m.group(1)) >= step for m in STEP_IN.finditer(line))
 
 
 def free_port() -> int:
@@ -294,14 +306,14 @@ def test_preemptible_run_over_torchrun_classifies_preempted_and_resumes_exactly(
     ]
     job += ["--step-sleep", "0.1"]  # time to signal it: pauses change nothing computed
     sup = supervise(spawn, tmp_path, "--pid-file", str(pid_file), "--", *job)
-    sup.wait_line(lambda line: line == "rank 0 step 8", timeout=120)
+    sup.wait_line(reached(8), timeout=120)
     torchrun = read_pid(pid_file)
     os.kill(torchrun, signal.SIGTERM)
     assert sup.wait(180) == 0, sup.output
     first, second = attempts(tmp_path)
     assert first["state"] == "PREEMPTED", first
     assert second["state"] == "FINISHED", second
-    stopped = [m for line in sup.lines if (m := STOPPED.match(line))]
+    stopped = list(STOPPED_IN.finditer(sup.output))
     assert len(stopped) == 2 and len({(m.group(2), m.group(4)) for m in stopped}) == 1, stopped
     assert stopped[0].group(4) == "143"
     assert_same_run(tmp_path, reference, "out.pt")
@@ -339,7 +351,7 @@ def test_srun_ranks_stopped_by_slurm_are_requeued_and_resume_exactly(
     subprocess.run(["scancel", "--signal=TERM", job], check=True, timeout=30)
     wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 240, "the job to complete")
     text = out.read_text()
-    stopped = [m for line in text.splitlines() if (m := STOPPED.match(line))]
+    stopped = list(STOPPED_IN.finditer(text))
     assert len(stopped) == 2 and len({(m.group(2), m.group(4)) for m in stopped}) == 1, text
     assert stopped[0].group(4) == "143", text
     assert f"requeued SLURM job {job}" in text and "FINISHED (exit 0)" in text, text

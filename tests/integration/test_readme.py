@@ -353,7 +353,7 @@ def _run_loop(block: Block, options: dict[str, str], ctx: Ctx) -> None:
 
 # -- torchrun -------------------------------------------------------------------------------
 
-TORCHRUN_STEP = re.compile(r"^step (\d+)\b")
+TORCHRUN_STEP = re.compile(r"\bstep (\d+) loss")  # searched: ranks share one stream
 
 
 def _run_torchrun(block: Block, options: dict[str, str], ctx: Ctx) -> None:
@@ -374,7 +374,7 @@ def _run_torchrun(block: Block, options: dict[str, str], ctx: Ctx) -> None:
     first = spawn(args, cwd=run_dir, env=env)
 
     def reached(line: str) -> bool:
-        return (m := TORCHRUN_STEP.match(line)) is not None and int(m.group(1)) >= at
+        return any(int(m.group(1)) >= at for m in TORCHRUN_STEP.finditer(line))
 
     first.wait_line(reached, timeout=120)
     first.signal(signal.SIGTERM)  # torchrun alone: it forwards the signal to its workers
