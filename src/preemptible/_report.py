@@ -18,8 +18,6 @@ import atexit
 import json
 import logging
 import math
-import os
-import stat
 import threading
 import time
 from pathlib import Path
@@ -27,7 +25,7 @@ from typing import Any
 
 from ._checkpoint import write_text_atomic
 from ._errors import ConfigError
-from ._run import current_run
+from ._run import current_run, read_json_object
 
 logger = logging.getLogger("preemptible")
 
@@ -122,15 +120,7 @@ def flush() -> Path | None:
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
     """The metrics an attempt reported, or {} (missing, unreadable, not a regular file)."""
-    try:
-        fd = os.open(run_dir / SUMMARY_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return {}
-            data = json.loads(fh.read(MAX_SUMMARY_BYTES + 1)[:MAX_SUMMARY_BYTES])
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json_object(run_dir / SUMMARY_NAME, MAX_SUMMARY_BYTES)
 
 
 def _hook() -> None:

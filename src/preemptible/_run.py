@@ -66,13 +66,18 @@ def current_run() -> RunInfo:
 def read_record(run_dir: Path) -> dict[str, Any]:
     """The record as written, or {} when it is missing or unreadable. The values are whatever
     the child wrote: a reader that acts on them checks their types."""
+    return read_json_object(run_dir / RECORD_NAME, MAX_RECORD_BYTES)
+
+
+def read_json_object(path: Path, max_bytes: int) -> dict[str, Any]:
+    """A JSON object written by an attempt, or {} when it is missing, unreadable, not an
+    object, or not a regular file (non-blocking: a FIFO planted there must not hang)."""
     try:
-        # non-blocking, and only a regular file: a FIFO planted as record.json must not hang
-        fd = os.open(run_dir / RECORD_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as fh:
             if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
                 return {}
-            data = json.loads(fh.read(MAX_RECORD_BYTES + 1)[:MAX_RECORD_BYTES])
+            data = json.loads(fh.read(max_bytes + 1)[:max_bytes])
     except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or bad UTF-8
         return {}
     return data if isinstance(data, dict) else {}
