@@ -10,6 +10,10 @@ each in a fresh process (so that memory peaks do not mix), the order rotated eac
   sync   save_every_steps, synchronous
   async  save_every_steps, async_save=True
 
+``--sharded``: the same with ``sharded=True`` (torch.distributed.checkpoint in one process, a
+real ``torch.optim.Adam`` so that its state goes through DCP too): ``sync`` is ``dcp.save``,
+``async`` is ``dcp.async_save`` with preemptible's reused staging (DCP's ``DefaultStager``).
+
 Per save: the *stall*, the time the save point takes on the training thread (the copy to host
 memory, and any wait for the previous write: *waited* counts the save points that found one
 still in flight); the first save apart (async: it allocates the staging buffers); the *write*,
@@ -18,6 +22,7 @@ same number of steps, up to the last checkpoint committed; peak memory (VmHWM) a
 process with its state built, and the bytes held in staging buffers.
 
     .venv/bin/python benchmarks/bench_async_stall.py [--sizes 100 1000] [--repeats 3] [--quick]
+        [--sharded]
 """
 
 from __future__ import annotations
@@ -66,7 +71,9 @@ class AdamState:
         self.state = state["state"]
 
 
-def child(size_mb: int, mode: str, every: int, saves: int, directory: str, threads: int) -> None:
+def child(
+    size_mb: int, mode: str, every: int, saves: int, directory: str, threads: int, sharded: bool
+) -> None:
     import torch
 
     from preemptible import PreemptionCheckpointHandler, TerminationConfig
@@ -75,7 +82,14 @@ def child(size_mb: int, mode: str, every: int, saves: int, directory: str, threa
     torch.manual_seed(0)
     n = size_mb * 2**20 // 4 // 3 // 8  # 8 parameter tensors; Adam adds two moments each
     model = torch.nn.ParameterDict({f"w{i}": torch.nn.Parameter(torch.rand(n)) for i in range(8)})
-    opt = AdamState(list(model.parameters()))
+    opt: Any = AdamState(list(model.parameters()))
+    if sharded:  # DCP writes modules and optimizers: a real Adam, its state made by one step
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        for p in model.parameters():
+            p.grad = None
     state_bytes = 3 * 8 * n * 4
     rss_state = vm("VmRSS")
 
@@ -99,6 +113,7 @@ def child(size_mb: int, mode: str, every: int, saves: int, directory: str, threa
         keep=2,
         save_every_steps=None if mode == "none" else every,
         async_save=mode == "async",
+        sharded=sharded,
     )
     steps = every * saves
     stalls: list[float] = []
@@ -150,7 +165,7 @@ def child(size_mb: int, mode: str, every: int, saves: int, directory: str, threa
 def run_child(args: argparse.Namespace, size: int, mode: str, every: int, base: Path) -> Any:
     with tempfile.TemporaryDirectory(dir=base) as d:
         cmd = [sys.executable, __file__, "--child", str(size), mode, str(every)]
-        cmd += [str(args.saves), d, str(args.threads)]
+        cmd += [str(args.saves), d, str(args.threads), str(int(args.sharded))]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 
@@ -161,8 +176,8 @@ def ms(seconds: float) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        size, mode, every, saves, directory, threads = sys.argv[2:8]
-        child(int(size), mode, int(every), int(saves), directory, int(threads))
+        size, mode, every, saves, directory, threads, sharded = sys.argv[2:9]
+        child(int(size), mode, int(every), int(saves), directory, int(threads), sharded == "1")
         return
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="state, MiB")
@@ -174,8 +189,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the training loop")
     p.add_argument("--dir", default=None, help="where checkpoints go (default: the temp dir)")
     p.add_argument("--quick", action="store_true", help="100 MiB, sync and async, 2 saves")
+    p.add_argument("--sharded", action="store_true", help="sharded=True (DCP save, async_save)")
     args = p.parse_args()
-    modes = MODES
+    modes = MODES[1:] if args.sharded else MODES
     if args.quick:
         args.sizes, args.repeats, args.saves, modes = [100], 1, 2, ("sync", "async")
         args.every = args.every or 100
@@ -200,7 +216,7 @@ def main() -> None:
             rows.append(
                 [
                     f"{size} MiB",
-                    mode,
+                    f"sharded {mode}" if args.sharded else mode,
                     "-" if dash else ms(steady[mode]),
                     "-" if dash else ms(median([g["stalls"][0] for g in runs])),
                     "-" if dash else ms(median([g["write"] for g in runs])),
@@ -208,7 +224,10 @@ def main() -> None:
                     ms(median([g["step"] for g in runs])),
                     f"{median([g['run'] for g in runs]):.2f} s",
                     f"{median([g['peak_over_state'] for g in runs]) / 2**20:.0f} MiB",
-                    f"{median([g['staging'] for g in runs]) / 2**20:.0f} MiB",
+                    # DCP's stager keeps its buffers: peak RSS shows them
+                    "-"
+                    if args.sharded
+                    else f"{median([g['staging'] for g in runs]) / 2**20:.0f} MiB",
                 ]
             )
         ratios.append(
@@ -218,7 +237,8 @@ def main() -> None:
         )
     print(
         f"machine: {machine()}; disk {disk_of(str(base))}; {args.saves} saves per run, "
-        f"torch threads {args.threads}; median of {args.repeats} rounds\n"
+        f"torch threads {args.threads}; median of {args.repeats} rounds"
+        f"{'; sharded (DCP)' if args.sharded else ''}\n"
     )
     header = ["state", "mode", "stall/save", "first save stall", "save or write", "waited"]
     header += ["step", "run", "peak RSS over state", "staging"]

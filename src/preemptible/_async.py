@@ -152,7 +152,7 @@ class AsyncSaver:
         """Snapshot ``payload`` here, then write it with ``write(snapshot, tmp)`` in the
         background; False when the save point was skipped (policy "skip", a save in flight:
         then nothing is copied either)."""
-        if self._skipped(step):
+        if self.skips(step):
             return False
         snapshot = self.snapshot.copy(payload)  # after the write in flight (policy "wait")
         return self.submit(step, lambda tmp: write(snapshot, tmp))
@@ -160,18 +160,26 @@ class AsyncSaver:
     def submit(self, step: int, write: Callable[[Path], None]) -> bool:
         """Start writing ``write``'s checkpoint of ``step`` in the background; False when the
         save point was skipped (policy "skip" and a save still in flight)."""
-        if self._skipped(step):
+        if self.skips(step):
             return False
+        self.start(step, lambda: self.store.save(step, write))
+        return True
+
+    def start(self, step: int, job: Callable[[], Path]) -> None:
+        """Run ``job`` (a save that returns the committed checkpoint) in the background, after
+        the save in flight; its result or its CheckpointSaveError is collected like any
+        background save's."""
         self.wait()
         self._step = step
         thread = threading.Thread(
-            target=self._run, args=(step, write), name="preemptible-async-save", daemon=False
+            target=self._run, args=(step, job), name="preemptible-async-save", daemon=False
         )
         self._thread = thread
         thread.start()
-        return True
 
-    def _skipped(self, step: int) -> bool:
+    def skips(self, step: int) -> bool:
+        """Whether the save point of ``step`` is dropped (policy "skip", a save in flight;
+        logged)."""
         if self.in_flight is None or self.policy != "skip":
             return False
         logger.warning(
@@ -192,14 +200,16 @@ class AsyncSaver:
         self.wait()
         return True
 
-    def _run(self, step: int, write: Callable[[Path], None]) -> None:
+    def _run(self, step: int, job: Callable[[], Path]) -> None:
         started = time.monotonic()
         try:
-            path = self.store.save(step, write)
+            path = job()
         except CheckpointSaveError as exc:
             self._error = exc
-        except Exception as exc:  # pragma: no cover - store.save maps errors already
-            self._error = CheckpointSaveError(f"background save of step {step} failed: {exc}")
+        except Exception as exc:  # store.save maps its errors; a rank's wait may not
+            self._error = CheckpointSaveError(
+                f"background save of step {step} failed: {type(exc).__name__}: {exc}"
+            )
         else:
             self._done = (step, path)
         self.write_seconds = time.monotonic() - started

@@ -283,13 +283,19 @@ class CheckpointStore:
         )
 
     # -- writing ---------------------------------------------------------------------------
-    def save(self, step: int, write: Callable[[Path], None]) -> Path:
+    def temporary(self, step: int) -> Path:
+        """A fresh temporary name for a checkpoint of ``step`` (nothing is created)."""
+        name = checkpoint_name(step)
+        return self.directory / f".tmp-{name}.{host_tag()}.{os.getpid()}.{os.urandom(4).hex()}"
+
+    def save(self, step: int, write: Callable[[Path], None], *, tmp: Path | None = None) -> Path:
         """Commit a new checkpoint for ``step``: ``write(tmp_path)`` creates it (a file or a
-        directory), then it is synced, renamed into place, and older ones are pruned."""
+        directory), then it is synced, renamed into place, and older ones are pruned.
+        ``tmp``: a name from ``temporary(step)`` that other writers already use (a sharded
+        checkpoint whose ranks write into it); removed as any temporary when the save fails."""
         final = self.directory / checkpoint_name(step)
-        tmp = self.directory / (
-            f".tmp-{final.name}.{host_tag()}.{os.getpid()}.{os.urandom(4).hex()}"
-        )
+        if tmp is None:
+            tmp = self.temporary(step)
         try:
             write(tmp)
             if not tmp.exists():

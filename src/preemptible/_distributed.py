@@ -25,12 +25,15 @@ optimizer are the same on every rank) and publishes the result; the others wait 
 is the one barrier of a save. Sharded (``sharded=True``, or DTensor parameters such as FSDP2):
 every rank writes its shards with ``torch.distributed.checkpoint`` into one temporary directory
 chosen by rank 0, which adds the small state and renames the directory into place once every
-rank has written: the commit protocol of a file.
+rank has written: the commit protocol of a file. In the background (``async_save=True``) the
+same directory is written by DCP's ``async_save`` (``BackgroundShards``), and the "written" and
+"done" messages go through the store from the ranks' background threads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import importlib
 import io
 import itertools
@@ -42,6 +45,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,8 +133,6 @@ def fallback_store(
     timeout: float = 300.0,
 ) -> Any:
     """A TCPStore served by rank 0 at ``host``:``port`` (default MASTER_ADDR, MASTER_PORT + 1)."""
-    import datetime
-
     dist = _module("torch.distributed")
     if host is None:
         host = os.environ.get("MASTER_ADDR") or None
@@ -251,10 +253,13 @@ class Ranks:
 
 @dataclass(frozen=True)
 class Agreed:
-    """What every rank does at this boundary; ``notice`` is the stop's (for STOP)."""
+    """What every rank does at this boundary; ``notice`` is the stop's (for STOP);
+    ``periodic``: an INSURANCE that is rank 0's periodic save (it may be written in the
+    background), not a checkpoint a grace window asked for."""
 
     decision: Decision
     notice: Notice | None = None
+    periodic: bool = False
 
 
 CONTINUE = Agreed(Decision.CONTINUE)
@@ -340,15 +345,18 @@ class StopAgreement:
         return True
 
     # -- the slow path ---------------------------------------------------------------------
-    def decide(self, local: Decision, notice: Notice | None = None) -> Agreed:
+    def decide(
+        self, local: Decision, notice: Notice | None = None, *, periodic: bool = False
+    ) -> Agreed:
         """What every rank does at this boundary. ``local``: what this rank's own requests
-        ask for (its controller's decision); ``notice``: its stop request, for the others."""
+        ask for (its controller's decision); ``notice``: its stop request, for the others;
+        ``periodic``: its INSURANCE is a periodic save."""
         with self._lock:
             if self._stopped:
                 raise AgreementError("this rank already stopped; the agreement is over")
             b = self._boundary
             self._pos = 2 * b
-            kind = self._open_round(local, notice)
+            kind = self._open_round(local, notice, periodic)
             if kind is None:
                 return self._pass(b)
             n = self._round
@@ -367,9 +375,11 @@ class StopAgreement:
                 self._done.set()
                 return Agreed(Decision.STOP, _notice_of(kind))
             self._next_round()
-            return Agreed(Decision.INSURANCE)
+            return Agreed(Decision.INSURANCE, periodic=kind.get("kind") == "periodic")
 
-    def _open_round(self, local: Decision, notice: Notice | None) -> dict[str, Any] | None:
+    def _open_round(
+        self, local: Decision, notice: Notice | None, periodic: bool
+    ) -> dict[str, Any] | None:
         """The current round's kind: known, found in the store, or proposed now."""
         if self._kind is not None:
             return self._kind
@@ -377,8 +387,9 @@ class StopAgreement:
         if self._store.check([key]):
             self._kind = _parse_kind(self._store.get(key))
         elif local is not Decision.CONTINUE:
+            what = "periodic" if periodic else "insurance"
             mine: dict[str, Any] = {
-                "kind": "stop" if local is Decision.STOP else "insurance",
+                "kind": "stop" if local is Decision.STOP else what,
                 "rank": self.rank,
             }
             if notice is not None:
@@ -439,7 +450,7 @@ def _parse_kind(raw: Any) -> dict[str, Any]:
         value = json.loads(bytes(raw).decode())
     except (ValueError, UnicodeDecodeError):
         value = None
-    if not isinstance(value, dict) or value.get("kind") not in ("stop", "insurance"):
+    if not isinstance(value, dict) or value.get("kind") not in ("stop", "insurance", "periodic"):
         raise AgreementError(f"the store holds an unknown round: {bytes(raw)[:100]!r}")
     return value
 
@@ -578,11 +589,84 @@ def write_shards(big: Mapping[str, Any], directory: Path, rank: int, rng: Any) -
             dcp.save(
                 sharded_state(big), checkpoint_id=str(directory), no_dist=process_group() is None
             )
+    write_rank_rng(directory, rank, rng)
+
+
+def write_rank_rng(directory: Path, rank: int, rng: Any) -> None:
     directory.mkdir(exist_ok=True)
     with open(directory / f"rng-{rank}.pt", "wb") as fh:
         fh.write(pack(rng))
         fh.flush()
         os.fsync(fh.fileno())
+
+
+_NO_DIST_SAVE = (
+    "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to save"
+)
+
+
+class BackgroundShards:
+    """Sharded saves in the background: ``torch.distributed.checkpoint.async_save``.
+
+    DCP copies the shards to host memory on the calling thread (into buffers its stager keeps
+    from save to save, page-locked when CUDA is there) and writes them in a thread of its own,
+    where the ranks plan and finish the checkpoint with collectives. Those collectives run on
+    a gloo group of ours, created here on every rank (a collective itself: every rank creates
+    its handler at the same point), so they never interleave with the training loop's own
+    collectives on the default group, and a CPU backend is there even when training uses NCCL.
+    The group's timeout is the ranks' (``PREEMPTIBLE_DIST_TIMEOUT``): a rank that died mid-save
+    fails the others' background saves instead of hanging them. Without a process group
+    (one process, ``sharded=True``) DCP saves without collectives.
+    """
+
+    def __init__(self, ranks: Ranks | None) -> None:
+        import torch
+
+        staging = _module("torch.distributed.checkpoint.staging")
+        cuda = bool(torch.cuda.is_available())
+        self._stager = staging.DefaultStager(
+            staging.StagingOptions(
+                use_pinned_memory=cuda,
+                use_shared_memory=False,
+                use_async_staging=False,  # the copy is the snapshot: done before we go on
+                use_non_blocking_copy=cuda,
+            )
+        )
+        self._group = None
+        if ranks is None:
+            # DCP's background thread warns on every save without a process group, which is
+            # meant here; a filter of the calling thread (catch_warnings) would not reach it
+            warnings.filterwarnings("ignore", message=_NO_DIST_SAVE)
+        else:
+            dist = _module("torch.distributed")
+            self._group = dist.new_group(
+                backend="gloo", timeout=datetime.timedelta(seconds=ranks.timeout)
+            )
+
+    def start(self, big: Mapping[str, Any], directory: Path) -> Any:
+        """Snapshot ``big``'s shards now; a future that is done when every rank wrote them into
+        ``directory`` (DCP's ``.metadata`` included)."""
+        dcp = _module("torch.distributed.checkpoint")
+        if not big:
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
+        with _single_process_quietly():
+            return dcp.async_save(
+                sharded_state(big),
+                checkpoint_id=str(directory),
+                process_group=self._group,
+                async_stager=self._stager,
+                no_dist=self._group is None,
+            )
+
+    def close(self) -> None:
+        """Free the staging buffers and the group (after the last save finished)."""
+        self._stager.close()
+        group, self._group = self._group, None
+        if group is not None:
+            with contextlib.suppress(Exception):  # the default group may be gone already
+                _module("torch.distributed").destroy_process_group(group)
 
 
 def read_shards(big: Mapping[str, Any], directory: Path) -> None:

@@ -12,12 +12,13 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _run
-from ._async import AsyncSaver
+from ._async import POLICIES, AsyncSaver
 from ._checkpoint import _FINAL, Checkpoint, CheckpointStore
 from ._controller import Decision, StopController
 from ._distributed import (
     META_NAME,
     Agreed,
+    BackgroundShards,
     Ranks,
     StopAgreement,
     Subset,
@@ -29,8 +30,10 @@ from ._distributed import (
     read_shards,
     remote_error,
     run_on_zero,
+    save_failed,
     split_sharded,
     unpack,
+    write_rank_rng,
     write_shards,
 )
 from ._env import env_str
@@ -78,7 +81,8 @@ class PreemptionCheckpointHandler:
     collective per step. ``save()`` and ``stop()`` are then collective (every rank calls them).
     Rank 0 writes one checkpoint with every rank's random states; with ``sharded=True``, or
     modules with DTensor parameters (FSDP2), every rank writes its shards through
-    ``torch.distributed.checkpoint`` into one directory that is committed as a whole.
+    ``torch.distributed.checkpoint`` into one directory that is committed as a whole
+    (``async_save=True``: through DCP's ``async_save``, in the background).
     """
 
     def __init__(
@@ -144,6 +148,8 @@ class PreemptionCheckpointHandler:
         self._ctl = StopController(config, chosen_signals, tracker=tracker)
         if not isinstance(async_save, bool):
             raise ConfigError(f"async_save={async_save!r} is not valid; use True or False")
+        if async_policy not in POLICIES:
+            raise ConfigError(f"async policy {async_policy!r} is not valid; use one of wait, skip")
         if async_save and config.save_fn is not None:
             raise ConfigError(
                 "async_save needs state (preemptible snapshots it); with save_fn your own code "
@@ -156,10 +162,6 @@ class PreemptionCheckpointHandler:
             raise ConfigError(
                 "sharded checkpoints are written by preemptible from state; with save_fn your "
                 "own code writes the checkpoint"
-            )
-        if self._sharded and async_save:
-            raise ConfigError(
-                "async_save is not available for sharded checkpoints; use one or the other"
             )
         self._async = AsyncSaver(self.store, policy=async_policy) if async_save else None
         self.stall_times = Durations()  # what the training loop waited for each save
@@ -181,11 +183,14 @@ class PreemptionCheckpointHandler:
         self._agreed_stop: Notice | None = None
         self._want_save = False  # rank 0: a periodic save in seconds is due (agreed first)
         self._seq = 0
+        self._shards: BackgroundShards | None = None  # sharded saves in the background
 
         try:
             self._ranks = Ranks.detect()
             if self._ranks is not None:
                 self._agreement = self._ranks.agreement()
+            if self._sharded and async_save:
+                self._shards = BackgroundShards(self._ranks)
             if _is_rank_zero():  # under torch.distributed, the ranks share rank 0's directory
                 self.store.lock()
                 self._locked = True
@@ -357,7 +362,10 @@ class PreemptionCheckpointHandler:
             )
         started = time.monotonic()
         if self._sharded:
-            path = self._save_sharded(step)
+            path, written = self._save_sharded(step, reuse=reuse)
+            if not written:
+                self._last_saved = (step, path)
+                return path
         elif self._ranks is not None:
             path, written = self._save_full(step, reuse=reuse)
             if not written:
@@ -404,6 +412,9 @@ class PreemptionCheckpointHandler:
         if self._async is not None:
             self._async.close()  # never leave a write behind; frees the staging buffers
             self._collect_async()
+        if self._shards is not None:
+            self._shards.close()
+            self._shards = None
         self._ctl.close()
         if self._agreement is not None:
             self._agreement.close()
@@ -457,6 +468,9 @@ class PreemptionCheckpointHandler:
     def _save_in_background(self) -> None:
         """Snapshot the state to host memory here, write it in a background thread."""
         assert self._async is not None
+        if self._shards is not None:
+            self._save_shards_in_background()
+            return
         self._collect_async()
         started = time.monotonic()
         step = self._step
@@ -472,6 +486,102 @@ class PreemptionCheckpointHandler:
             if self._interval is not None:
                 self._interval.observe_save(stall, write=self._async.write_seconds)
             self._last_save_end = time.monotonic()
+
+    def _save_shards_in_background(self) -> None:
+        """A sharded checkpoint written in the background. Rank 0 decides whether this save
+        point is taken (policy "skip" with a save in flight) and names the temporary directory;
+        every rank then snapshots its shards (DCP's async_save) and goes on. In the background
+        each rank waits for its shards to be written and adds its random states; rank 0 then
+        waits for every rank's, adds the small state and commits, and tells the others, so that
+        every rank ends its background save with the same checkpoint or the same failure."""
+        assert self._async is not None and self._shards is not None
+        self._collect_async()
+        started = time.monotonic()
+        ranks = self._ranks
+        rank, world = (ranks.rank, ranks.world) if ranks is not None else (0, 1)
+        step = self._step
+        objects, _plain = self._state.split()
+        big, _small = split_sharded(objects)
+        key = self._next_key("save")
+        if ranks is None or ranks.is_zero:
+            go: dict[str, Any] = {"skip": True}
+            if not self._async.skips(step):
+                self._async.wait()  # the staging buffers are free once the last write is done
+                self._collect_async()
+                tmp = self.store.temporary(step)
+                try:
+                    tmp.mkdir()
+                    go = {"tmp": tmp.name}
+                except OSError as exc:  # a directory that refuses writes: no save this time
+                    go = {"error": f"cannot create {tmp}: {exc.strerror or exc}"}
+            if ranks is not None:
+                ranks.announce(f"{key}/go", go)
+        else:
+            go = ranks.hear(f"{key}/go", f"rank 0 to start the save of step {step}")
+            if "tmp" in go:
+                self._async.wait()
+                self._collect_async()
+        if "error" in go:
+            logger.error(
+                "preemptible: background checkpoint of step %d failed: %s; the previous "
+                "checkpoints are intact",
+                step,
+                go["error"],
+            )
+        if "tmp" not in go:
+            return
+        tmp = self.store.directory / str(go["tmp"])
+        rng = capture_rng()
+        meta: dict[str, Any] | None = None
+        if rank == 0:
+            payload = build_payload(step, Subset(self._state.mapping, set(big)))
+            payload.update(sharded=sorted(big), world_size=world)
+            meta = self._async.snapshot.copy(payload)
+        shards = self._shards.start(big, tmp)  # the copy to host memory is made in there
+
+        def write(directory: Path) -> None:  # rank 0's, inside the store's commit
+            shards.result()
+            write_rank_rng(directory, rank, rng)
+            for r in range(1, world):
+                assert ranks is not None
+                heard = ranks.hear(f"{key}/written/{r}", "every rank to write its shards")
+                if "error" in heard:
+                    raise CheckpointSaveError(f"rank {r}: {heard['error']}", directory)
+            assert meta is not None  # rank 0 snapshotted it
+            write_payload(meta, directory / META_NAME)
+
+        def commit() -> Path:
+            try:
+                path = self.store.save(step, write, tmp=tmp)
+            except BaseException as exc:
+                if ranks is not None:
+                    save_failed(ranks, f"{key}/done", exc)
+                raise
+            if ranks is not None:
+                ranks.announce(f"{key}/done", {"path": path.name})
+            return path
+
+        def written() -> Path:  # the other ranks'
+            assert ranks is not None
+            try:
+                shards.result()
+                write_rank_rng(tmp, rank, rng)
+            except BaseException as exc:
+                ranks.announce(f"{key}/written/{rank}", {"error": f"{type(exc).__name__}: {exc}"})
+                raise
+            ranks.announce(f"{key}/written/{rank}", {})
+            fields = ranks.hear(f"{key}/done", f"rank 0 to commit step {step}")
+            path = self.store.directory / str(fields.get("path"))
+            if "error" in fields:
+                raise remote_error(fields, f"save step {step}", path)
+            return path
+
+        self._async.start(step, commit if rank == 0 else written)
+        stall = time.monotonic() - started
+        self.stall_times.add(stall)
+        if self._interval is not None:
+            self._interval.observe_save(stall, write=self._async.write_seconds)
+        self._last_save_end = time.monotonic()
 
     def _collect_async(self) -> None:
         """Take what the background writer finished: the newest checkpoint, or its failure."""
@@ -568,15 +678,19 @@ class PreemptionCheckpointHandler:
                 else:
                     ctl.latch.log_pending()
                     wanted = Decision.STOP if ctl.must_stop_now() else Decision.CONTINUE
-            if wanted is Decision.CONTINUE and self._want_save:
+            periodic = wanted is Decision.CONTINUE and self._want_save
+            if periodic:
                 wanted = Decision.INSURANCE
-            agreed: Agreed = ag.decide(wanted, ctl.requests.first_stop())
+            agreed: Agreed = ag.decide(wanted, ctl.requests.first_stop(), periodic=periodic)
             if agreed.decision is Decision.CONTINUE:
                 return False
             if agreed.decision is Decision.INSURANCE:
-                periodic, self._want_save = self._want_save, False
+                self._want_save = False  # any agreed checkpoint here is rank 0's periodic one
                 try:
-                    self._save(reuse=not periodic)
+                    if agreed.periodic and self._async is not None:
+                        self._save_in_background()  # every rank knows it is periodic
+                    else:
+                        self._save(reuse=not agreed.periodic)
                 except CheckpointSaveError as exc:
                     logger.error("preemptible: checkpoint at the agreed step failed: %s", exc)
                 continue  # the same boundary: a stop may be due right after the save
@@ -628,9 +742,10 @@ class PreemptionCheckpointHandler:
                 ranks.store.delete_key(f"{key}/rng/{r}")
         return path, bool(fields.get("written", True))
 
-    def _save_sharded(self, step: int) -> Path:
+    def _save_sharded(self, step: int, *, reuse: bool) -> tuple[Path, bool]:
         """Every rank writes its shards into rank 0's temporary directory; rank 0 adds the
-        small state and commits the directory once every rank has written."""
+        small state and commits the directory once every rank has written. Returns the
+        checkpoint and whether it was written now (``reuse``: rank 0 has one of this step)."""
         ranks = self._ranks
         rank, world = (ranks.rank, ranks.world) if ranks is not None else (0, 1)
         objects, _plain = self._state.split()
@@ -651,8 +766,14 @@ class PreemptionCheckpointHandler:
             meta.update(sharded=sorted(big), world_size=world)
             write_payload(meta, tmp / META_NAME)
 
+        def reused() -> Path | None:
+            if reuse and self._last_saved is not None and self._last_saved[0] == step:
+                return self._last_saved[1]
+            return None
+
         if ranks is None:
-            return self.store.save(step, write)
+            old = reused()
+            return (old, False) if old is not None else (self.store.save(step, write), True)
         if not ranks.is_zero:
             got = ranks.wait_any([f"{key}/tmp", f"{key}/done"], f"rank 0 to save step {step}")
             if got.endswith("/tmp"):
@@ -663,16 +784,18 @@ class PreemptionCheckpointHandler:
                     ranks.announce(f"{key}/written/{rank}", {"error": f"{exc}"})
                     raise
                 ranks.announce(f"{key}/written/{rank}", {})
-        fields = run_on_zero(
-            ranks,
-            f"{key}/done",
-            f"rank 0 to commit step {step}",
-            lambda: {"path": self.store.save(step, write).name},
-        )
+
+        def commit() -> dict[str, Any]:
+            old = reused()
+            if old is not None:
+                return {"path": old.name, "written": False}
+            return {"path": self.store.save(step, write).name}
+
+        fields = run_on_zero(ranks, f"{key}/done", f"rank 0 to commit step {step}", commit)
         path = self.store.directory / str(fields.get("path"))
         if "error" in fields:
             raise remote_error(fields, f"save step {step}", path)
-        return path
+        return path, bool(fields.get("written", True))
 
     def _resume_ranks(self, extra: list[Checkpoint]) -> None:
         """Rank 0 finds the newest checkpoint that loads; every rank restores it, each with its

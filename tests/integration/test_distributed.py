@@ -271,6 +271,74 @@ def test_sharded_checkpoints_hold_every_ranks_shards_and_resume_exactly(
 
 
 @pytest.mark.timeout(180)
+def test_sharded_async_saves_train_on_while_writing_and_a_stop_mid_write_commits_its_step(
+    tmp_path: Path, spawn, reference: Path
+) -> None:
+    """DCP async_save: the ranks train while step 5 is written (its commit held 2 s); SIGTERM
+    to rank 1 then stops both at one step, after the write in flight, with that step
+    committed; the resumed run ends with the weights and streams of an uninterrupted one."""
+    async_args = ["--sharded", "--async-save", "--save-every", "5"]
+    args = job_args(tmp_path, "out.pt", *async_args, "--slow-write", "2", "--step-sleep", "0.02")
+    ranks = launch(spawn, 2, args)
+    ranks[0].wait_line(lambda line: line == "rank 0 wrote step 5", timeout=90)
+    ranks[0].wait_line(lambda line: line == "rank 0 step 8", timeout=30)
+    ranks[1].signal(signal.SIGTERM)
+    assert wait_all(ranks, 60) == [143, 143], "\n".join(r.output for r in ranks)
+    [(step, _, _), other] = stops(ranks)
+    assert other[0] == step >= 8
+    lines = ranks[0].lines
+    started = lines.index("rank 0 step 5")  # the save point of step 5 is just before it
+    committed_5 = next(i for i, line in enumerate(lines) if "in the background (step 5)" in line)
+    trained = [line for line in lines[started:committed_5] if STEP_IN.fullmatch(line)]
+    assert len(trained) >= 3, f"only {trained} ran while step 5 was being written"
+    names = committed(tmp_path)
+    assert names[-1] == f"step-{step:010d}.ckpt", names
+    inside = {p.name for p in (tmp_path / "ckpt" / names[-1]).iterdir()}
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rng-0.pt", "rng-1.pt"} <= inside
+
+    again = launch(spawn, 2, job_args(tmp_path, "out.pt", *async_args))
+    assert wait_all(again, 120) == [0, 0], "\n".join(r.output for r in again)
+    assert all(f"resumed {step}" in r.output for r in again)
+    assert_same_run(tmp_path, reference, "out.pt")
+
+
+@pytest.mark.timeout(120)
+def test_periodic_saves_by_rank_zeros_clock_go_to_the_background_on_every_rank(
+    tmp_path: Path, spawn, reference: Path
+) -> None:
+    """save_every_seconds: rank 0's clock asks, all ranks save at the agreed step, and every
+    rank knows the save is the periodic one (written in the background), not an insurance."""
+    args = job_args(tmp_path, "out.pt", "--sharded", "--async-save", "--save-every-seconds", "0.3")
+    ranks = launch(spawn, 2, [*args, "--step-sleep", "0.05"])
+    assert wait_all(ranks, 90) == [0, 0], "\n".join(r.output for r in ranks)
+    found = [re.findall(r"in the background \(step (\d+)\)", r.output) for r in ranks]
+    assert found[0] and found[0] == found[1], found
+    assert_same_run(tmp_path, reference, "out.pt")
+
+
+@pytest.mark.timeout(180)
+def test_rank_zero_killed_mid_sharded_async_save_leaves_the_previous_one_and_resumes_exactly(
+    tmp_path: Path, spawn, reference: Path
+) -> None:
+    async_args = ["--sharded", "--async-save", "--save-every", "5"]
+    args = job_args(tmp_path, "out.pt", *async_args, "--slow-write", "2")
+    ranks = launch(spawn, 2, args, env={"PREEMPTIBLE_DIST_TIMEOUT": "30"})
+    ranks[0].wait_line(lambda line: line == "rank 0 wrote step 10", timeout=90)
+    ranks[0].signal(signal.SIGKILL)  # every rank's shards of step 10 are written, not committed
+    assert ranks[0].wait(30) == -signal.SIGKILL
+    ranks[1].kill()
+    assert committed(tmp_path) == ["step-0000000005.ckpt"]
+    [tmp] = (tmp_path / "ckpt").glob(".tmp-step-0000000010*")
+    assert {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in tmp.iterdir()}
+
+    again = launch(spawn, 2, job_args(tmp_path, "out.pt", *async_args))
+    assert wait_all(again, 120) == [0, 0], "\n".join(r.output for r in again)
+    assert all("resumed 5" in r.output for r in again)
+    assert_same_run(tmp_path, reference, "out.pt")
+    assert not list((tmp_path / "ckpt").glob(".tmp-*")), "the dead writer's temporary stayed"
+
+
+@pytest.mark.timeout(180)
 def test_fsdp2_shards_are_written_by_each_rank_and_resumed(tmp_path: Path, spawn) -> None:
     args = job_args(tmp_path, "out.pt", "--fsdp", "--step-sleep", "0.02")
     ranks = launch(spawn, 2, args)

@@ -325,3 +325,34 @@ def test_a_bad_master_port_is_one_clear_line(port: str, monkeypatch: pytest.Monk
     monkeypatch.setenv("MASTER_PORT", port)
     with pytest.raises(ConfigError, match=r"^MASTER_PORT='.*' is not valid; .*below 65535$"):
         fallback_store(0, 2)
+
+
+def test_a_periodic_save_asked_for_by_rank_zero_is_known_as_periodic_on_every_rank() -> None:
+    """Only rank 0 knows its clock said "save"; every rank must know the agreed checkpoint is
+    that periodic one (it may go to the background), not a grace window's insurance."""
+    store = dist.HashStore()
+    ags = [StopAgreement(store, r, 2, poll_interval=POLL, timeout=10) for r in range(2)]
+    got: dict[int, tuple[bool, int]] = {}
+
+    def rank(r: int) -> None:
+        for b in range(5000):
+            asks = r == 0 and b == 2
+            local = Decision.INSURANCE if asks else Decision.CONTINUE
+            if not asks and ags[r].quiet():
+                time.sleep(0.001)
+                continue
+            agreed = ags[r].decide(local, periodic=asks)
+            if agreed.decision is Decision.INSURANCE:
+                got[r] = (agreed.periodic, b)
+                return
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+    finally:
+        for ag in ags:
+            ag.close()
+    assert got[0] == got[1] and got[0][0] is True, got

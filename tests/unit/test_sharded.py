@@ -4,6 +4,8 @@ resume, retention and "newest loadable" as for files, and the arguments that do 
 from __future__ import annotations
 
 import random
+import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +55,10 @@ def test_a_sharded_checkpoint_is_a_directory_committed_whole(tmp_path: Path) -> 
     assert inside == [".metadata", "__0_0.distcp", "preemptible.pt", "rng-0.pt"]
 
 
-def test_a_resume_from_a_sharded_checkpoint_is_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_resume_from_a_sharded_checkpoint_is_exact(
+    tmp_path: Path, async_save: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     random.seed(1)
     np.random.seed(1)
     ref = make_state(0)
@@ -63,7 +68,11 @@ def test_a_resume_from_a_sharded_checkpoint_is_exact(tmp_path: Path) -> None:
     random.seed(1)
     np.random.seed(1)
     first = make_state(0)
-    train(first, handler(tmp_path, first, save_every_steps=4), 4)
+    h = handler(tmp_path, first, save_every_steps=4, async_save=async_save, keep=5)
+    with caplog.at_level("INFO", logger="preemptible"):
+        train(first, h, 6)
+    assert ("in the background (step 4)" in caplog.text) is async_save
+    shutil.rmtree(tmp_path / "ckpt" / "step-0000000006.ckpt")  # resume from step 4
     torch.manual_seed(99)  # the resumed process starts with other streams and other weights
     random.seed(99)
     np.random.seed(99)
@@ -95,7 +104,7 @@ def test_an_incomplete_newest_directory_is_skipped_for_the_previous_one(tmp_path
     ("kwargs", "message"),
     [
         ({"sharded": "yes"}, r"^sharded='yes' is not valid; use True or False$"),
-        ({"sharded": True, "async_save": True}, r"^async_save is not available for sharded"),
+        ({"sharded": True, "async_policy": "later"}, r"^async policy 'later' is not valid"),
     ],
 )
 def test_arguments_that_do_not_combine_are_one_clear_line(
@@ -125,3 +134,68 @@ def test_an_optimizer_without_exactly_one_module_is_refused_at_the_first_save(
     with pytest.raises(ConfigError, match=r"exactly one module in state \(found 2: a, b\)"):
         h.save(1)
     h.close()
+
+
+def test_the_loop_trains_on_while_a_sharded_checkpoint_is_written_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer of step 3 is held until the loop has started 3 more steps: a synchronous
+    save could not return, and the checkpoint still holds the weights of step 3, not later
+    ones."""
+    import preemptible._handler as handler_module
+
+    trained_on = threading.Event()
+    write_rng = handler_module.write_rank_rng
+
+    def held(directory: Path, rank: int, rng: object) -> None:
+        assert trained_on.wait(30), "the loop did not train while the checkpoint was written"
+        write_rng(directory, rank, rng)
+
+    monkeypatch.setattr(handler_module, "write_rank_rng", held)
+    state = make_state(0)
+    h = handler(tmp_path, state, save_every_steps=3, async_save=True, keep=5)
+    model = state["model"]
+    at_save = None
+    for step in h.steps(7):
+        if step == 3:
+            at_save = {k: v.clone() for k, v in model.state_dict().items()}  # type: ignore[attr-defined]
+            assert h._async is not None and h._async.in_flight == 3
+        if step == 5:  # steps 3, 4 and 5 ran while step 3 was being written
+            trained_on.set()
+        x = torch.randn(5, 4)
+        loss = model(x).square().mean()  # type: ignore[operator]
+        state["optimizer"].zero_grad()  # type: ignore[attr-defined]
+        loss.backward()
+        state["optimizer"].step()  # type: ignore[attr-defined]
+    assert at_save is not None
+    again = make_state(9)
+    shutil.rmtree(tmp_path / "ckpt" / "step-0000000006.ckpt")
+    shutil.rmtree(tmp_path / "ckpt" / "step-0000000007.ckpt")
+    h2 = handler(tmp_path, again)
+    assert h2.resume() == 3
+    h2.close()
+    for k, v in again["model"].state_dict().items():  # type: ignore[attr-defined]
+        assert torch.equal(v, at_save[k]), k
+
+
+def test_a_sharded_background_save_that_fails_is_reported_and_keeps_the_previous_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import preemptible._handler as handler_module
+
+    write_rng = handler_module.write_rank_rng
+
+    def refused(directory: Path, rank: int, rng: object) -> None:
+        if "step-0000000004" in directory.name:
+            raise OSError(28, "No space left on device")
+        write_rng(directory, rank, rng)
+
+    monkeypatch.setattr(handler_module, "write_rank_rng", refused)
+    state = make_state(0)
+    h = handler(tmp_path, state, save_every_steps=2, async_save=True, keep=5)
+    with caplog.at_level("ERROR", logger="preemptible"):
+        train(state, h, 5)
+    assert "background checkpoint failed" in caplog.text
+    assert "No space left on device" in caplog.text
+    names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert names == [".preemptible.lock", "step-0000000002.ckpt", "step-0000000005.ckpt"], names
