@@ -55,8 +55,8 @@ class HostSnapshot:
         reuse = self._free is None or self._free()
         run = _Copy(torch, self._staging if reuse else None)
         out = run.value(payload, ())
-        if run.cuda:
-            torch.cuda.synchronize()  # the non-blocking copies are done before we hand it on
+        for device in run.cuda:  # the non-blocking copies are done before we hand it on
+            torch.cuda.synchronize(device)  # each device: not only the current one
         if reuse:  # a tensor gone from the payload no longer holds a buffer
             for where in set(self._staging) - run.used:
                 del self._staging[where]
@@ -77,7 +77,7 @@ class _Copy:
         self.torch = torch
         self.staging = staging  # None: copy to fresh memory, leave the buffers alone
         self.used: set[tuple[Any, ...]] = set()
-        self.cuda = False
+        self.cuda: set[Any] = set()  # the CUDA devices copied from
         # one tensor at two places (tied weights: state_dict() gives two views of one
         # storage) stays one tensor, copied once, as torch.save of the live state keeps it
         self.seen: dict[tuple[Any, ...], Any] = {}
@@ -118,7 +118,8 @@ class _Copy:
         if self.staging is not None:
             self.used.add(where)
         buf.copy_(t, non_blocking=pin)
-        self.cuda = self.cuda or pin
+        if pin:
+            self.cuda.add(t.device)
         return buf
 
 

@@ -80,6 +80,13 @@ class AgreementError(PreemptibleError):
 # -- the process group -------------------------------------------------------------------------
 
 
+def dist_timeout() -> float:
+    """``PREEMPTIBLE_DIST_TIMEOUT``: seconds a rank waits for the others."""
+    timeout = env_float("PREEMPTIBLE_DIST_TIMEOUT", DEFAULT_TIMEOUT, strict_min=True)
+    assert timeout is not None
+    return timeout
+
+
 def process_group() -> tuple[int, int] | None:
     """(rank, world size) of the initialized default group with more than one rank; None when
     not distributed. Never imports torch: no torch, no process group."""
@@ -175,10 +182,8 @@ class Ranks:
         if found is None:
             return None
         dist = _module("torch.distributed")
-        timeout = env_float("PREEMPTIBLE_DIST_TIMEOUT", DEFAULT_TIMEOUT, strict_min=True)
-        assert timeout is not None
         prefix = f"{KEY_ROOT}/{next(_handlers)}/"
-        return cls(found[0], found[1], dist.PrefixStore(prefix, default_store()), timeout)
+        return cls(found[0], found[1], dist.PrefixStore(prefix, default_store()), dist_timeout())
 
     def agreement(self) -> StopAgreement:
         poll = env_float("PREEMPTIBLE_DIST_POLL", DEFAULT_POLL, strict_min=True)
@@ -589,11 +594,13 @@ def write_shards(big: Mapping[str, Any], directory: Path, rank: int, rng: Any) -
             dcp.save(
                 sharded_state(big), checkpoint_id=str(directory), no_dist=process_group() is None
             )
+    directory.mkdir(exist_ok=True)  # no module or optimizer: DCP made none
     write_rank_rng(directory, rank, rng)
 
 
 def write_rank_rng(directory: Path, rank: int, rng: Any) -> None:
-    directory.mkdir(exist_ok=True)
+    """This rank's random states into ``directory`` (which must exist: a directory removed by
+    a failed commit is not made again)."""
     with open(directory / f"rng-{rank}.pt", "wb") as fh:
         fh.write(pack(rng))
         fh.flush()
@@ -609,39 +616,34 @@ class BackgroundShards:
     """Sharded saves in the background: ``torch.distributed.checkpoint.async_save``.
 
     DCP copies the shards to host memory on the calling thread (into buffers its stager keeps
-    from save to save, page-locked when CUDA is there) and writes them in a thread of its own,
-    where the ranks plan and finish the checkpoint with collectives. Those collectives run on
-    a gloo group of ours, created here on every rank (a collective itself: every rank creates
-    its handler at the same point), so they never interleave with the training loop's own
-    collectives on the default group, and a CPU backend is there even when training uses NCCL.
-    The group's timeout is the ranks' (``PREEMPTIBLE_DIST_TIMEOUT``): a rank that died mid-save
-    fails the others' background saves instead of hanging them. Without a process group
+    from save to save; page-locked when the state has CUDA tensors) and writes them in a thread
+    of its own, where the ranks plan and finish the checkpoint with collectives. Those
+    collectives run on a gloo group of ours, created here on every rank (a collective itself:
+    every rank creates its handler at the same point), so they never interleave with the
+    training loop's own collectives on the default group, and a CPU backend is there even when
+    training uses NCCL (DCP's async_save requires one, even for a group of one rank). The
+    group's timeout is the ranks' (``PREEMPTIBLE_DIST_TIMEOUT``): a rank that died mid-save
+    fails the others' background saves instead of hanging them. Without torch.distributed
     (one process, ``sharded=True``) DCP saves without collectives.
+
+    The copies are blocking: DCP's non-blocking mode synchronizes only the current CUDA device
+    before its thread writes, and a state on another device could be written before its copy
+    landed (a checkpoint mixing two steps).
     """
 
-    def __init__(self, ranks: Ranks | None) -> None:
-        import torch
-
-        staging = _module("torch.distributed.checkpoint.staging")
-        cuda = bool(torch.cuda.is_available())
-        self._stager = staging.DefaultStager(
-            staging.StagingOptions(
-                use_pinned_memory=cuda,
-                use_shared_memory=False,
-                use_async_staging=False,  # the copy is the snapshot: done before we go on
-                use_non_blocking_copy=cuda,
-            )
-        )
+    def __init__(self, timeout: float) -> None:
+        self._stager: Any = None  # made at the first save, when the state's devices are known
         self._group = None
-        if ranks is None:
+        torch = sys.modules.get("torch")
+        dist = getattr(torch, "distributed", None) if torch is not None else None
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            self._group = dist.new_group(
+                backend="gloo", timeout=datetime.timedelta(seconds=timeout)
+            )
+        else:
             # DCP's background thread warns on every save without a process group, which is
             # meant here; a filter of the calling thread (catch_warnings) would not reach it
             warnings.filterwarnings("ignore", message=_NO_DIST_SAVE)
-        else:
-            dist = _module("torch.distributed")
-            self._group = dist.new_group(
-                backend="gloo", timeout=datetime.timedelta(seconds=ranks.timeout)
-            )
 
     def start(self, big: Mapping[str, Any], directory: Path) -> Any:
         """Snapshot ``big``'s shards now; a future that is done when every rank wrote them into
@@ -651,9 +653,20 @@ class BackgroundShards:
             done: Future[None] = Future()
             done.set_result(None)
             return done
+        state = sharded_state(big)
+        if self._stager is None:
+            staging = _module("torch.distributed.checkpoint.staging")
+            self._stager = staging.DefaultStager(
+                staging.StagingOptions(
+                    use_pinned_memory=_has_cuda_tensor(state),
+                    use_shared_memory=False,
+                    use_async_staging=False,  # the copy is the snapshot: done before we go on
+                    use_non_blocking_copy=False,
+                )
+            )
         with _single_process_quietly():
             return dcp.async_save(
-                sharded_state(big),
+                state,
                 checkpoint_id=str(directory),
                 process_group=self._group,
                 async_stager=self._stager,
@@ -662,11 +675,24 @@ class BackgroundShards:
 
     def close(self) -> None:
         """Free the staging buffers and the group (after the last save finished)."""
-        self._stager.close()
+        stager, self._stager = self._stager, None
+        if stager is not None:
+            stager.close()
         group, self._group = self._group, None
         if group is not None:
             with contextlib.suppress(Exception):  # the default group may be gone already
                 _module("torch.distributed").destroy_process_group(group)
+
+
+def _has_cuda_tensor(value: Any) -> bool:
+    torch = sys.modules["torch"]
+    if isinstance(value, torch.Tensor):
+        return bool(value.device.type == "cuda")  # a DTensor's is its local shard's
+    if isinstance(value, Mapping):
+        return any(_has_cuda_tensor(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_cuda_tensor(v) for v in value)
+    return False
 
 
 def read_shards(big: Mapping[str, Any], directory: Path) -> None:

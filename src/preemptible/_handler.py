@@ -23,6 +23,7 @@ from ._distributed import (
     StopAgreement,
     Subset,
     check_sharded,
+    dist_timeout,
     has_dtensor,
     own_rng,
     pack,
@@ -190,7 +191,7 @@ class PreemptionCheckpointHandler:
             if self._ranks is not None:
                 self._agreement = self._ranks.agreement()
             if self._sharded and async_save:
-                self._shards = BackgroundShards(self._ranks)
+                self._shards = BackgroundShards(dist_timeout())
             if _is_rank_zero():  # under torch.distributed, the ranks share rank 0's directory
                 self.store.lock()
                 self._locked = True
@@ -485,7 +486,7 @@ class PreemptionCheckpointHandler:
             self.stall_times.add(stall)
             if self._interval is not None:
                 self._interval.observe_save(stall, write=self._async.write_seconds)
-            self._last_save_end = time.monotonic()
+        self._last_save_end = time.monotonic()  # skipped too: the next point is an interval away
 
     def _save_shards_in_background(self) -> None:
         """A sharded checkpoint written in the background. Rank 0 decides whether this save
@@ -503,11 +504,12 @@ class PreemptionCheckpointHandler:
         objects, _plain = self._state.split()
         big, _small = split_sharded(objects)
         key = self._next_key("save")
+        # Rank 0 announces at once (the others wait for it on their training threads); every
+        # rank then waits for its own write in flight, whose end does not need any training
+        # thread, before the copy overwrites the staging buffers that write reads.
         if ranks is None or ranks.is_zero:
             go: dict[str, Any] = {"skip": True}
             if not self._async.skips(step):
-                self._async.wait()  # the staging buffers are free once the last write is done
-                self._collect_async()
                 tmp = self.store.temporary(step)
                 try:
                     tmp.mkdir()
@@ -518,9 +520,6 @@ class PreemptionCheckpointHandler:
                 ranks.announce(f"{key}/go", go)
         else:
             go = ranks.hear(f"{key}/go", f"rank 0 to start the save of step {step}")
-            if "tmp" in go:
-                self._async.wait()
-                self._collect_async()
         if "error" in go:
             logger.error(
                 "preemptible: background checkpoint of step %d failed: %s; the previous "
@@ -529,17 +528,27 @@ class PreemptionCheckpointHandler:
                 go["error"],
             )
         if "tmp" not in go:
+            self._last_save_end = time.monotonic()  # the next save point is an interval away
             return
+        self._async.wait()
+        self._collect_async()
         tmp = self.store.directory / str(go["tmp"])
-        rng = capture_rng()
         meta: dict[str, Any] | None = None
-        if rank == 0:
-            payload = build_payload(step, Subset(self._state.mapping, set(big)))
-            payload.update(sharded=sorted(big), world_size=world)
-            meta = self._async.snapshot.copy(payload)
-        shards = self._shards.start(big, tmp)  # the copy to host memory is made in there
+        shards: Any = None
+        failed: BaseException | None = None
+        try:
+            rng = capture_rng()
+            if rank == 0:
+                payload = build_payload(step, Subset(self._state.mapping, set(big)))
+                payload.update(sharded=sorted(big), world_size=world)
+                meta = self._async.snapshot.copy(payload)
+            shards = self._shards.start(big, tmp)  # the copy to host memory is made in there
+        except Exception as exc:  # reported as this save's failure, at the next boundary
+            failed = exc
 
         def write(directory: Path) -> None:  # rank 0's, inside the store's commit
+            if failed is not None:
+                raise failed
             shards.result()
             write_rank_rng(directory, rank, rng)
             for r in range(1, world):
@@ -564,6 +573,8 @@ class PreemptionCheckpointHandler:
         def written() -> Path:  # the other ranks'
             assert ranks is not None
             try:
+                if failed is not None:
+                    raise failed
                 shards.result()
                 write_rank_rng(tmp, rank, rng)
             except BaseException as exc:

@@ -199,3 +199,46 @@ def test_a_sharded_background_save_that_fails_is_reported_and_keeps_the_previous
     assert "No space left on device" in caplog.text
     names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert names == [".preemptible.lock", "step-0000000002.ckpt", "step-0000000005.ckpt"], names
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_skipped_save_point_waits_an_interval_before_the_next_one(
+    tmp_path: Path,
+    sharded: bool,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """save_every_seconds with async_policy="skip": while a write is held, a skipped save point
+    moves the next one an interval on; it does not come back at every step (a warning and, under
+    torch.distributed, an agreement round each)."""
+    import time
+
+    import preemptible._handler as handler_module
+
+    released = threading.Event()
+    name = "write_rank_rng" if sharded else "write_payload"
+    original = getattr(handler_module, name)
+
+    def held(*args: object) -> None:
+        assert released.wait(30)
+        original(*args)
+
+    monkeypatch.setattr(handler_module, name, held)
+    state = make_state(0)
+    h = PreemptionCheckpointHandler(
+        tmp_path / "ckpt",
+        state=state,
+        termination_config=TerminationConfig(),
+        sharded=sharded,
+        async_save=True,
+        async_policy="skip",
+        save_every_seconds=0.2,
+    )
+    with caplog.at_level("WARNING", logger="preemptible"):
+        for step in h.steps(80):
+            time.sleep(0.01)  # 80 steps of >= 10 ms: the write is held for most of them
+            if step == 70:
+                released.set()
+    released.set()
+    skipped = caplog.text.count("skipped: the one of step")
+    assert 1 <= skipped <= 5, caplog.text  # 0.6+ s held / 0.2 s interval; not one per step
