@@ -765,6 +765,15 @@ def save_failed(ranks: Ranks, key: str, exc: BaseException) -> None:
         ranks.announce(key, {"error": f"{type(exc).__name__}: {exc}"})
 
 
+def hear_written(ranks: Ranks, key: str, directory: Path) -> None:
+    """Rank 0, before it commits a sharded checkpoint: wait until every other rank has written
+    its part into ``directory``; a rank's failure fails the save."""
+    for r in range(1, ranks.world):
+        heard = ranks.hear(f"{key}/written/{r}", "every rank to write its shards")
+        if "error" in heard:
+            raise CheckpointSaveError(f"rank {r}: {heard['error']}", directory)
+
+
 def remote_error(fields: Mapping[str, Any], what: str, path: Path) -> CheckpointSaveError:
     return CheckpointSaveError(f"rank 0 could not {what}: {fields.get('error')}", path)
 

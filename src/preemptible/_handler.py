@@ -25,6 +25,7 @@ from ._distributed import (
     check_sharded,
     dist_timeout,
     has_dtensor,
+    hear_written,
     own_rng,
     pack,
     read_rank_rng,
@@ -482,11 +483,16 @@ class PreemptionCheckpointHandler:
                 return
             payload.update(rng_ranks=rngs, world_size=self._ranks.world)
         if self._async.save(step, payload, write_payload):  # the copy is made in there
-            stall = time.monotonic() - started
-            self.stall_times.add(stall)
-            if self._interval is not None:
-                self._interval.observe_save(stall, write=self._async.write_seconds)
+            self._count_stall(started)
         self._last_save_end = time.monotonic()  # skipped too: the next point is an interval away
+
+    def _count_stall(self, started: float) -> None:
+        """A background save started: what the training loop waited for it since ``started``."""
+        assert self._async is not None
+        stall = time.monotonic() - started
+        self.stall_times.add(stall)
+        if self._interval is not None:
+            self._interval.observe_save(stall, write=self._async.write_seconds)
 
     def _save_shards_in_background(self) -> None:
         """A sharded checkpoint written in the background. Rank 0 decides whether this save
@@ -539,9 +545,7 @@ class PreemptionCheckpointHandler:
         try:
             rng = capture_rng()
             if rank == 0:
-                payload = build_payload(step, Subset(self._state.mapping, set(big)))
-                payload.update(sharded=sorted(big), world_size=world)
-                meta = self._async.snapshot.copy(payload)
+                meta = self._async.snapshot.copy(self._sharded_meta(step, big, world))
             shards = self._shards.start(big, tmp)  # the copy to host memory is made in there
         except Exception as exc:  # reported as this save's failure, at the next boundary
             failed = exc
@@ -551,11 +555,8 @@ class PreemptionCheckpointHandler:
                 raise failed
             shards.result()
             write_rank_rng(directory, rank, rng)
-            for r in range(1, world):
-                assert ranks is not None
-                heard = ranks.hear(f"{key}/written/{r}", "every rank to write its shards")
-                if "error" in heard:
-                    raise CheckpointSaveError(f"rank {r}: {heard['error']}", directory)
+            if ranks is not None:
+                hear_written(ranks, key, directory)
             assert meta is not None  # rank 0 snapshotted it
             write_payload(meta, directory / META_NAME)
 
@@ -588,10 +589,7 @@ class PreemptionCheckpointHandler:
             return path
 
         self._async.start(step, commit if rank == 0 else written)
-        stall = time.monotonic() - started
-        self.stall_times.add(stall)
-        if self._interval is not None:
-            self._interval.observe_save(stall, write=self._async.write_seconds)
+        self._count_stall(started)
         self._last_save_end = time.monotonic()
 
     def _collect_async(self) -> None:
@@ -769,13 +767,8 @@ class PreemptionCheckpointHandler:
                 ranks.announce(f"{key}/tmp", {"name": tmp.name})
             write_shards(big, tmp, rank, rng)
             if ranks is not None:
-                for r in range(1, world):
-                    heard = ranks.hear(f"{key}/written/{r}", "every rank to write its shards")
-                    if "error" in heard:
-                        raise CheckpointSaveError(f"rank {r}: {heard['error']}", tmp)
-            meta = build_payload(step, Subset(self._state.mapping, set(big)))
-            meta.update(sharded=sorted(big), world_size=world)
-            write_payload(meta, tmp / META_NAME)
+                hear_written(ranks, key, tmp)
+            write_payload(self._sharded_meta(step, big, world), tmp / META_NAME)
 
         def reused() -> Path | None:
             if reuse and self._last_saved is not None and self._last_saved[0] == step:
@@ -807,6 +800,13 @@ class PreemptionCheckpointHandler:
         if "error" in fields:
             raise remote_error(fields, f"save step {step}", path)
         return path, bool(fields.get("written", True))
+
+    def _sharded_meta(self, step: int, big: Mapping[str, Any], world: int) -> dict[str, Any]:
+        """The small part of a sharded checkpoint (rank 0 writes it): everything but the
+        modules and optimizers, the step, and what was sharded."""
+        meta = build_payload(step, Subset(self._state.mapping, set(big)))
+        meta.update(sharded=sorted(big), world_size=world)
+        return meta
 
     def _resume_ranks(self, extra: list[Checkpoint]) -> None:
         """Rank 0 finds the newest checkpoint that loads; every rank restores it, each with its

@@ -126,6 +126,16 @@ def assert_same_run(tmp_path: Path, reference: Path, out: str, world: int = 2) -
     assert len(set(ref_draws)) == world  # each rank really has streams of its own
 
 
+def resume_exactly(
+    tmp_path: Path, spawn: Callable[..., Child], args: list[str], step: int, reference: Path
+) -> None:
+    """Run the job again on both ranks: it resumes from ``step`` and ends as the reference."""
+    again = launch(spawn, 2, args)
+    assert wait_all(again, 120) == [0, 0], "\n".join(r.output for r in again)
+    assert all(f"resumed {step}" in r.output for r in again)
+    assert_same_run(tmp_path, reference, "out.pt")
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """An uninterrupted 2-rank run (saving every 5 steps, as the runs compared with it)."""
@@ -264,10 +274,7 @@ def test_sharded_checkpoints_hold_every_ranks_shards_and_resume_exactly(
     names = sorted(p.name for p in newest.iterdir())
     assert {".metadata", "preemptible.pt", "rng-0.pt", "rng-1.pt"} <= set(names), names
 
-    again = launch(spawn, 2, args)
-    assert wait_all(again, 120) == [0, 0], "\n".join(r.output for r in again)
-    assert all(f"resumed {step}" in r.output for r in again)
-    assert_same_run(tmp_path, reference, "out.pt")
+    resume_exactly(tmp_path, spawn, args, step, reference)
 
 
 @pytest.mark.timeout(180)
@@ -296,10 +303,7 @@ def test_sharded_async_saves_train_on_while_writing_and_a_stop_mid_write_commits
     inside = {p.name for p in (tmp_path / "ckpt" / names[-1]).iterdir()}
     assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rng-0.pt", "rng-1.pt"} <= inside
 
-    again = launch(spawn, 2, job_args(tmp_path, "out.pt", *async_args))
-    assert wait_all(again, 120) == [0, 0], "\n".join(r.output for r in again)
-    assert all(f"resumed {step}" in r.output for r in again)
-    assert_same_run(tmp_path, reference, "out.pt")
+    resume_exactly(tmp_path, spawn, job_args(tmp_path, "out.pt", *async_args), step, reference)
 
 
 @pytest.mark.timeout(120)
@@ -331,10 +335,7 @@ def test_rank_zero_killed_mid_sharded_async_save_leaves_the_previous_one_and_res
     [tmp] = (tmp_path / "ckpt").glob(".tmp-step-0000000010*")
     assert {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in tmp.iterdir()}
 
-    again = launch(spawn, 2, job_args(tmp_path, "out.pt", *async_args))
-    assert wait_all(again, 120) == [0, 0], "\n".join(r.output for r in again)
-    assert all("resumed 5" in r.output for r in again)
-    assert_same_run(tmp_path, reference, "out.pt")
+    resume_exactly(tmp_path, spawn, job_args(tmp_path, "out.pt", *async_args), 5, reference)
     assert not list((tmp_path / "ckpt").glob(".tmp-*")), "the dead writer's temporary stayed"
 
 
