@@ -162,7 +162,9 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(
 ) -> None:
     """Through each way of looping: steps() (with periodic saves in the background, which
     rank 0 writes), run(), and should_stop/stop() in a loop of one's own."""
+    # steps enough that no loaded machine ends the run before the signal lands
     args = job_args(tmp_path, "out.pt", "--step-sleep", "0.02", "--loop", loop)
+    args += ["--steps", "100000"]
     if loop == "steps":
         args += ["--save-every", "2", "--async-save"]
     ranks = launch(spawn, 2, args)
@@ -223,7 +225,7 @@ def test_a_notice_with_a_grace_window_to_one_rank_saves_and_stops_everywhere_ali
         "--notice-rank",
         "1",
         "--grace",
-        "3",
+        "5",  # the save, the agreement and the exit need ~2 s of it on a loaded machine
     )
     ranks = launch(spawn, 2, args)
     ranks[0].wait_line(lambda line: line == "rank 0 step 5", timeout=90)
@@ -264,7 +266,8 @@ def test_rank_zero_killed_mid_save_leaves_the_previous_checkpoint_the_newest(
 def test_sharded_checkpoints_hold_every_ranks_shards_and_resume_exactly(
     tmp_path: Path, spawn, reference: Path
 ) -> None:
-    args = job_args(tmp_path, "out.pt", "--save-every", "5", "--sharded")
+    # 0.05 s steps (the weights do not depend on them): the signal lands before the end
+    args = job_args(tmp_path, "out.pt", "--save-every", "5", "--sharded", "--step-sleep", "0.05")
     ranks = launch(spawn, 2, args)
     ranks[0].wait_line(lambda line: line == "rank 0 step 7", timeout=90)
     ranks[0].signal(signal.SIGTERM)

@@ -7,6 +7,7 @@ The reference is the same script run without interruption. Equality is bit for b
 from __future__ import annotations
 
 import random
+import re
 import signal
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 from tests.conftest import Child, python_args
 
 STEPS = 30
+STEP = re.compile(r"step \d+")  # train.py prints it as a step starts
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -76,8 +78,10 @@ def test_signal_then_resume_is_bit_exact(
     saved = committed(ckpt)
     assert len(saved) == 1, saved
     stopped_step = int(saved[0].name[5:15])
-    # the step running when the signal came is finished, and at most one more started
-    assert stopped_step in (stop_at + 1, stop_at + 2), (stopped_step, first.output)
+    # the step running when the stop was seen is finished, and no other started (how late the
+    # signal lands after "step stop_at" is the machine's business)
+    last = max(int(line.split()[1]) for line in first.lines if STEP.fullmatch(line))
+    assert stopped_step == last + 1 and last >= stop_at, (stopped_step, first.output)
     assert f"received {sig.name}" in first.output
 
     second = spawn(args)
@@ -112,7 +116,10 @@ def test_sigkill_with_periodic_saves_loses_at_most_the_interval(
     second = spawn(args)
     assert second.wait(120) == 0, second.output
     resumed = int(second.wait_line(lambda line: line.startswith("resumed "), 1).split()[1])
-    assert kill_at - every <= resumed <= kill_at, (kill_at, resumed)
+    # the kill lands in some step at or after kill_at; step `last` was running, so steps up to
+    # last - 1 were done and step-`last + 1` may already be committed
+    last = max(int(line.split()[1]) for line in first.lines if STEP.fullmatch(line))
+    assert last + 1 - every <= resumed <= last + 1, (last, resumed)
     assert_same_weights(reference, out)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from preemptible._signals import DUPLICATE_WINDOW
 from tests.conftest import Child, attempts, python_args, supervise, wait_for
 from tests.wandb_records import summary
 
@@ -96,7 +97,8 @@ def test_contract_on_ctrl_c_to_the_group(tmp_path: Path, spawn) -> None:
 
 
 def test_sigterm_skips_a_due_validation(tmp_path: Path, spawn) -> None:
-    child = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--val"))
+    # the signal must land inside batch 3: 0.5 s batches leave room on a loaded machine
+    child = spawn(fit_args(tmp_path, "--step-sleep", "0.5", "--val"))
     child.wait_line(batch_line(0, 3), timeout=120)  # validation (2 s) is due after this batch
     child.signal(signal.SIGTERM)
     assert child.wait(60) == 0, child.output
@@ -118,11 +120,12 @@ def test_group_sigterm_with_workers(tmp_path: Path, spawn) -> None:
 def test_second_signal_during_the_save_exits_1_at_once(tmp_path: Path, spawn) -> None:
     child = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--slow-save", "30"))
     child.wait_line(batch_line(0, 3), timeout=120)
-    first = time.monotonic()
     child.signal(signal.SIGINT)
     child.wait_line(lambda line: line == "saving", timeout=30)
-    # a person's second signal, not the same stop delivered twice (DUPLICATE_WINDOW)
-    wait_for(lambda: time.monotonic() - first > 0.6, 5, "the duplicate window to pass")
+    # a person's second signal, not the same stop delivered twice: "saving" shows the first
+    # was taken, so a second after DUPLICATE_WINDOW from here is a new one
+    took = time.monotonic()
+    wait_for(lambda: time.monotonic() - took > DUPLICATE_WINDOW + 0.2, 5, "the duplicate window")
     sent = time.monotonic()
     child.signal(signal.SIGINT)
     assert child.wait(10) == 1, child.output

@@ -113,7 +113,11 @@ def test_stops_in_validations_and_a_kill_mid_write(
     # 3. Resumed again: a stop whose write is killed halfway leaves the previous resume.ckpt
     # as it was (the write went to a temporary).
     second = spawn(
-        fit_args(tmp_path, "--resume", "--val", "--val-sleep", "0", "--slow-write", "60")
+        fit_args(
+            tmp_path,
+            *("--resume", "--val", "--val-sleep", "0", "--slow-write", "60"),
+            *("--step-sleep", "0.05"),  # the fit must not end before the signal lands
+        )
     )
     second.wait_line(lambda line: line == "batch 1 2", timeout=120)
     assert validated_first(second), second.output
@@ -128,7 +132,7 @@ def test_stops_in_validations_and_a_kill_mid_write(
     third = spawn(
         fit_args(
             tmp_path,
-            *("--resume", "--val", "--val-sleep", "0.3"),
+            *("--resume", "--val", "--val-sleep", "1.0"),  # 1 s to land the SIGINT in
             *("--tracker", "local", "--exit-code", "signal"),
         )
     )

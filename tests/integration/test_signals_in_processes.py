@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from preemptible._signals import DUPLICATE_WINDOW
 from tests.conftest import group_members, python_args, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -44,11 +45,12 @@ def test_second_signal_during_save_exits_1_within_a_second(tmp_path: Path, spawn
         )
     )
     child.wait_line(lambda line: line == "step 3", timeout=60)
-    first = time.monotonic()
     child.signal(signal.SIGTERM)
     child.wait_line(lambda line: line == "saving", timeout=30)
-    # a person's second signal, not the same stop delivered twice (DUPLICATE_WINDOW)
-    wait_for(lambda: time.monotonic() - first > 0.6, 5, "the duplicate window to pass")
+    # a person's second signal, not the same stop delivered twice: "saving" shows the first
+    # was taken, so a second after DUPLICATE_WINDOW from here is a new one
+    took = time.monotonic()
+    wait_for(lambda: time.monotonic() - took > DUPLICATE_WINDOW + 0.2, 5, "the duplicate window")
     sent = time.monotonic()
     child.signal(signal.SIGTERM)
     rc = child.wait(10)
@@ -94,6 +96,9 @@ def test_group_signal_with_dataloader_workers_saves_and_exits(
     wait_for(lambda: not any(_alive(p) for p in members), 10, "workers to exit")
 
 
+GRACE = 5
+
+
 def test_grace_period_keeps_training_then_saves_again(tmp_path: Path, spawn) -> None:
     ckpt = tmp_path / "ckpt"
     child = spawn(
@@ -108,7 +113,7 @@ def test_grace_period_keeps_training_then_saves_again(tmp_path: Path, spawn) -> 
             "--step-sleep",
             "0.05",
             "--grace",
-            "3",
+            str(GRACE),
             "--keep",
             "5",
         )
@@ -121,8 +126,10 @@ def test_grace_period_keeps_training_then_saves_again(tmp_path: Path, spawn) -> 
     files = sorted(ckpt.glob("step-*.ckpt"))
     saved = [int(p.name[5:15]) for p in files]
     assert len(saved) == 2, f"expected an insurance and a final checkpoint, got {saved}"
-    assert saved[1] - saved[0] >= 10, "training should continue for most of the 3 s window"
+    assert saved[1] - saved[0] >= 10, "training should continue for most of the window"
     committed_after = files[1].stat().st_mtime - sent
-    assert 1.0 < committed_after < 3.0, (
-        f"final checkpoint committed {committed_after:.2f} s after the signal; grace was 3 s"
+    # the trainer keeps ~1.6 s of the window for its last steps, save and exit (more when the
+    # machine is loaded): 0.4 x GRACE leaves room for that and still fails an early save
+    assert 0.4 * GRACE < committed_after < GRACE, (
+        f"final checkpoint committed {committed_after:.2f} s after the signal; grace {GRACE} s"
     )

@@ -252,7 +252,8 @@ def test_stop_lets_the_running_run_finish_and_claims_nothing_more(
     db = f"sqlite://{tmp_path}/q.db"
     spec = write_spec(
         tmp_path,
-        {"lr": {"values": [0.01, 0.02]}, "steps": {"value": 30}, "step-sleep": {"value": 0.05}},
+        # ~6 s of run 0 left after step 3: time for a loaded machine to start `sweep stop`
+        {"lr": {"values": [0.01, 0.02]}, "steps": {"value": 120}, "step-sleep": {"value": 0.05}},
     )
     sweep = create(spawn, tmp_path, db, spec)
     a = agent(spawn, tmp_path, db, sweep)

@@ -212,7 +212,7 @@ def test_watcher_thread_sees_a_notice_within_one_poll(kind: str, server: Metadat
         "azure": lambda: Azure(server.url),
     }[kind]()
     seen: list[tuple[float, Notice]] = []
-    interval = 0.2
+    interval = 0.5
     watcher = Watcher(
         Composite([source]),
         lambda n: seen.append((time.monotonic(), n)),
@@ -232,5 +232,6 @@ def test_watcher_thread_sees_a_notice_within_one_poll(kind: str, server: Metadat
         wait_for(lambda: seen, 5, "the notice")
     finally:
         watcher.stop()
-    assert seen[0][0] - flipped <= interval + 0.15, "seen later than one poll interval"
+    # one poll (<= 0.5 s) plus room for a loaded machine; two polls would be >= 1 s
+    assert seen[0][0] - flipped <= interval + 0.4, "seen later than one poll interval"
     assert seen[0][1].stop

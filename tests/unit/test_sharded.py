@@ -235,10 +235,11 @@ def test_a_skipped_save_point_waits_an_interval_before_the_next_one(
         save_every_seconds=0.2,
     )
     with caplog.at_level("WARNING", logger="preemptible"):
-        for step in h.steps(80):
+        start = time.monotonic()
+        for _ in h.steps(80):
             time.sleep(0.01)  # 80 steps of >= 10 ms: the write is held for most of them
-            if step == 70:
+            if time.monotonic() - start > 0.7:  # by the clock: a loaded machine has slow steps
                 released.set()
     released.set()
     skipped = caplog.text.count("skipped: the one of step")
-    assert 1 <= skipped <= 5, caplog.text  # 0.6+ s held / 0.2 s interval; not one per step
+    assert 1 <= skipped <= 5, caplog.text  # ~0.5 s held / 0.2 s interval; not one per step
