@@ -128,7 +128,7 @@ class AsyncSaver:
 
     def __init__(self, store: CheckpointStore, *, policy: str = "wait") -> None:
         if policy not in POLICIES:
-            raise ConfigError(f"async policy {policy!r} is not valid; use one of wait, skip")
+            raise ConfigError(f"async_policy={policy!r} is not valid; use one of wait, skip")
         self.store = store
         self.policy = policy
         self.snapshot = HostSnapshot(self._make_room)

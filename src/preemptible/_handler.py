@@ -40,7 +40,7 @@ from ._distributed import (
 )
 from ._env import env_str
 from ._errors import CheckpointLoadError, CheckpointSaveError, ConfigError, PreemptibleError
-from ._interval import SaveInterval
+from ._interval import SaveInterval, _seconds
 from ._signals import normalize_signals, patch_dataloader_workers
 from ._state import (
     apply_payload,
@@ -139,7 +139,8 @@ class PreemptionCheckpointHandler:
             )
         self._interval: SaveInterval | None = None
         if save_every_seconds is not None:
-            self._interval = SaveInterval(every=save_every_seconds, platform="local")
+            every = _seconds("save_every_seconds", save_every_seconds)
+            self._interval = SaveInterval(every=every, platform="local")
         elif save_every_steps == "auto":
             self._interval = SaveInterval()
         chosen_signals = normalize_signals(signals)
@@ -151,7 +152,7 @@ class PreemptionCheckpointHandler:
         if not isinstance(async_save, bool):
             raise ConfigError(f"async_save={async_save!r} is not valid; use True or False")
         if async_policy not in POLICIES:
-            raise ConfigError(f"async policy {async_policy!r} is not valid; use one of wait, skip")
+            raise ConfigError(f"async_policy={async_policy!r} is not valid; use one of wait, skip")
         if async_save and config.save_fn is not None:
             raise ConfigError(
                 "async_save needs state (preemptible snapshots it); with save_fn your own code "
@@ -387,7 +388,7 @@ class PreemptionCheckpointHandler:
             if _is_rank_zero():
                 _run.update_record(save_s=round(self._interval.save_cost()[0], 3))
         self._last_saved = (step, path)
-        logger.info("preemptible: saved %s (step %d, %.2f s)", path, step, self.save_times.max())
+        _log_saved("preemptible: saved %s (step %d, %.2f s)", path, step, seconds)
         return path
 
     def stop(self) -> None:
@@ -605,7 +606,7 @@ class PreemptionCheckpointHandler:
             self._last_saved = done
             if self._async.write_seconds is not None:
                 self.save_times.add(self._async.write_seconds)
-            logger.info("preemptible: saved %s in the background (step %d)", done[1], done[0])
+            _log_saved("preemptible: saved %s in the background (step %d)", done[1], done[0])
 
     def _saved_at_current_step(self) -> bool:
         return self._last_saved is not None and self._last_saved[0] == self._step
@@ -936,6 +937,11 @@ def _is_rank_zero() -> bool:
         pass
     rank = os.environ.get("RANK")
     return not (rank and rank.isdecimal() and int(rank) != 0)
+
+
+def _log_saved(message: str, *args: Any) -> None:
+    """Every rank saves together; one line of it (rank 0's) is enough at INFO."""
+    logger.log(logging.INFO if _is_rank_zero() else logging.DEBUG, message, *args)
 
 
 def _announce(message: str, *args: Any) -> None:

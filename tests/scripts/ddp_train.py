@@ -84,6 +84,13 @@ def main() -> int:
     logging.basicConfig(
         level=logging.INFO, format=f"rank {rank}: %(message)s", stream=sys.stdout, force=True
     )
+    # the library says "saved ..." at INFO on rank 0 only (DEBUG elsewhere); the tests compare
+    # every rank's saves, so they are shown from every rank, and no other DEBUG line
+    lib = logging.getLogger("preemptible")
+    lib.setLevel(logging.DEBUG)
+    lib.addFilter(
+        lambda r: r.levelno > logging.DEBUG or r.getMessage().startswith("preemptible: saved")
+    )
     torch.set_num_threads(1)
     torch.manual_seed(0)  # the same initial weights on every rank
     gen = torch.Generator().manual_seed(1234)

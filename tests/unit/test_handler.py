@@ -393,6 +393,8 @@ def test_no_directory_anywhere_is_a_clear_error(monkeypatch) -> None:
         ({"state": {"m": object()}}, r"state\['m'\] \(object\) has no state_dict"),
         ({"state": [1]}, "state must be a mapping"),
         ({"save_every_steps": 0}, "save_every_steps=0 is not valid"),
+        ({"save_every_seconds": -1}, r"^save_every_seconds=-1 is not valid; use seconds > 0"),
+        ({"save_every_seconds": float("nan")}, "save_every_seconds=nan is not valid"),
         ({"signals": ["NOPE"]}, "unknown signal 'NOPE'"),
         ({"termination_config": {"grace_period": 3}}, "must be a TerminationConfig"),
         (
@@ -483,3 +485,18 @@ def test_save_every_auto_says_what_it_chose(tmp_path: Path, monkeypatch, caplog)
     with pytest.raises(ConfigError, match="PREEMPTIBLE_MTBF='soon' is not valid"):
         PreemptionCheckpointHandler(tmp_path / "y", model_state(), save_every_steps="auto")
     assert_restored()
+
+
+@pytest.mark.parametrize(("rank", "shown"), [("0", True), ("1", False)])
+def test_only_rank_zero_says_saved_at_info(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog, rank: str, shown: bool
+) -> None:
+    """Every rank of a job saves together: one "saved" line per save, not one per rank."""
+    monkeypatch.setenv("RANK", rank)
+    h = PreemptionCheckpointHandler(tmp_path, model_state())
+    with caplog.at_level(logging.DEBUG, logger="preemptible"):
+        h.save(3)
+    h.close()
+    [record] = [r for r in caplog.records if r.getMessage().startswith("preemptible: saved")]
+    assert record.levelno == (logging.INFO if shown else logging.DEBUG)
+    assert record.getMessage().endswith(" s)") and "(step 3, " in record.getMessage()

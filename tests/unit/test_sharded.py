@@ -104,7 +104,7 @@ def test_an_incomplete_newest_directory_is_skipped_for_the_previous_one(tmp_path
     ("kwargs", "message"),
     [
         ({"sharded": "yes"}, r"^sharded='yes' is not valid; use True or False$"),
-        ({"sharded": True, "async_policy": "later"}, r"^async policy 'later' is not valid"),
+        ({"sharded": True, "async_policy": "later"}, r"^async_policy='later' is not valid"),
     ],
 )
 def test_arguments_that_do_not_combine_are_one_clear_line(
