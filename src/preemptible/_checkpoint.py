@@ -46,6 +46,8 @@ _FINAL = re.compile(r"^step-(\d+)\.ckpt$")
 _TEMP = re.compile(r"^\.tmp-step-(\d+)\.ckpt\.(?:([A-Za-z0-9-]+)\.)?(\d+)\.[0-9a-f]+$")
 _OLD = re.compile(r"^\.old-(step-\d+\.ckpt)\.[0-9a-f]+$")
 
+MAX_STEP = 2**63 - 1
+"""The largest step a checkpoint name may carry (what databases and trackers store)."""
 LOCK_NAME = ".preemptible.lock"
 """The advisory lock file of ``CheckpointStore.lock()``; it never looks like a checkpoint."""
 
@@ -119,6 +121,25 @@ def write_text_atomic(path: Path, text: str, *, durable: bool = False) -> None:
         fsync_dir(path.parent)
 
 
+def open_in_place(path: Path, flags: int) -> int:
+    """``os.open`` (mode 0644 when created) for a file written in place (a lock, a journal):
+    never through a symbolic link, and never into a file that has other names (a hard link
+    to a checkpoint), either of which would make a write land outside its directory."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            link = "a symbolic link; it is not written through"
+            raise OSError(exc.errno, link, str(path)) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "a file with other names"
+        raise OSError(errno.EPERM, f"{what}; it is not written in", str(path))
+    return fd
+
+
 def _fsync_fd_of(path: Path, flags: int) -> None:
     fd = os.open(path, flags)
     try:
@@ -129,7 +150,11 @@ def _fsync_fd_of(path: Path, flags: int) -> None:
 
 def _remove(path: Path) -> None:
     """Best effort: used on error paths, where the original error is the one to report."""
-    if path.is_dir() and not path.is_symlink():
+    try:
+        is_dir = stat.S_ISDIR(path.lstat().st_mode)
+    except OSError:  # gone, or its directory no longer searchable
+        return
+    if is_dir:
         shutil.rmtree(path, ignore_errors=True)
     else:
         with contextlib.suppress(OSError):
@@ -198,13 +223,29 @@ class CheckpointStore:
                 f"checkpoint directory {self.directory} exists but is not a directory",
                 self.directory,
             )
+        try:  # listed (r) and its entries looked at (x): else it looks empty, a silent restart
+            os.listdir(self.directory)
+            os.stat(os.path.join(self.directory, "."))  # not Path: it drops the "."
+        except OSError as exc:
+            raise CheckpointLoadError(
+                f"checkpoint directory {self.directory} cannot be read ({exc.strerror or exc}); "
+                "give this user read and search (r-x) permission on it, or pass another one",
+                self.directory,
+            ) from exc
 
     # -- reading ---------------------------------------------------------------------------
     def committed(self) -> list[Checkpoint]:
         found = []
         for entry in self._entries():
             m = _FINAL.match(entry.name)
-            if m and _is_checkpoint_kind(entry):
+            if m and int(m.group(1)) > MAX_STEP:
+                if entry.name not in self._warned_foreign:
+                    self._warned_foreign.add(entry.name)
+                    logger.warning(
+                        "preemptible: ignoring %s: its step does not fit a 64-bit integer",
+                        entry,
+                    )
+            elif m and _is_checkpoint_kind(entry):
                 found.append(Checkpoint(int(m.group(1)), entry))
         found.sort(key=lambda c: c.step, reverse=True)
         return found
@@ -411,7 +452,7 @@ class CheckpointStore:
             return True
         path = self.directory / LOCK_NAME
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = open_in_place(path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             logger.warning(
                 "preemptible: cannot lock checkpoint directory %s (%s); make sure no other "

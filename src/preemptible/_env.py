@@ -61,7 +61,8 @@ def env_int(
     if raw is None:
         return default
     text = raw.strip()
-    ok = text.isdigit() or (text.startswith("-") and text[1:].isdigit())
+    digits = text[1:] if text.startswith("-") else text
+    ok = digits.isascii() and digits.isdigit()  # not "²": isdigit() alone takes it
     value = int(text) if ok and len(text) <= 18 else None
     if value is None or (min_value is not None and value < min_value):
         bound = f" >= {min_value}" if min_value is not None else ""

@@ -207,6 +207,51 @@ def restore_rng(rng: Mapping[str, Any]) -> None:
             torch.cuda.set_rng_state_all(states)
 
 
+def rng_problem(rng: Any) -> str | None:
+    """What keeps ``rng`` from being restored, or None. Each state is tried on a throwaway
+    generator, so a checkpoint that loads but holds garbage is refused before anything of it
+    is put back (the model's weights included)."""
+    if not isinstance(rng, Mapping):
+        return f"its random states are a {_type_name(rng)}, not a mapping"
+    try:
+        if "python" in rng:
+            version, internal, gauss = rng["python"]
+            random.Random().setstate((version, tuple(internal), gauss))
+        if "torch" in rng:
+            _torch().Generator().set_state(rng["torch"])
+        np = _numpy()
+        if np is not None and "numpy" in rng:
+            kind, keys, pos, has_gauss, cached = rng["numpy"]
+            state = (kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
+            np.random.RandomState().set_state(state)
+        if "cuda" in rng and not (
+            isinstance(rng["cuda"], list | tuple) and all(map(_is_tensor, rng["cuda"]))
+        ):
+            raise TypeError("the CUDA states are not a list of tensors")
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"its random states do not restore ({type(exc).__name__}: {first})"
+    return None
+
+
+def payload_problem(payload: Mapping[str, Any]) -> str | None:
+    """What is malformed in a loaded payload (one that loads with ``weights_only`` but was not
+    written by preemptible), or None."""
+    saved = payload.get("state", {})
+    if not isinstance(saved, Mapping) or not all(isinstance(k, str) for k in saved):
+        return "its state is not a mapping of names"
+    plain = payload.get("plain", ())
+    if not isinstance(plain, list | tuple) or not all(isinstance(k, str) for k in plain):
+        return "its list of plain values is not a list of names"
+    ranks = payload.get("rng_ranks")
+    if ranks is not None and not isinstance(ranks, list):
+        return "its per-rank random states are not a list"
+    for rng in [payload.get("rng", {}), *(ranks or [])]:
+        if (problem := rng_problem(rng)) is not None:
+            return problem
+    return None
+
+
 def build_payload(step: int, state: StateSpec | Mapping[str, Any]) -> dict[str, Any]:
     spec = state if isinstance(state, StateSpec) else check_state(state)
     objects, plain = spec.split()  # again: the loop may have put a new value in since
@@ -267,6 +312,8 @@ def read_payload(path: Path, *, weights_only: bool) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a preemptible checkpoint", path)
     if not isinstance(payload.get("step"), int) or payload["step"] < 0:
         raise CheckpointError(f"{path} has no valid step", path)
+    if (problem := payload_problem(payload)) is not None:
+        raise CheckpointError(f"{path} is not a valid preemptible checkpoint: {problem}", path)
     return payload
 
 
@@ -306,6 +353,8 @@ def apply_payload(
             path,
         )
 
+    if (problem := payload_problem(payload)) is not None:  # a sharded one's RNG file too
+        raise CheckpointLoadError(f"checkpoint {path}: {problem}; nothing was loaded", path)
     for name, obj in objects.items():
         if name in saved_plain:
             raise misfit(name, "it is a plain value in the checkpoint, an object now")

@@ -47,7 +47,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
-from .._checkpoint import CheckpointStore, write_text_atomic
+from .._checkpoint import CheckpointStore, open_in_place, write_text_atomic
 from .._env import env_str
 from .._errors import ConfigError, PreemptibleError
 from .._interval import _tail
@@ -461,7 +461,7 @@ class Supervisor:
         numbers = [
             int(p.name.split("-", 1)[1])
             for p in self.run_dir.glob("attempt-*")
-            if p.name.split("-", 1)[1].isdigit()
+            if _decimal(p.name.split("-", 1)[1])
         ]
         return max(numbers, default=0) + 1
 
@@ -676,7 +676,8 @@ class Supervisor:
     def _journal(self, attempt: Attempt) -> None:
         path = self.run_dir / JOURNAL_NAME
         try:
-            with open(path, "a") as fh:
+            fd = open_in_place(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            with os.fdopen(fd, "a") as fh:
                 fh.write(json.dumps(attempt.as_json()) + "\n")
         except OSError as exc:
             self._warn_once("journal", path, exc)
@@ -804,6 +805,11 @@ def measured_exits(journal: Path) -> list[float]:
     return found[::-1]
 
 
+def _decimal(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit()`` also takes "²", which ``int()`` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def _name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -829,7 +835,7 @@ def _lock_run(run_dir: Path, run_id: str) -> int:
     supervisor is killed); not inherited by the job (``O_CLOEXEC``)."""
     path = run_dir / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_in_place(path, os.O_RDWR | os.O_CREAT)
     except OSError as exc:
         raise PreemptibleError(f"cannot open {path}: {exc.strerror or exc}") from exc
     try:
@@ -837,7 +843,7 @@ def _lock_run(run_dir: Path, run_id: str) -> int:
     except BlockingIOError as exc:
         holder = os.read(fd, 32).decode("ascii", "replace").strip()
         os.close(fd)
-        who = f"pid {holder}" if holder.isdigit() else "another process"
+        who = f"pid {holder}" if _decimal(holder) else "another process"
         raise PreemptibleError(
             f"run {run_id} is already supervised by {who} ({path}); wait for it to end, or "
             "pass another --run-id"
