@@ -164,6 +164,8 @@ class StopController:
                 path, committed = save(), True
             except Exception as exc:
                 if save_failed is None:
+                    if record:  # the stop did not keep its promise: a failure, not a stop
+                        _run.update_record(state="save_failed", error=_one_line(exc))
                     raise
                 path = save_failed(exc)
         if record and committed and path is not None:
@@ -203,6 +205,11 @@ class StopController:
                     n.acknowledge()
                 except Exception as exc:  # the checkpoint is safe; the platform just waits
                     logger.warning("preemptible: could not acknowledge %s: %s", n.source, exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:500]
 
 
 def _tracker_call(what: str, fn: Callable[..., Any], *args: Any) -> bool:

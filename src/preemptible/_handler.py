@@ -174,6 +174,8 @@ class PreemptionCheckpointHandler:
         self.resume_path: Path | None = None
 
         self._step = 0
+        # a loop of one's own: the step and time of the last should_stop that saw it move
+        self._boundary: tuple[int, float] | None = None
         self._resumed_step: int | None = None
         self._warned_same_step = False
         self._resumed = False
@@ -248,7 +250,12 @@ class PreemptionCheckpointHandler:
 
         In a loop of your own, call ``stop()`` when it is True (or ``save()`` and exit).
         Under torch.distributed every call is a step boundary: call it once per step on every
-        rank; it turns True on every rank at the same step."""
+        rank; it turns True on every rank at the same step.
+
+        In a loop of your own, a call after ``handler.step`` moved on is where the periodic
+        saves (``save_every_steps``/``save_every_seconds``) happen, as ``steps()`` does them
+        between two steps."""
+        self._own_loop_boundary()
         if self._agreement is None:
             if not self._ctl.pending:
                 return False
@@ -281,6 +288,7 @@ class PreemptionCheckpointHandler:
                 apply_payload(payload, self._state, ckpt.path)
                 self._step, self.resume_path = payload["step"], ckpt.path
         self._resumed = True
+        self._boundary = (self._step, time.monotonic())
         if self.resume_path is not None:
             self._last_saved = (self._step, self.resume_path)
             self._resumed_step = self._step
@@ -448,12 +456,33 @@ class PreemptionCheckpointHandler:
         if self._ctl.latch.installed:
             patch_dataloader_workers()  # torch may have been imported after __init__
 
+    def _own_loop_boundary(self) -> None:
+        """``should_stop`` after the loop set ``handler.step`` forward: the boundary between
+        two steps of a loop of one's own; time the steps and save if one is due."""
+        now = time.monotonic()
+        if self._boundary is None or self._step <= self._boundary[0] or self._stopped:
+            if self._boundary is None or self._step < self._boundary[0]:
+                self._boundary = (self._step, now)
+            return
+        since, done = self._boundary[0], self._step - self._boundary[0]
+        self.step_times.add((now - self._boundary[1]) / done)
+        self._boundary = (self._step, now)
+        if self._async is not None:
+            self._collect_async()
+        if not self._saved_at_current_step():  # not when the loop just called save() itself
+            self._save_if_due(None, since)
+
     def _finish_step(self, started: float, total: int | None) -> None:
         self.step_times.add(time.monotonic() - started)
         self._step += 1
+        self._boundary = (self._step, time.monotonic())  # steps()/run() timed and saved it
+        self._save_if_due(total, self._step - 1)
+
+    def _save_if_due(self, total: int | None, since: int) -> None:
+        """Save if a save point lies after step ``since``, up to this one (or at ``total``)."""
         every = self.save_every_steps
         if isinstance(every, int):
-            due = self._step % every == 0 or self._step == total
+            due = self._step // every > since // every or self._step == total
         elif self._interval is not None:
             due = self._step == total or self._interval.due(time.monotonic(), self._last_save_end)
             if due and self._ranks is not None and self._step != total:

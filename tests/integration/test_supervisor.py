@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -372,3 +373,34 @@ def test_a_forged_record_cannot_crash_the_supervisor_or_make_it_exit_0(
     assert "Traceback" not in sup.output
     [a] = attempts(tmp_path)
     assert (a["state"], a["exit_code"]) == (state, code)
+
+
+SAVE_RAISES = """
+import time
+import numpy as np
+import torch
+import preemptible
+
+state = {"model": torch.nn.Linear(2, 2), "best": 0.0}
+handler = preemptible.PreemptionCheckpointHandler("ck", state, save_every_steps=5)
+for step in handler.steps(100000):
+    if step == 7:
+        state["best"] = np.float64(1.5)  # not a plain value: the next save raises
+    print(f"step {step}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_whose_save_raises_is_failed_not_preempted(tmp_path: Path, spawn) -> None:
+    sup = supervise(spawn, tmp_path, "--checkpoint-dir", "ck", "--", PY, "-c", SAVE_RAISES)
+    sup.wait_line(lambda line: line == "step 8", timeout=60)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(60) == 1, sup.output  # the job's own code, not 143 ("checkpoint saved")
+    [a] = attempts(tmp_path)
+    assert (a["state"], a["ending"]) == ("FAILED", "exit 1"), sup.output
+    assert "checkpoint none (the newest is step-0000000005.ckpt)" in sup.output
+    assert "state['best']" in sup.output  # the job's own error says what was wrong
+    [record] = (tmp_path / ".preemptible" / "runs").glob("*/attempt-1/record.json")
+    data = json.loads(record.read_text())
+    assert data["state"] == "save_failed" and "ConfigError" in data["error"], data

@@ -54,6 +54,22 @@ def test_state_table(ending: str, column: int) -> None:
     assert classify(ENDINGS[ending], record) is TABLE[ending][column]
 
 
+@pytest.mark.parametrize("forwarded", [None, signal.SIGTERM, signal.SIGINT])
+def test_a_stop_whose_save_raised_is_failed(forwarded: int | None) -> None:
+    """The stop raised instead of committing (a bad state value, a full disk): FAILED, with
+    the job's own exit code, as its tracker says; a second signal or a kill is not that."""
+    record = {**RECORDS["stopping"], "state": "save_failed"}
+    ending = Ending(exit_code=1)
+    assert classify(ending, record, first_signal_at=9.0, forwarded=forwarded) is X
+    assert exit_code_for(X, ending, record, forwarded) == 1
+    marked_at_start = {**record, "preempting_at": 1.0}
+    assert classify(ending, marked_at_start, forwarded=forwarded) is X
+    # killed while it failed: the ending decides, as in the table
+    assert classify(Ending(signal=signal.SIGKILL), record, first_signal_at=9.0) is C
+    # cut short by a second signal, the record still says "stopping": PREEMPTED
+    assert classify(ending, {**record, "state": "stopping"}, forwarded=forwarded) is P
+
+
 def test_mark_after_the_supervisors_signal_is_not_a_mark_at_start() -> None:
     record = {"preempting": True, "preempting_at": 20.0}  # a user's SIGTERM handler marked it
     assert classify(Ending(signal=signal.SIGKILL), record, first_signal_at=19.0) is C

@@ -500,3 +500,66 @@ def test_only_rank_zero_says_saved_at_info(
     [record] = [r for r in caplog.records if r.getMessage().startswith("preemptible: saved")]
     assert record.levelno == (logging.INFO if shown else logging.DEBUG)
     assert record.getMessage().endswith(" s)") and "(step 3, " in record.getMessage()
+
+
+def saved_lines(caplog) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("preemptible: saved")
+    ]
+
+
+@pytest.mark.parametrize(("check_every", "expected"), [(1, [5, 10]), (3, [6, 12])])
+def test_periodic_saves_in_a_loop_of_ones_own(
+    tmp_path: Path, caplog, check_every: int, expected: list[int]
+) -> None:
+    """The README's own loop: ``handler.step = step + 1`` then ``should_stop``; that check is
+    the boundary where save_every_steps saves (at the first check past each multiple)."""
+    state = model_state()
+    with (
+        caplog.at_level(logging.INFO, logger="preemptible"),
+        PreemptionCheckpointHandler(tmp_path, state, save_every_steps=5, keep=10) as h,
+    ):
+        for step in range(h.resume(), 12):
+            train_step(state)
+            h.step = step + 1
+            if h.step % check_every == 0 and h.should_stop:
+                h.stop()
+    assert sorted(c.step for c in h.store.committed()) == expected
+    assert len(saved_lines(caplog)) == len(expected)
+    assert len(h.step_times) > 0  # the grace policy learns how long a step takes
+
+
+def test_an_own_loop_that_saves_itself_is_not_saved_twice(tmp_path: Path, caplog) -> None:
+    state = model_state()
+    with (
+        caplog.at_level(logging.INFO, logger="preemptible"),
+        PreemptionCheckpointHandler(tmp_path, state, save_every_steps=5) as h,
+    ):
+        for step in range(h.resume(), 6):
+            h.step = step + 1
+            if h.step == 5:
+                h.save()
+            assert not h.should_stop
+    assert [c.step for c in h.store.committed()] == [5]
+    assert len(saved_lines(caplog)) == 1
+
+
+def test_should_stop_inside_steps_adds_no_save(tmp_path: Path, caplog) -> None:
+    state = model_state()
+    h = PreemptionCheckpointHandler(tmp_path, state, save_every_steps=5, keep=10)
+    with caplog.at_level(logging.INFO, logger="preemptible"):
+        for _ in h.steps(10):
+            train_step(state)
+            assert not h.should_stop
+    assert sorted(c.step for c in h.store.committed()) == [5, 10]
+    assert len(saved_lines(caplog)) == 2
+
+
+def test_periodic_saves_in_seconds_in_a_loop_of_ones_own(tmp_path: Path) -> None:
+    state = model_state()
+    with PreemptionCheckpointHandler(tmp_path, state, save_every_seconds=0.05, keep=50) as h:
+        for step in range(h.resume(), 10):
+            threading.Event().wait(0.03)
+            h.step = step + 1
+            assert not h.should_stop
+    assert 2 <= len(h.store.committed()) <= 10

@@ -16,6 +16,11 @@ the two (DESIGN.md):
 
 * PREEMPTED when the record says the run stopped early (state "stopping"/"stopped").
 
+A run whose stop raised while saving (record state "save_failed") and then exited non-zero is
+FAILED whatever the column: it did not keep the stop's promise of a checkpoint, and its tracker
+says "failed" too. Cut short by a second signal or a kill, the save is not a failure: the
+table applies.
+
 ** Unless the supervisor had passed a stop signal on to the attempt: then the ending is
 classified as if the job had died by that signal (KILLED for SIGINT, CRASHED otherwise). Many
 programs exit 1 or 2 on SIGTERM or Ctrl+C; the run did not fail, it was stopped, and a
@@ -109,6 +114,8 @@ def classify(
     kind = mark_kind(rec, first_signal_at)
     if ending.exit_code == 0:
         return RunState.PREEMPTED if rec.stopped_early else RunState.FINISHED
+    if rec.state == "save_failed" and ending.exit_code is not None:
+        return RunState.FAILED  # its stop raised instead of committing: say so, like its tracker
     if kind == "start":
         return RunState.PREEMPTED
     if ending.lost or ending.signal == signal.SIGKILL:

@@ -19,7 +19,7 @@ from typing import Any
 
 from .._run import RECORD_NAME, read_record
 
-STATES = ("stopping", "stopped", "finished")
+STATES = ("stopping", "stopped", "save_failed", "finished")
 MAX_SIGNUM = 64  # Linux's highest real-time signal
 _MAX_TEXT = 4096
 

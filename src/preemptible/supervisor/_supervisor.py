@@ -630,9 +630,10 @@ class Supervisor:
         self._journal(attempt)
         self._follow_checkpoints(record)
         stopped = ""
-        if record.stopped_early:
+        if record.stopped_early or record.state == "save_failed":
             step = "?" if record.step is None else record.step
-            stopped = f", stopped at step {step}, checkpoint {record.checkpoint or 'none'}"
+            saved = record.checkpoint or f"none (the newest is {self._newest_name()})"
+            stopped = f", stopped at step {step}, checkpoint {saved}"
         logger.log(
             logging.INFO if state is RunState.FINISHED else logging.WARNING,
             "preemptible: attempt %d: pid %d, %s (%s), exit code %d, %.1f s%s",
@@ -645,6 +646,14 @@ class Supervisor:
             stopped,
         )
         return attempt
+
+    def _newest_name(self) -> str:
+        """The checkpoint the next attempt would resume from, for a log line."""
+        try:
+            latest = CheckpointStore(self.resume_dir).latest()
+        except (OSError, PreemptibleError):
+            return "unknown"
+        return "none" if latest is None else latest.path.name
 
     def _follow_checkpoints(self, record: RunRecord) -> None:
         """Resume from where the job says it saves (its handler may have a directory of its
