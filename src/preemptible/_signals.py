@@ -226,8 +226,10 @@ class SignalLatch:
             if self._logged == 0:
                 logger.warning(
                     "preemptible: received %s; finishing the current step, then saving a "
-                    "checkpoint and exiting (send it again to exit at once without saving)",
+                    "checkpoint and exiting (send it again, %.1f s or more later, to exit at once "
+                    "without saving)",
                     name,
+                    DUPLICATE_WINDOW,
                 )
             else:
                 first_at = received[0][1]
