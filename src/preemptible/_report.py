@@ -46,6 +46,14 @@ _warned = False
 
 
 def _value(key: str, value: object) -> bool | int | float | str | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)  # what a sweep ranks by; JSON readers make floats of big ints too
+        except OverflowError:
+            raise ConfigError(
+                f"report({key}=...): an integer of {value.bit_length()} bits, more than a float "
+                "holds; report a float or a text"
+            ) from None
     if value is None or isinstance(value, bool | int | str):
         if isinstance(value, str) and len(value) > MAX_TEXT:
             raise ConfigError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -80,3 +81,20 @@ def test_the_last_values_are_written_when_the_process_exits(tmp_path: Path) -> N
 def test_an_odd_summary_file_reads_as_empty(tmp_path: Path) -> None:
     (tmp_path / "summary.json").mkdir()
     assert _report.read_summary(tmp_path) == {}
+
+
+@pytest.mark.parametrize("huge", [10**400, -(10**400)], ids=["1e400", "-1e400"])
+def test_a_number_a_float_cannot_hold_never_reaches_the_summary(tmp_path: Path, huge: int) -> None:
+    """report(loss=10**400) is refused (one line naming the metric) or dropped: either way the
+    summary a sweep agent reads holds only numbers a float can hold."""
+    try:
+        preemptible.report(loss=huge, ok=1)
+    except preemptible.ConfigError as exc:
+        assert "loss" in str(exc) and "\n" not in str(exc)
+        preemptible.report(ok=1)
+    _report.flush()
+    summary = _report.read_summary(tmp_path)
+    assert summary.get("ok") == 1
+    for value in summary.values():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert math.isfinite(float(value)), summary

@@ -81,6 +81,18 @@ def test_args_json_is_one_argument_and_args_json_file_a_path_to_the_same_json(
     assert json.loads((tmp_path / "p.json").read_text()) == PARAMS
 
 
+def test_args_json_file_replaces_a_planted_link_instead_of_writing_through_it(
+    tmp_path: Path,
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "p.json").symlink_to(victim)
+    build(make(["${program}", "--cfg=${args_json_file}"]), tmp_path)
+    assert victim.read_text() == "precious\n"
+    assert not (tmp_path / "p.json").is_symlink()
+    assert json.loads((tmp_path / "p.json").read_text()) == PARAMS
+
+
 def test_a_whole_element_macro_may_expand_to_nothing_and_literals_stay(tmp_path: Path) -> None:
     spec = make(["${env}", "x${env}y", "--epochs", 3, "${args}", "$HOME", "${unclosed"])
     argv = build(spec, tmp_path, params={})

@@ -27,7 +27,7 @@ from preemptible.sweeps._store import (
         ("postgres://bob:p%40ss@db/sweeps?sslmode=require",
          "postgres://bob:***@db/sweeps?sslmode=require"),
         ("postgresql://bob@db/sweeps?password=hunter2&sslmode=require",
-         "postgresql://bob@db/sweeps?password=***&sslmode=require"),
+         "postgresql://bob@db/sweeps?password=***"),  # what follows may be the password's
         ("postgresql://bob:a:b@[::1]:5432/x", "postgresql://bob:***@[::1]:5432/x"),
         ("postgresql://db/sweeps", "postgresql://db/sweeps"),
         ("postgresql://bob:secret@[::1/x", "postgresql://***"),  # unparsable: hide it all

@@ -47,7 +47,7 @@ from .._run import read_record
 from ._command import build_command
 from ._sample import Observation, propose
 from ._spec import SweepSpec, parse_spec
-from ._store import Claim, LeaseLost, Store, StoreError, open_store
+from ._store import Claim, LeaseLost, Store, StoreError, clean_step, open_store, printable
 
 logger = logging.getLogger("preemptible")
 
@@ -316,6 +316,11 @@ class _Heartbeat:
             except (StoreError, OSError) as exc:  # the database is away: the lease may run out
                 logger.warning("preemptible: heartbeat of run %s failed: %s", claim.run_id, exc)
                 continue
+            except PreemptibleError as exc:  # a value the queue refused: keep the lease alive
+                logger.warning(
+                    "preemptible: heartbeat of run %s: %s; the run goes on", claim.run_id, exc
+                )
+                continue
             if control.control == "cancelled" and (not cancelled or control.cancel_now):
                 now = control.cancel_now
                 logger.warning(
@@ -334,12 +339,18 @@ class _Heartbeat:
 
 
 def _newest_step(directory: Path) -> int | None:
+    """The step of the run's newest checkpoint; None if there is none, it cannot be read, or
+    its step does not fit the queue's 64-bit column (a hand-made file name, say)."""
     try:
         newest = CheckpointStore(directory).latest()
-    except OSError:
+    except (OSError, ValueError, OverflowError):
         return None
-    return None if newest is None else newest.step
+    if newest is None:
+        return None
+    return clean_step(newest.step, str(directory))
 
 
 def _describe(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "(no parameters)"
+    """The parameters for the log, one line, with control characters escaped."""
+    text = " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "(no parameters)"
+    return printable(text)

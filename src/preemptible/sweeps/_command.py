@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._checkpoint import write_text_atomic
 from .._env import env_str
 from .._errors import ConfigError
 
@@ -110,7 +111,7 @@ def build_command(
             argv.append(_MACRO.sub(substitute, element))
     if uses_macro(spec.command, "args_json_file"):
         params_file.parent.mkdir(parents=True, exist_ok=True)
-        params_file.write_text(as_json + "\n", encoding="utf-8")
+        write_text_atomic(params_file, as_json + "\n")  # a planted link is replaced, not followed
     return argv
 
 

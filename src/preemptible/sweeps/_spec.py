@@ -18,10 +18,12 @@ so that ``raw`` can be stored in the queue and parsed again to the same spec by 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -80,6 +82,11 @@ _MAX_DEPTH = 64  # of the data as a whole
 _MAX_NESTING = 16  # of nested parameter groups
 _MAX_NODES = 100_000  # YAML aliases can make a small file expand to an enormous tree
 _MAX_INT = 2**53  # integers beyond this are not exact as floats, which Optuna and JSON use
+MAX_COUNT = 2**31 - 1  # run_cap, max_failures, max_preemptions: integer columns of the queue
+MAX_GRID_RUNS = 100_000  # runs a grid sweep lays out in the queue at ``sweep create``
+MAX_GRID_VALUES = 2_000_000  # parameter values those runs hold in all
+MAX_SPEC_BYTES = 1 << 20  # a spec file is read up to this size, and refused beyond it
+_EXACT_DIGITS = 60  # a grid size up to this many digits is named exactly, else as 10^N
 _EXP_LIMIT = 700.0  # math.exp overflows above ~709.78
 _Z_RANGE = 10.0  # normal draws are kept within mu +- 10 sigma (see _sample.Z_MAX)
 
@@ -195,10 +202,12 @@ class SweepSpec:
         """The number of grid points, or None when the method is not grid."""
         if self.method != "grid":
             return None
-        total = 1
-        for _, param in leaves(self.parameters):
-            total *= cast(int, param.size)
-        return total
+        return self._grid_total
+
+    @functools.cached_property
+    def _grid_total(self) -> int:
+        # worked out once: a grid far larger than its run_cap is a product of many numbers
+        return math.prod(cast(int, param.size) for _, param in leaves(self.parameters))
 
 
 def leaves(
@@ -216,11 +225,12 @@ def leaves(
 
 
 def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
-    """Read a spec from a YAML file (``yaml.safe_load``), or JSON when it ends in .json."""
+    """Read a spec from a YAML file (``yaml.safe_load``), or JSON when it ends in .json: a
+    regular file of at most 1 MiB, with no key written twice in one mapping."""
     file = Path(path)
     source = _clean(str(path))
     try:
-        text = file.read_text(encoding="utf-8")
+        text = _read(file, source).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such file") from None
     except IsADirectoryError:
@@ -232,7 +242,12 @@ def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
     data: object
     if file.suffix.lower() == ".json":
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_pairs)
+        except _DuplicateKey as exc:
+            raise ConfigError(
+                f"{source}: not valid JSON: duplicate key {_short(exc.key)}; each key may appear "
+                "once in a mapping"
+            ) from None
         except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"{source}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
@@ -243,7 +258,7 @@ def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
             ) from None
     else:
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_UniqueKeyLoader)
         except yaml.MarkedYAMLError as exc:
             where = ""
             if exc.problem_mark is not None:
@@ -259,6 +274,79 @@ def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
     if data is None:
         raise ConfigError(f"{source}: is empty; a spec needs at least method and parameters")
     return parse_spec(data, source=source)
+
+
+def _read(file: Path, source: str) -> bytes:
+    """The bytes of a spec file: a regular file only (a FIFO would wait for a writer forever,
+    a device such as /dev/zero never ends), and at most ``MAX_SPEC_BYTES``."""
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(file)
+        if not stat.S_ISREG(mode):
+            raise ConfigError(
+                f"{source}: is not a regular file ({_file_kind(mode)}); give the spec file "
+                "(YAML or JSON)"
+            )
+        data = fh.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        raise ConfigError(
+            f"{source}: is larger than 1 MiB; a spec is at most {MAX_SPEC_BYTES} bytes"
+        )
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a file"
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: object) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, except that a key written twice in one mapping is an error (YAML
+    says keys are unique; PyYAML keeps the last). Keys brought in by a merge (``<<: *base``)
+    may still be overridden: only the keys written in the mapping itself are compared."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable key: SafeLoader says so itself
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"duplicate key {_short(key)}; each key may appear once in a mapping",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
 
 
 def parse_spec(data: object, *, source: str = "spec") -> SweepSpec:
@@ -306,8 +394,10 @@ def _parse(data: object) -> SweepSpec:
     metric = _metric(raw.get("metric"), ignored)
     if metric is None and method == "bayes":
         _fail("metric", "required for method bayes, e.g. {name: val_loss, goal: minimize}")
+    run_cap = _count(raw, "run_cap", None, minimum=1)
     if method == "grid":
         _check_grid(parameters, "parameters")
+        _check_grid_size(parameters, run_cap)
 
     program = raw.get("program")
     if program is not None and (not isinstance(program, str) or not program):
@@ -327,7 +417,7 @@ def _parse(data: object) -> SweepSpec:
         method=cast(Method, method),
         metric=metric,
         parameters=parameters,
-        run_cap=_count(raw, "run_cap", None, minimum=1),
+        run_cap=run_cap,
         max_failures=cast(int, _count(raw, "max_failures", DEFAULT_MAX_FAILURES, minimum=0)),
         max_preemptions=cast(
             int, _count(raw, "max_preemptions", DEFAULT_MAX_PREEMPTIONS, minimum=0)
@@ -393,8 +483,8 @@ def _count(raw: dict[str, Any], key: str, default: int | None, *, minimum: int) 
     value = raw.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        _fail(key, f"{_short(value)} is not valid; use an integer >= {minimum}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
+        _fail(key, f"{_short(value)} is not valid; use an integer from {minimum} to {MAX_COUNT}")
     return value
 
 
@@ -604,6 +694,57 @@ def _check_grid(parameters: Mapping[str, ParamSpec], path: str) -> None:
             _fail(
                 f"{where}.probabilities", "not valid with method grid, which runs every value once"
             )
+
+
+def _check_grid_size(parameters: Mapping[str, ParamSpec], run_cap: int | None) -> None:
+    """A grid is laid out in the queue when the sweep is created, a run per point (up to
+    run_cap): refuse one too large to lay out before anything is built."""
+    found = leaves(parameters)
+    exact: int | None = 1  # the number of points, while it has at most _EXACT_DIGITS digits
+    log10 = 0.0
+    for _, param in found:
+        size = cast(int, param.size)
+        log10 += math.log10(size)
+        if exact is not None:
+            exact *= size
+            if exact >= 10**_EXACT_DIGITS:
+                exact = None  # an astronomic grid: not worth multiplying out
+    runs = exact
+    if run_cap is not None and (runs is None or run_cap < runs):
+        runs = run_cap
+    if runs is None or runs > MAX_GRID_RUNS:
+        shown = f"{exact:,}" if exact is not None else f"about 10^{math.floor(log10)}"
+        _fail(
+            "parameters",
+            f"the grid has {shown} points, more than the {MAX_GRID_RUNS:,} runs a grid sweep "
+            f"may have; use fewer values, a run_cap of at most {MAX_GRID_RUNS:,}, or method "
+            "random",
+        )
+    per_run = sum(_weight(param) for _, param in found)
+    if runs * per_run > MAX_GRID_VALUES:
+        _fail(
+            "parameters",
+            f"the grid's {runs:,} runs would hold {runs * per_run:,} parameter values in all, "
+            f"more than the {MAX_GRID_VALUES:,} a grid sweep may have; use fewer runs or fewer "
+            "parameters",
+        )
+
+
+def _weight(param: ParamSpec) -> int:
+    """How many JSON values one run's value of ``param`` holds, at most."""
+    if param.distribution == "constant":
+        return _nodes(param.value)
+    if param.distribution == "categorical":
+        return max(_nodes(v) for v in param.values)
+    return 1
+
+
+def _nodes(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + sum(_nodes(v) for v in value)
+    if isinstance(value, dict):
+        return 1 + sum(_nodes(v) for v in value.values())
+    return 1
 
 
 def _number(path: str, value: object) -> float:

@@ -26,7 +26,7 @@ from rich.text import Text
 
 from .._errors import ConfigError
 from ._spec import GOALS
-from ._store import LEASE_EXPIRED, AttemptRow, RunRow, Store, SweepRow, _metric
+from ._store import LEASE_EXPIRED, AttemptRow, RunRow, Store, SweepRow, _metric, printable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -173,6 +173,13 @@ def _attempt_doc(a: AttemptRow, now: float) -> dict[str, Any]:
 
 
 # -- the table --------------------------------------------------------------------------------
+# Every text in the table comes from the queue, which any agent, run or spec writes: a name or
+# a value with an escape sequence must not drive the terminal, so control characters are shown
+# escaped (``\x1b``), as ``repr`` would (``--json`` is JSON, escaped by ``json.dumps``).
+def _text(value: object, style: str = "") -> Text:
+    return Text(printable(str(value)), style=style)
+
+
 def render(doc: Mapping[str, Any], *, now: float | None = None) -> Group:
     """A header line about the sweep, then one row per run in index order."""
     sweep = doc["sweep"]
@@ -187,7 +194,7 @@ def render(doc: Mapping[str, Any], *, now: float | None = None) -> Group:
     if metric:
         arrow = "↑" if metric.get("goal") == "maximize" else "↓"
         # a Text header: a metric name is the user's text, never rich markup
-        table.add_column(Text(f"{metric['name']} {arrow}"), justify="right", no_wrap=True)
+        table.add_column(_text(f"{metric['name']} {arrow}"), justify="right", no_wrap=True)
     else:
         table.add_column("metric", justify="right", no_wrap=True)
     table.add_column("agent@host", overflow="fold")
@@ -205,15 +212,15 @@ def render(doc: Mapping[str, Any], *, now: float | None = None) -> Group:
         step = run.get("checkpoint_step")
         where = f"{run['agent']}@{run['host']}" if run.get("agent") else "-"
         table.add_row(
-            Text(run["run_id"]),
-            Text(format_params(run["params"])),
-            Text(state, style=STATE_STYLES.get(state, "")),
-            Text(attempts),
-            Text("-" if step is None else str(step)),
+            _text(run["run_id"]),
+            _text(format_params(run["params"])),
+            _text(state, STATE_STYLES.get(state, "")),
+            _text(attempts),
+            _text("-" if step is None else step),
             shown,
-            Text(where),
-            Text(format_age(run.get("heartbeat_age"))),
-            Text(format_age(run.get("duration") if run["attempts"] else None)),
+            _text(where),
+            _text(format_age(run.get("heartbeat_age"))),
+            _text(format_age(run.get("duration") if run["attempts"] else None)),
         )
     if not runs:
         table.caption = "no runs yet"
@@ -222,24 +229,24 @@ def render(doc: Mapping[str, Any], *, now: float | None = None) -> Group:
 
 def _header(sweep: Mapping[str, Any], now: float) -> Text:
     text = Text()
-    text.append(f"sweep {sweep['id']}", style="bold")
+    text.append(printable(f"sweep {sweep['id']}"), style="bold")
     if sweep.get("name"):
-        text.append(f" {sweep['name']!r}")
-    text.append(f" · {sweep['control']}")
+        text.append(printable(f" {sweep['name']!r}"))
+    text.append(printable(f" · {sweep['control']}"))
     if sweep.get("method"):
-        text.append(f" · {sweep['method']}")
+        text.append(printable(f" · {sweep['method']}"))
     metric = sweep.get("metric")
     if metric:
-        text.append(f" · {metric['goal']} {metric['name']}")
+        text.append(printable(f" · {metric['goal']} {metric['name']}"))
     cap = sweep.get("run_cap")
     text.append(f" · {sweep['runs_created']}{'' if cap is None else f'/{cap}'} runs")
     counts = [(s, n) for s, n in sweep["counts"].items() if n]
     for i, (state, n) in enumerate(counts):
         text.append(": " if i == 0 else ", ")
-        text.append(f"{n} {state}", style=STATE_STYLES.get(state, ""))
+        text.append(printable(f"{n} {state}"), style=STATE_STYLES.get(state, ""))
     best = sweep.get("best")
     if best and metric:
-        text.append(f" · best {best['run_id']} {metric['name']}={best['metric']:.6g}")
+        text.append(printable(f" · best {best['run_id']} {metric['name']}={best['metric']:.6g}"))
     text.append(f" · created {format_age(now - sweep['created_at'])} ago")
     return text
 
@@ -257,19 +264,19 @@ def render_sweeps(rows: Sequence[Mapping[str, Any]]) -> Table:
         for state, n in row["counts"].items():
             if n:
                 states.append(", " if states else "")
-                states.append(f"{n} {state}", style=STATE_STYLES.get(state, ""))
+                states.append(printable(f"{n} {state}"), style=STATE_STYLES.get(state, ""))
         cap = row.get("run_cap")
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["created_at"]))
         table.add_row(
-            Text(row["id"]),
-            Text(row.get("name") or "-"),
-            Text(row["control"]),
-            Text(row.get("method") or "-"),
-            Text(f"{metric['goal']} {metric['name']}" if metric else "-"),
-            Text(f"{row['runs_created']}{'' if cap is None else f'/{cap}'}"),
+            _text(row["id"]),
+            _text(row.get("name") or "-"),
+            _text(row["control"]),
+            _text(row.get("method") or "-"),
+            _text(f"{metric['goal']} {metric['name']}" if metric else "-"),
+            _text(f"{row['runs_created']}{'' if cap is None else f'/{cap}'}"),
             states if states else Text("-"),
-            Text(f"{best['run_id']} {best['metric']:.6g}" if best else "-"),
-            Text(created),
+            _text(f"{best['run_id']} {best['metric']:.6g}" if best else "-"),
+            _text(created),
         )
     if not rows:
         table.caption = "no sweeps yet"
@@ -277,8 +284,9 @@ def render_sweeps(rows: Sequence[Mapping[str, Any]]) -> Table:
 
 
 def format_params(params: Mapping[str, Any]) -> str:
-    """``k=v`` pairs, nested groups flattened to ``a.b=v``, long values shortened."""
-    return " ".join(f"{key}={_short(value)}" for key, value in _flatten(params, ""))
+    """``k=v`` pairs, nested groups flattened to ``a.b=v``, long values shortened, control
+    characters escaped (``printable``)."""
+    return printable(" ".join(f"{key}={_short(value)}" for key, value in _flatten(params, "")))
 
 
 def _flatten(params: Mapping[str, Any], prefix: str) -> list[tuple[str, Any]]:

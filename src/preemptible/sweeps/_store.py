@@ -12,7 +12,12 @@ Agents on one machine or many share one database. The guarantees:
 * Every call is retried with exponential backoff (capped at 5 s) while the database is locked,
   restarting or unreachable, up to a deadline (``PREEMPTIBLE_DB_RETRY_TIMEOUT``, default 300 s);
   each is idempotent, so a retry after a lost acknowledgement changes nothing twice.
-* The URL's password is never shown: every message uses ``redact_url``.
+* The URL's password is never shown: every message uses ``redact_url`` (which hides all
+  between ``://`` and the last ``@`` but a plain user name, and all after a ``password=``-like
+  parameter), and a driver's message is scrubbed of the URL and of every secret in it.
+* One run's bad value never stops the sweep: a reported metric that is not a finite number
+  (``clean_summary``) or a checkpoint step beyond 64 bits (``clean_step``) is dropped with a
+  warning, and a value stored before is read back as missing.
 
 Run states after an attempt (``finish``), following ``preemptible run``'s restart policy:
 FINISHED ends the run. PREEMPTED (and a lost lease) goes back to PENDING while the run has
@@ -41,7 +46,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 from .._env import env_float, env_str
 from .._errors import ConfigError, PreemptibleError
@@ -59,6 +64,11 @@ DEFAULT_RETRY_TIMEOUT = 300.0
 MAX_BACKOFF = 5.0
 _ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 _VALID_URLS = "sqlite:///ABS/PATH.db, sqlite:REL/PATH.db or postgresql://USER:PASSWORD@HOST:PORT/DB"
+MAX_COUNT = 2**31 - 1  # run_cap, max_failures, max_preemptions: PostgreSQL integer columns
+MIN_STEP, MAX_STEP = -(2**63), 2**63 - 1  # checkpoint_step: a bigint (SQLite: INTEGER)
+_MAX_SUMMARY_DEPTH = 32
+_MAX_WARNED = 10_000
+_warned: set[tuple[str, str]] = set()  # (run, metric) whose dropped value was logged
 
 
 class StoreError(PreemptibleError):
@@ -156,18 +166,127 @@ class Backend(Protocol):
 
 
 # -- URLs ------------------------------------------------------------------------------------
+# A parameter whose %-decoded name matches this holds a secret (password=, sslpassword=, a
+# token); passfile= names a file, which is fine to show.
+_SECRET_KEY = re.compile(r"pass|secret|token", re.IGNORECASE)
+_PUBLIC_KEYS = ("passfile",)
+# ``key=`` or ``key =`` at the start, after a URL's ``?``/``&``/``;`` or after white space
+_KEY = re.compile(r"(?:^|(?<=[?&;\s]))([^\s=?&;]+)\s*=")
+_PLAIN_USER = re.compile(r"[^/?#@\[\]=&;\s]*")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_PIECES = re.compile(r"[/?#@:&=;,'\"\s]+")
+_MIN_PIECE = 2  # shorter pieces of a secret are not worth scrubbing everywhere
+
+
+def _secret_key(name: str) -> bool:
+    key = unquote(name).strip().lower()
+    return key not in _PUBLIC_KEYS and bool(_SECRET_KEY.search(key))
+
+
+def _first_secret_key(text: str) -> re.Match[str] | None:
+    for match in _KEY.finditer(text):
+        if _secret_key(match.group(1)):
+            return match
+    return None
+
+
+def _split_userinfo(url: str) -> tuple[str, str | None, str]:
+    """(head, userinfo, rest): the user part is everything between ``://`` (or a bare
+    ``scheme:``) and the LAST ``@``, whatever it contains: a password with an unencoded
+    ``/``, ``?``, ``#`` or ``@`` is still taken for one. None when there is no ``@``."""
+    if "://" in url:
+        scheme, body = url.split("://", 1)
+        head = f"{scheme}://"
+    else:
+        match = _SCHEME.match(url)
+        split = match.end() + 1 if match and url[match.end() : match.end() + 1] == ":" else 0
+        head, body = url[:split], url[split:]
+    at = body.rfind("@")
+    if at < 0:
+        return head, None, body
+    return head, body[:at], body[at + 1 :]
+
+
 def redact_url(url: str) -> str:
-    """``url`` with its password (in the user part or a ``password=`` parameter) as ``***``;
-    the rest as written."""
+    """``url`` with every secret hidden: the password (whatever lies between the ``:`` after
+    the user name and the LAST ``@``; all of it when the user name is not plain) and all that
+    follows a ``password=``, ``sslpassword=`` or similar parameter (URL query or libpq
+    ``key=value`` text: a value with an unencoded ``&`` or space may run on). The rest as
+    written; a URL that does not parse at all is shown as its scheme only."""
+    if "://" in url:
+        scheme = url.split("://", 1)[0]
+        try:
+            urlsplit(url)
+        except ValueError:  # unparsable: show none of it
+            return f"{scheme if _SCHEME.fullmatch(scheme) else '***'}://***"
+    spans: list[tuple[int, int]] = []  # [start, end) of ``url`` shown as ***
+    head, userinfo, _ = _split_userinfo(url)
+    if userinfo is not None:
+        start, end = len(head), len(head) + len(userinfo)
+        user, colon, _ = userinfo.partition(":")
+        if _PLAIN_USER.fullmatch(user):
+            start += len(user) + len(colon)
+        if colon or start < end:
+            spans.append((start, end))
+    match = _first_secret_key(url)
+    if match is not None:
+        spans.append((match.end(), len(url)))
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    shown: list[str] = []
+    at = 0
+    for start, end in merged:
+        shown += [url[at:start], "***"]
+        at = end
+    shown.append(url[at:])
+    return "".join(shown)
+
+
+def url_secrets(url: str) -> list[str]:
+    """Every secret of ``url`` as written, %-decoded, and in pieces (a driver that splits the
+    URL otherwise than meant may quote any piece): longest first, for scrubbing messages."""
+    regions: list[str] = []
+    _, userinfo, _ = _split_userinfo(url)
+    if userinfo is not None and ":" in userinfo:
+        regions.append(userinfo.split(":", 1)[1])
     try:
-        netloc = urlsplit(url).netloc
-    except ValueError:  # unparsable: show none of it
-        return f"{url.split(':', 1)[0] if ':' in url else '?'}://***"
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            url = url.replace(netloc, f"{userinfo.split(':', 1)[0]}:***@{host}", 1)
-    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        regions.append(password)
+    for match in _KEY.finditer(url):
+        if _secret_key(match.group(1)):
+            tail = url[match.end() :].lstrip()
+            regions.append(tail)
+            regions.append(re.split(r"[&;\s]", tail, maxsplit=1)[0])
+    found: set[str] = set()
+    for region in regions:
+        for form in (region, unquote(region), unquote_plus(region)):
+            found.add(form)
+            found.update(p for p in _PIECES.split(form) if len(p) >= _MIN_PIECE)
+    found.discard("")
+    return sorted(found, key=lambda s: (-len(s), s))
+
+
+def userinfo_problem(url: str) -> str | None:
+    """Why a postgresql:// URL cannot mean what its writer meant (one line), or None: a user
+    or password with an unencoded ``@``, ``/``, ``?`` or ``#`` is split elsewhere by libpq,
+    which would then quote pieces of the password in its errors."""
+    _, userinfo, _ = _split_userinfo(url)
+    found = [c for c in "@/?#" if userinfo is not None and c in userinfo]
+    if not found:
+        return None
+    chars = " and ".join(f"'{c}'" for c in found)
+    codes = " and ".join(f"%{ord(c):02X}" for c in found)
+    return (
+        f"the user or password contains {chars}; write {'it' if len(found) == 1 else 'them'} "
+        f"as {codes} (all up to the last '@' is read as the user and password)"
+    )
 
 
 def open_store(
@@ -199,16 +318,14 @@ def _backend(url: str | None, base: Path) -> Backend:
             if not rest.startswith("/"):
                 rest = ""  # sqlite://host/... : SQLite has no host
         if not rest or rest.endswith("/"):
-            raise ConfigError(f"database URL {url!r} names no file; use {_VALID_URLS}")
+            raise ConfigError(f"database URL {redact_url(url)!r} names no file; use {_VALID_URLS}")
         path = Path("/" + rest.lstrip("/")) if rest.startswith("/") else base / rest
         return SqliteBackend(path.absolute())
     if url.startswith(("postgresql://", "postgres://")):
         shown = redact_url(url)
-        netloc = url.split("://", 1)[1].split("/", 1)[0]
-        if netloc.count("@") > 1:
-            raise ConfigError(
-                f"database URL {shown!r}: the user or password contains '@'; write it as %40"
-            )
+        problem = userinfo_problem(url)
+        if problem is not None:
+            raise ConfigError(f"database URL {shown!r}: {problem}")
         try:
             import psycopg  # noqa: F401
         except ImportError:
@@ -298,12 +415,104 @@ def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def _check_int(name: str, value: object, low: int, *, none_ok: bool = False) -> None:
+def _check_int(
+    name: str, value: object, low: int, *, high: int = MAX_COUNT, none_ok: bool = False
+) -> None:
     if value is None and none_ok:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         extra = " or None" if none_ok else ""
-        raise ConfigError(f"{name}={value!r} is not valid; use an integer >= {low}{extra}")
+        raise ConfigError(
+            f"{name}={_short(value)} is not valid; use an integer from {low} to {high}{extra}"
+        )
+
+
+def _short(value: object, limit: int = 60) -> str:
+    try:
+        shown = repr(value)
+    except Exception:  # an int too long for repr, a foreign object
+        shown = f"<{type(value).__name__}>"
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def _number_ok(value: object) -> bool:
+    """A finite number that a float holds (a bool counts: it is JSON's true/false)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return isinstance(value, bool)
+    try:
+        return math.isfinite(value)  # an int too large for a float raises OverflowError
+    except OverflowError:
+        return False
+
+
+def _storable(value: object, depth: int = 0) -> bool:
+    """Whether a summary value can be stored and read back as it is: plain JSON whose
+    numbers are all finite floats (or ints a float can hold)."""
+    if depth > _MAX_SUMMARY_DEPTH:
+        return False
+    if value is None or isinstance(value, str):
+        return True
+    if isinstance(value, (bool, int, float)):
+        return _number_ok(value)
+    if isinstance(value, (list, tuple)):
+        return all(_storable(item, depth + 1) for item in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _storable(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def clean_summary(summary: Mapping[str, Any], run_id: str) -> dict[str, Any]:
+    """The run's reported metrics that can be stored; the others (a NaN, an infinity, an
+    integer too large for a float, anything not plain JSON) are dropped with a warning, so
+    that one run's bad value never stops the agent or the sweep's readers."""
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    for key, value in summary.items():
+        if isinstance(key, str) and _storable(value):
+            kept[key] = value
+            continue
+        shown = printable(key[:40] if isinstance(key, str) else _short(key, 40))
+        if (run_id, shown) not in _warned:  # a run reports every step: say it once
+            dropped.append(shown)
+            if len(_warned) >= _MAX_WARNED:
+                _warned.clear()
+            _warned.add((run_id, shown))
+    if dropped:
+        logger.warning(
+            "preemptible: run %s reported %s that %s not a finite number or plain JSON data; "
+            "not stored",
+            run_id,
+            ", ".join(dropped[:10])
+            + (f" and {len(dropped) - 10} more" if len(dropped) > 10 else ""),
+            "is" if len(dropped) == 1 else "are",
+        )
+    return kept
+
+
+def clean_step(step: object, where: str) -> int | None:
+    """A checkpoint step the database can hold (a signed 64-bit integer), else None (unknown)
+    with a warning: a file name with a step of 30 digits must not stop the agent."""
+    if step is None:
+        return None
+    if isinstance(step, int) and not isinstance(step, bool) and MIN_STEP <= step <= MAX_STEP:
+        return step
+    logger.warning(
+        "preemptible: %s has checkpoint step %s, which is not an integer from %d to %d; "
+        "recorded as unknown",
+        printable(where),
+        _short(step),
+        MIN_STEP,
+        MAX_STEP,
+    )
+    return None
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (escape sequences, other control
+    characters, bidirectional overrides, line separators) as its repr escape: ``\\x1b``."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _check_seconds(name: str, value: float) -> None:
@@ -325,12 +534,18 @@ def _metric_name(spec: Mapping[str, Any]) -> str | None:
 
 
 def _metric(summary: Any, name: str | None) -> float | None:
+    """The metric ``name`` of a stored summary as a finite float; None if missing or not one
+    (text, a NaN, an infinity, an integer too large for a float: whatever was stored)."""
     if name is None or not isinstance(summary, Mapping):
         return None
     value = summary.get(name)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def settle(
@@ -449,9 +664,11 @@ class Store:
     @staticmethod
     def _driver_error(exc: BaseException, connecting: bool) -> bool:
         """An error of the database driver (or of creating the file's directory), to be
-        reported in one line; not our own errors, a sampler's, or a bug's."""
-        if isinstance(exc, OSError):
-            return connecting
+        reported in one line (scrubbed of the URL's secrets); not our own errors, a
+        sampler's, or a bug's. Anything raised while connecting counts: a driver refusing a
+        URL may raise a plain ValueError quoting it, and that must not reach a traceback."""
+        if connecting:
+            return True
         return type(exc).__module__.startswith(("sqlite3", "psycopg"))
 
     def _migrate(self) -> None:
@@ -501,9 +718,7 @@ class Store:
         _check_int("run_cap", run_cap, 1, none_ok=True)
         _check_int("max_failures", max_failures, 0)
         _check_int("max_preemptions", max_preemptions, 0)
-        _check_int("seed", seed, 0, none_ok=True)
-        if seed is not None and seed >= 2**63:
-            raise ConfigError(f"seed={seed!r} is not valid; use an integer from 0 to 2**63 - 1")
+        _check_int("seed", seed, 0, high=2**63 - 1, none_ok=True)
         values = {
             "name": name,
             "spec": spec_text,
@@ -744,7 +959,10 @@ class Store:
         Calling it again for the same attempt changes nothing and returns the same state."""
         if ending not in ENDINGS:
             raise ConfigError(f"ending={ending!r} is not valid; use one of {', '.join(ENDINGS)}")
-        summary_text = None if summary is None else _json(dict(summary), "the run summary")
+        summary_text = (
+            None if summary is None else _json(clean_summary(summary, run_id), "the run summary")
+        )
+        checkpoint_step = clean_step(checkpoint_step, f"run {run_id}")
         return self._close(
             run_id,
             agent=agent,
@@ -885,8 +1103,9 @@ class Store:
         self._transact(mark)
 
     def report(self, run_id: str, summary: Mapping[str, Any]) -> None:
-        """The run's latest metrics (replacing the previous summary)."""
-        text = _json(dict(summary), "the run summary")
+        """The run's latest metrics (replacing the previous summary); values that cannot be
+        stored as they are (``clean_summary``) are left out with a warning."""
+        text = _json(clean_summary(summary, run_id), "the run summary")
 
         def store(tx: _Tx) -> None:
             if tx.run("report", id=run_id, summary=text) != 1:

@@ -3,7 +3,9 @@
 Each operation is one transaction on an autocommit connection. A dropped connection (a server
 restart, a network cut) is closed and opened again by the store's retry loop; errors the
 server gives at once for a wrong password or a missing database are not retried. The URL's
-password is kept here only to connect and to scrub it out of any message.
+password is kept here only to connect and to scrub it out of any message: a message shown
+has the URL itself replaced by its redacted form, then every secret ``url_secrets`` finds in
+it (each as written, %-decoded, and in pieces) replaced by ``***``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import contextlib
 import re
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ._store import url_secrets
 
 # A server that answers these will answer them again: waiting does not help.
 _PERMANENT = (
@@ -28,22 +31,6 @@ _PERMANENT = (
 )
 
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
-
-
-def url_secrets(url: str) -> list[str]:
-    """The password as written in ``url`` and as decoded (both may turn up in a message)."""
-    found: list[str] = []
-    try:
-        parts = urlsplit(url)
-        raw = [parts.password] if parts.password else []
-        raw += [v for k, v in parse_qsl(parts.query, keep_blank_values=False) if k == "password"]
-    except ValueError:
-        return found
-    for secret in raw:
-        for form in (secret, unquote(secret)):
-            if form and form not in found:
-                found.append(form)
-    return sorted(found, key=len, reverse=True)
 
 
 class PostgresBackend:
@@ -88,6 +75,7 @@ class PostgresBackend:
         return _PARAM.sub(r"%(\1)s", sql.replace("%", "%%"))
 
     def scrub(self, text: str) -> str:
+        text = text.replace(self._url, self.display)
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text

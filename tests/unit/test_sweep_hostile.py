@@ -1,0 +1,596 @@
+"""The sweep side under hostile input: database URLs whose passwords must never be shown,
+metrics and checkpoint steps too large to store, specs that are huge, endless or ambiguous,
+and text that would drive the terminal. Each problem is one line (exit 2 at the CLI), and a
+bad value from one run never stops the sweep."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+
+from preemptible import ConfigError, PreemptibleError
+from preemptible.sweeps import _agent
+from preemptible.sweeps._sample import propose
+from preemptible.sweeps._spec import load_spec, parse_spec
+from preemptible.sweeps._status import render, render_sweeps, snapshot, sweeps_snapshot
+from preemptible.sweeps._store import Store, _metric, open_store, redact_url
+
+pytestmark = pytest.mark.timeout(120)
+
+PY = sys.executable
+SPEC: dict[str, Any] = {
+    "program": "train.py",
+    "method": "random",
+    "metric": {"name": "loss", "goal": "minimize"},
+    "parameters": {"lr": {"min": 0.001, "max": 0.1}},
+}
+
+
+def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREEMPTIBLE_")}
+    env["PREEMPTIBLE_DB_RETRY_TIMEOUT"] = "0"
+    return subprocess.run(
+        [PY, "-m", "preemptible", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def one_line_exit_2(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = open_store(f"sqlite:///{tmp_path / 'sweeps.db'}", retry_timeout=5)
+    yield s
+    s.close()
+
+
+# -- 1. passwords in database URLs ------------------------------------------------------------
+try:
+    import psycopg  # noqa: F401
+
+    HAVE_PSYCOPG = True
+except ImportError:  # pragma: no cover - psycopg is a test dependency
+    HAVE_PSYCOPG = False
+
+needs_psycopg = pytest.mark.skipif(not HAVE_PSYCOPG, reason="psycopg is not installed")
+
+
+def pieces(secret: str) -> list[str]:
+    """The secret and every run of 3+ characters of it between separators: a URL parser that
+    splits the password at '/', '?', '#', '&' or ':' may quote any of them."""
+    return [secret, *[p for p in re.split(r"[/?#&:@ ']", secret) if len(p) >= 3]]
+
+
+def error_of(url: str, caplog: pytest.LogCaptureFixture) -> str:
+    """The message (and anything logged) when opening ``url``; it must fail."""
+    with (
+        caplog.at_level(logging.DEBUG, logger="preemptible"),
+        pytest.raises(PreemptibleError) as info,
+    ):
+        open_store(url, retry_timeout=0)
+    return str(info.value) + "\n" + caplog.text
+
+
+# each: a --db value and the password in it (the server at 127.0.0.1:1 refuses at once)
+LEAKY_URLS = [
+    ("postgresql://alice:s3cr/et@127.0.0.1:1/db", "s3cr/et"),
+    ("postgresql://alice:s3cr?et@127.0.0.1:1/db", "s3cr?et"),
+    ("postgresql://alice:s3cr#et@127.0.0.1:1/db", "s3cr#et"),
+    ("postgresql://alice:pa@ss/w0rd@127.0.0.1:1/db", "pa@ss/w0rd"),
+    ("postgresql://alice:s3cret@[::1:1/db", "s3cret"),
+    ("postgresql://alice:s3cret@[::1/db?sslmode=disable", "s3cret"),
+    ("postgresql://alice:s3%zzcret@127.0.0.1:1/db", "s3%zzcret"),
+    ("postgresql://alice@127.0.0.1:1/db?sslpassword=s3cret", "s3cret"),
+    ("postgresql://alice@127.0.0.1:1/db?password=s3cret", "s3cret"),
+    ("postgresql://alice@127.0.0.1:1/db?PASSWORD=s3cret&sslmode=disable", "s3cret"),
+    ("postgresql://alice@127.0.0.1:1/db?pass%77ord=s3cret", "s3cret"),
+    ("postgresql://alice@127.0.0.1:1/db?password=s3c%zzret", "s3c%zzret"),
+    ("postgresql://alice@127.0.0.1:1/db?password=s3cr&etc=1", "s3cr&etc"),
+    ("postgresql://alice@127.0.0.1:1/db?sslmode=zzz&password=s3cret", "s3cret"),
+    ("postgresql://alice@127.0.0.1:1/db?sslpassword=s3c@ret", "s3c@ret"),
+    ("postgresql://alice:s3c?password=ret@127.0.0.1:1/db", "s3c?password=ret"),
+    ("host=x password=s3cret://127.0.0.1/db", "s3cret"),
+    ("host=x password=s3cret", "s3cret"),
+    ("host=x password = 's3 cret' dbname=y", "s3 cret"),
+    ("host=x sslpassword=s3cret", "s3cret"),
+    ("postgresql:alice:s3cret@127.0.0.1/db", "s3cret"),
+    ("POSTGRESQL://alice:s3cret@127.0.0.1/db", "s3cret"),
+    ("mysql://alice:s3cret@127.0.0.1/db", "s3cret"),
+    ("sqlite://alice:s3cret@host/", "s3cret"),
+]
+
+
+@needs_psycopg
+@pytest.mark.parametrize(("url", "secret"), LEAKY_URLS)
+def test_no_password_is_ever_shown(url: str, secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    text = error_of(url, caplog)
+    for piece in pieces(secret):
+        assert piece not in text, text
+    assert url not in text, text
+    assert len(text.strip().splitlines()) == 1, text
+
+
+@pytest.mark.parametrize(("url", "secret"), LEAKY_URLS)
+def test_redact_url_hides_every_password(url: str, secret: str) -> None:
+    shown = redact_url(url)
+    for piece in pieces(secret):
+        assert piece not in shown, shown
+    assert "***" in shown
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://alice:s3cr/et@db:5432/sweeps", "postgresql://alice:***@db:5432/sweeps"),
+        ("postgresql://al/ice:x@db/sweeps", "postgresql://***@db/sweeps"),
+        ("postgresql://alice@db/sweeps?sslpassword=x", "postgresql://alice@db/sweeps?sslpassword=***"),
+        ("postgresql://db/sweeps?passfile=/home/a/.pgpass", "postgresql://db/sweeps?passfile=/home/a/.pgpass"),
+        ("host=db password=x", "host=db password=***"),
+        ("postgresql://db/sweeps", "postgresql://db/sweeps"),
+    ],
+)  # fmt: skip
+def test_redact_url_keeps_what_is_not_secret(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+@needs_psycopg
+def test_a_url_that_cannot_be_parsed_as_meant_is_refused_before_connecting(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    text = error_of("postgresql://alice:s3cr/et@127.0.0.1:1/db", caplog)
+    assert "contains '/'; write it as %2F" in text, text
+    text = error_of("postgresql://alice:a@b#c@127.0.0.1:1/db", caplog)
+    assert "contains '@' and '#'; write them as %40 and %23" in text, text
+
+
+@needs_psycopg
+@pytest.mark.parametrize("retry_timeout", [0.0, 0.3])
+def test_the_retry_warning_names_no_password(
+    caplog: pytest.LogCaptureFixture, retry_timeout: float
+) -> None:
+    url = "postgresql://alice@127.0.0.1:1/db?sslpassword=s3cret"
+    with (
+        caplog.at_level(logging.DEBUG, logger="preemptible"),
+        pytest.raises(PreemptibleError) as info,
+    ):
+        open_store(url, retry_timeout=retry_timeout)
+    assert "s3cret" not in str(info.value) + caplog.text
+    assert "sslpassword=***" in str(info.value)
+
+
+PASSWORD = st.text(
+    st.characters(min_codepoint=0x21, max_codepoint=0x7E) | st.sampled_from(" é€"),
+    min_size=1,
+    max_size=12,
+).map(lambda middle: f"Q{middle}Z")
+
+FORMS = [
+    "postgresql://alice:{pw}@127.0.0.1:1/db",
+    "postgresql://alice:{pw}@[::1:1/db",
+    "postgresql://alice@127.0.0.1:1/db?sslpassword={pw}",
+    "postgresql://alice@127.0.0.1:1/db?password={pw}",
+    "host=127.0.0.1 password={pw}",
+    "host=127.0.0.1 password='{pw}' port=1",
+    "postgresql://127.0.0.1:1/db?user=alice&password={pw}&sslmode=zzz",
+    "postgresql:alice:{pw}@127.0.0.1:1/db",
+]
+
+
+@needs_psycopg
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pw=PASSWORD, form=st.sampled_from(FORMS))
+def test_no_generated_password_appears_in_any_error(pw: str, form: str) -> None:
+    url = form.format(pw=pw)
+    handler = _Collect()
+    log = logging.getLogger("preemptible")
+    log.addHandler(handler)
+    try:
+        with pytest.raises(PreemptibleError) as info:
+            open_store(url, retry_timeout=0)
+    finally:
+        log.removeHandler(handler)
+    text = str(info.value) + "\n" + "\n".join(handler.messages)
+    for form_of_pw in {pw, unquote(pw)}:
+        assert form_of_pw not in text, (url, text)
+    assert url not in text
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@needs_psycopg
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://alice:s3cr/et@127.0.0.1:1/db",
+        "postgresql://alice:s3cret@[::1:1/db",
+        "host=x password=s3cret",
+        "postgresql://alice@127.0.0.1:1/db?sslpassword=s3cret",
+    ],
+)
+def test_status_says_one_line_without_the_password(tmp_path: Path, url: str) -> None:
+    out = cli("status", "--db", url, cwd=tmp_path)
+    line = one_line_exit_2(out)
+    assert "s3cr" not in line + out.stdout, line
+
+
+# -- 2. a metric too large for a float ---------------------------------------------------------
+def test_a_huge_integer_metric_reads_as_missing() -> None:
+    assert _metric({"loss": 10**400}, "loss") is None
+    assert _metric({"loss": -(10**400)}, "loss") is None
+    assert _metric({"loss": 2**70}, "loss") == float(2**70)
+    assert _metric({"loss": 3}, "loss") == 3.0
+
+
+def _run(store: Store, spec: dict[str, Any] | None = None) -> tuple[str, Any]:
+    sweep = store.create_sweep(
+        spec or SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=5, seed=1
+    )
+    store.add_runs(sweep, [{"lr": 0.01}])
+    claim = store.claim(sweep, agent="a", host="h", lease=60, propose=None)
+    assert claim is not None
+    return sweep, claim
+
+
+def test_a_stored_huge_metric_breaks_neither_status_nor_claims(
+    store: Store, tmp_path: Path
+) -> None:
+    sweep, claim = _run(store)
+    store.finish(
+        claim.run_id,
+        agent="a",
+        attempt=claim.attempt,
+        ending="FINISHED",
+        exit_code=0,
+        duration=1.0,
+        checkpoint_step=None,
+        summary={"acc": 0.5},
+    )
+    # a value already stored by an older version (or by hand): read back as missing
+    with sqlite3.connect(tmp_path / "sweeps.db") as db:
+        db.execute(
+            "UPDATE preemptible_runs SET summary = ? WHERE id = ?",
+            ('{"loss": 1' + "0" * 400 + ', "other": 1e999}', claim.run_id),
+        )
+    assert [o.metric for o in store.history(sweep)] == [None]
+    seen: list[Any] = []
+    more = store.claim(
+        sweep, agent="b", host="h", lease=60, propose=lambda h, i: seen.append(h) or {"lr": 0.02}
+    )
+    assert more is not None and seen[0][0].metric is None
+    doc = snapshot(store, sweep)
+    assert doc["runs"][0]["metric"] is None and doc["sweep"]["best"] is None
+    json.dumps(doc)
+    _text(render(doc))
+    _text(render_sweeps(sweeps_snapshot(store)))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [10**400, -(10**400), float("inf"), float("nan"), [1, float("inf")], {"x": 10**400}],
+    ids=["1e400", "-1e400", "inf", "nan", "list-inf", "nested-1e400"],
+)
+def test_a_metric_that_is_not_a_finite_number_is_dropped_with_a_warning(
+    store: Store, caplog: pytest.LogCaptureFixture, bad: Any
+) -> None:
+    _, claim = _run(store)
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        store.report(claim.run_id, {"loss": bad, "acc": 0.5})
+        assert store.run(claim.run_id).summary == {"acc": 0.5}
+        state = store.finish(
+            claim.run_id,
+            agent="a",
+            attempt=claim.attempt,
+            ending="FINISHED",
+            exit_code=0,
+            duration=1.0,
+            checkpoint_step=3,
+            summary={"loss": bad, "acc": 0.75},
+        )
+    assert state == "FINISHED"
+    assert store.run(claim.run_id).summary == {"acc": 0.75}
+    assert "loss" in caplog.text and claim.run_id in caplog.text
+
+
+def test_a_value_dropped_again_and_again_is_logged_once(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, claim = _run(store)
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        for step in range(5):
+            store.report(claim.run_id, {"loss": 10**400, "step": step})
+    assert store.run(claim.run_id).summary == {"step": 4}
+    assert caplog.text.count("reported loss") == 1
+
+
+# -- 3. a checkpoint step beyond a 64-bit integer ----------------------------------------------
+@pytest.mark.parametrize("step", [2**63, 10**25, -(2**63) - 1, 1.5, True])
+def test_a_step_that_does_not_fit_is_recorded_as_unknown(
+    store: Store, caplog: pytest.LogCaptureFixture, step: Any
+) -> None:
+    _, claim = _run(store)
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        state = store.finish(
+            claim.run_id,
+            agent="a",
+            attempt=claim.attempt,
+            ending="PREEMPTED",
+            exit_code=143,
+            duration=1.0,
+            checkpoint_step=step,
+            summary=None,
+        )
+    assert state == "PENDING"
+    assert [a.checkpoint_step for a in store.attempts(claim.run_id)] == [None]
+    assert "checkpoint step" in caplog.text
+
+
+def test_the_largest_step_is_kept(store: Store) -> None:
+    _, claim = _run(store)
+    store.finish(
+        claim.run_id,
+        agent="a",
+        attempt=claim.attempt,
+        ending="PREEMPTED",
+        exit_code=143,
+        duration=1.0,
+        checkpoint_step=2**63 - 1,
+        summary=None,
+    )
+    assert [a.checkpoint_step for a in store.attempts(claim.run_id)] == [2**63 - 1]
+
+
+def test_the_agent_reads_a_step_too_large_as_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Huge:
+        step = 10**25
+
+    class FakeStore:
+        def __init__(self, directory: Path) -> None:
+            pass
+
+        def latest(self) -> Huge:
+            return Huge()
+
+    monkeypatch.setattr(_agent, "CheckpointStore", FakeStore)
+    assert _agent._newest_step(tmp_path) is None
+
+
+# -- 4. spec counts beyond what the database stores ----------------------------------------
+@pytest.mark.parametrize(
+    ("key", "value", "low"),
+    [
+        ("run_cap", 2**63, 1),
+        ("run_cap", 2**31, 1),
+        ("max_failures", 2**63, 0),
+        ("max_preemptions", 10**30, 0),
+        ("max_preemptions", 2**64 + 5, 0),
+    ],
+)
+def test_counts_too_large_for_the_database_are_one_line(key: str, value: int, low: int) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_spec({**SPEC, key: value})
+    message = str(info.value)
+    assert message.startswith(f"spec: {key}: ") and "\n" not in message
+    assert f"from {low} to {2**31 - 1}" in message
+
+
+def test_the_largest_counts_are_accepted_and_stored(store: Store) -> None:
+    top = 2**31 - 1
+    s = parse_spec({**SPEC, "run_cap": top, "max_failures": top, "max_preemptions": top})
+    sweep = store.create_sweep(
+        dict(s.raw), name=None, run_cap=top, max_failures=top, max_preemptions=top
+    )
+    row = store.sweep(sweep)
+    assert (row.run_cap, row.max_failures, row.max_preemptions) == (top, top, top)
+
+
+@pytest.mark.parametrize("key", ["run_cap", "max_failures", "max_preemptions"])
+def test_the_store_refuses_counts_it_cannot_hold(store: Store, key: str) -> None:
+    counts: dict[str, Any] = {"run_cap": None, "max_failures": 0, "max_preemptions": 0}
+    counts[key] = 2**63
+    with pytest.raises(ConfigError, match=rf"^{key}=9223372036854775808 is not valid"):
+        store.create_sweep(SPEC, name=None, **counts)
+
+
+def test_sweep_create_with_a_huge_run_cap_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({**SPEC, "run_cap": 2**63}))
+    line = one_line_exit_2(cli("sweep", "create", str(path), "--db", "sqlite:s.db", cwd=tmp_path))
+    assert "run_cap" in line and "2147483647" in line
+
+
+# -- 5. grids too large to lay out --------------------------------------------------------
+def grid(parameters: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"program": "train.py", "method": "grid", "parameters": parameters, **extra}
+
+
+@pytest.mark.timeout(10)
+def test_a_huge_grid_is_refused_at_once_naming_its_size_and_the_cap() -> None:
+    huge = {"a": {"min": 0, "max": 2**53}, "b": {"min": 0, "max": 2**53}}
+    with pytest.raises(ConfigError) as info:
+        parse_spec(grid(huge))
+    message = str(info.value)
+    assert "\n" not in message and "100000" in message.replace(",", "")
+    assert str((2**53 + 1) ** 2) in message.replace(",", "")
+
+
+@pytest.mark.timeout(10)
+def test_many_values_lists_are_refused() -> None:
+    params = {f"p{i}": {"values": list(range(10))} for i in range(6)}  # 10**6 points
+    with pytest.raises(ConfigError, match=r"1,?000,?000 points") as info:
+        parse_spec(grid(params))
+    assert "100,000" in str(info.value) or "100000" in str(info.value)
+    params = {f"p{i}": {"values": list(range(10))} for i in range(5)}  # 10**5: allowed
+    assert parse_spec(grid(params)).grid_size() == 10**5
+
+
+@pytest.mark.timeout(10)
+def test_an_astronomic_grid_is_refused_without_computing_it_exactly() -> None:
+    params = {f"p{i}": {"min": 0, "max": 2**53} for i in range(3000)}
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"about 10\^"):
+        parse_spec(grid(params))
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.timeout(20)
+def test_a_huge_grid_with_a_small_run_cap_lays_out_only_those_runs() -> None:
+    huge = {"a": {"min": 0, "max": 2**53}, "b": {"min": 0, "max": 2**53}}
+    s = parse_spec(grid(huge, run_cap=3))
+    points = [propose(s, [], index=i, seed=0) for i in range(4)]
+    assert points == [{"a": 0, "b": 0}, {"a": 0, "b": 1}, {"a": 0, "b": 2}, None]
+
+
+@pytest.mark.timeout(10)
+def test_a_grid_whose_runs_hold_too_many_values_in_all_is_refused() -> None:
+    constants = {f"c{i}": {"value": i} for i in range(2000)}
+    params = {**constants, "a": {"min": 0, "max": 9999}}  # 10 000 runs x 2001 values
+    with pytest.raises(ConfigError, match=r"values in all"):
+        parse_spec(grid(params))
+
+
+@pytest.mark.timeout(60)
+def test_sweep_create_refuses_a_huge_grid_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        "method: grid\nparameters:\n  a: {min: 0, max: 9007199254740992}\n"
+        "  b: {min: 0, max: 9007199254740992}\n"
+    )
+    started = time.monotonic()
+    line = one_line_exit_2(cli("sweep", "create", str(path), "--db", "sqlite:s.db", cwd=tmp_path))
+    assert "grid" in line and time.monotonic() - started < 30
+
+
+# -- 6. spec files that are endless or not files -------------------------------------------
+@pytest.mark.timeout(10)
+def test_a_device_is_refused(tmp_path: Path) -> None:
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+    with pytest.raises(ConfigError, match=r"^/dev/zero: is not a regular file"):
+        load_spec("/dev/zero")
+
+
+@pytest.mark.timeout(10)
+def test_a_fifo_is_refused_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"spec.yaml: is not a regular file"):
+        load_spec(fifo)
+
+
+def test_a_spec_over_one_mib_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("method: random\n" + "#" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match=r"big.yaml: is larger than 1 MiB"):
+        load_spec(path)
+
+
+@pytest.mark.timeout(60)
+def test_sweep_create_of_dev_zero_exits_2(tmp_path: Path) -> None:
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+    line = one_line_exit_2(cli("sweep", "create", "/dev/zero", "--db", "sqlite:s.db", cwd=tmp_path))
+    assert "regular file" in line
+
+
+# -- 7. duplicate keys ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "text", "key"),
+    [
+        ("a.yaml", "method: grid\nmethod: random\nparameters: {x: {value: 1}}\n", "'method'"),
+        (
+            "b.yaml",
+            "method: grid\nparameters:\n  lr:\n    values: [1]\n  lr:\n    values: [2]\n",
+            "'lr'",
+        ),
+        ("c.yaml", "method: grid\nparameters: {x: {value: 1, value: 2}}\n", "'value'"),
+        ("d.json", '{"method": "grid", "method": "random", "parameters": {}}', "'method'"),
+        ("e.json", '{"method": "grid", "parameters": {"x": {"value": 1, "value": 2}}}', "'value'"),
+    ],
+)
+def test_a_duplicate_key_is_refused_naming_it(
+    tmp_path: Path, name: str, text: str, key: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(str(path)), message
+    assert f"duplicate key {key}" in message, message
+
+
+def test_a_yaml_merge_may_still_be_overridden(tmp_path: Path) -> None:
+    path = tmp_path / "merge.yaml"
+    path.write_text(
+        "program: t.py\nmethod: grid\nparameters:\n  a: &base {values: [1, 2]}\n"
+        "  b:\n    <<: *base\n    values: [3]\n"
+    )
+    s = load_spec(path)
+    assert s.parameters["b"].values == (3,) and s.parameters["a"].values == (1, 2)
+
+
+# -- 8. control characters in the table ----------------------------------------------------
+def _text(renderable: Any) -> str:
+    out = io.StringIO()
+    Console(file=out, width=300, color_system=None, force_terminal=False).print(renderable)
+    return out.getvalue()
+
+
+def test_control_characters_are_shown_escaped(store: Store) -> None:
+    spec = {
+        "method": "grid",
+        "metric": {"name": "lo\x1b[2Jss", "goal": "minimize"},
+        "parameters": {"x": {"values": ["\x1b]0;pwned\x07", "a\x08b"]}},
+    }
+    sweep = store.create_sweep(
+        spec, name="evil\x1b[31mname\u202e", run_cap=None, max_failures=0, max_preemptions=0
+    )
+    store.add_runs(sweep, [{"x": "\x1b]0;pwned\x07"}, {"x": "a\x08b"}])
+    store.claim(sweep, agent="ag\x1bent", host="ho\x9bst", lease=60, propose=None)
+    table = _text(render(snapshot(store, sweep)))
+    listing = _text(render_sweeps(sweeps_snapshot(store)))
+    for shown in (table, listing):
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]", shown), repr(shown)
+        assert "\\x1b" in shown
+    assert "\\x1b]0;pwned\\x07" in table and "a\\x08b" in table
+    assert "ho\\x9bst" in table and "\\u202e" in listing
+
+
+def test_the_agent_log_of_parameters_is_escaped() -> None:
+    described = _agent._describe({"x": "\x1b[2J", "y": 1})
+    assert "\x1b" not in described and "\\x1b" in described
