@@ -455,6 +455,34 @@ def agent(
 
 
 @main.command(context_settings=CONTEXT)
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".preemptible"),
+    show_default=True,
+    envvar="PREEMPTIBLE_HOME",
+    show_envvar=True,
+    help="Where `preemptible run` put the run directories.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
+def runs(home: Path, as_json: bool) -> None:
+    """The runs `preemptible run` supervised here: the last attempt's state (RUNNING while a
+    supervisor holds the run, LOST when it died without a word), attempts, exit code, and
+    the newest checkpoint a restart would resume from."""
+    import json
+
+    from rich.console import Console
+
+    from .supervisor._runs import list_runs, render_runs
+
+    rows = list_runs(home)
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    Console(width=None if sys.stdout.isatty() else 200).print(render_runs(rows, time.time()))
+
+
+@main.command(context_settings=CONTEXT)
 @click.argument("sweep_id", required=False)
 @_db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")

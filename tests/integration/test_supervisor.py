@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -404,3 +405,50 @@ def test_a_stop_whose_save_raises_is_failed_not_preempted(tmp_path: Path, spawn)
     [record] = (tmp_path / ".preemptible" / "runs").glob("*/attempt-1/record.json")
     data = json.loads(record.read_text())
     assert data["state"] == "save_failed" and "ConfigError" in data["error"], data
+
+
+def runs_json(tmp_path: Path) -> dict[str, dict[str, object]]:
+    out = subprocess.run(
+        [PY, "-m", "preemptible", "runs", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return {r["run_id"]: r for r in json.loads(out.stdout)}
+
+
+@pytest.mark.timeout(180)
+def test_runs_lists_each_runs_truth_running_preempted_lost(tmp_path: Path, spawn) -> None:
+    train = python_args("train.py", "--ckpt", "ck", "--out", "o.pt", "--steps", "100000")
+    args = [*train, "--step-sleep", "0.05", "--save-every", "5"]
+    sup = supervise(spawn, tmp_path, "--run-id", "a", "--checkpoint-dir", "ck", "--", *args)
+    sup.wait_line(lambda line: line == "step 12", timeout=60)
+    assert runs_json(tmp_path)["a"]["state"] == "RUNNING"
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(60) == 143, sup.output
+    [a] = [runs_json(tmp_path)["a"]]
+    assert (a["state"], a["attempts"], a["exit_code"]) == ("PREEMPTED", 1, 143)
+    newest = max((tmp_path / "ck").glob("step-*.ckpt"))
+    assert a["checkpoint"] == str((tmp_path / "ck" / newest.name).resolve())
+
+    # a supervisor killed without a word: its heartbeat says running, its lock is gone
+    lost = supervise(
+        spawn, tmp_path, "--run-id", "b", "--", PY, "-c", "import time; time.sleep(60)"
+    )
+    wait_for(
+        lambda: (
+            (tmp_path / ".preemptible/runs/b/heartbeat.json").exists()
+            and runs_json(tmp_path)["b"]["state"] == "RUNNING"
+        ),
+        60,
+        "run b to be running",
+    )
+    lost.proc.kill()
+    lost.proc.wait(30)
+    assert runs_json(tmp_path)["b"]["state"] == "LOST"
+    plain = subprocess.run(
+        [PY, "-m", "preemptible", "runs"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert plain.returncode == 0 and "PREEMPTED" in plain.stdout and "LOST" in plain.stdout

@@ -1,0 +1,185 @@
+"""``preemptible runs``: what became of the runs ``preemptible run`` supervised under a home.
+
+Everything is read from the run directories, never written: the attempts journal (the last
+attempt's state, exit code and end), the heartbeat (a supervisor at work, or one that ended)
+and the kernel's lock table (``/proc/locks``): a supervisor holds ``supervisor.lock`` with
+``flock`` for as long as it lives, so a heartbeat that says "running" without that lock is a
+supervisor that was killed before it could say anything else (LOST). The lock is looked up,
+not taken: taking it, even shared and for a moment, could turn away a supervisor starting.
+Every file is read non-blocking, bounded and checked, as all inputs written by jobs are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+from .._checkpoint import MAX_STEP
+from .._interval import _tail
+from .._run import read_json_object
+from ._classify import RunState
+from ._record import load_record
+from ._supervisor import JOURNAL_NAME, JOURNAL_TAIL_BYTES, LOCK_NAME
+
+_STEP_NAME = re.compile(r"^step-(\d{1,19})\.ckpt$")
+_ATTEMPT_DIR = re.compile(r"^attempt-([0-9]{1,9})$")
+_MAX_RUNS = 10_000
+_STATES = {str(s) for s in RunState}
+
+
+def list_runs(home: Path) -> list[dict[str, Any]]:
+    """One row per run directory under ``home/runs``, newest activity first."""
+    runs = home / "runs"
+    try:
+        entries = sorted(os.scandir(runs), key=lambda e: e.name)[:_MAX_RUNS]
+    except OSError:
+        return []
+    held = _held_locks()
+    rows = [_row(Path(e.path), held) for e in entries if e.is_dir(follow_symlinks=False)]
+    return sorted(rows, key=lambda r: r["updated_at"] or 0.0, reverse=True)
+
+
+def _row(run_dir: Path, held: set[tuple[int, int, int]]) -> dict[str, Any]:
+    journal = [_entry(line) for line in _tail(run_dir / JOURNAL_NAME, JOURNAL_TAIL_BYTES)]
+    attempts = [a for a in journal if a]
+    last = attempts[-1] if attempts else {}
+    beat = read_json_object(run_dir / "heartbeat.json", 1 << 14)
+    running = _is_held(run_dir / LOCK_NAME, held)
+    state = last.get("state") if last.get("state") in _STATES else None
+    if running:
+        state = "RUNNING"
+    elif beat.get("state") == "running":
+        state = "LOST"  # its supervisor died without a word (SIGKILL, a machine gone)
+    numbers = [_number(a.get("attempt")) for a in attempts]
+    return {
+        "run_id": run_dir.name,
+        "state": state or "UNKNOWN",
+        "attempts": max([n for n in numbers if n is not None] + [_attempt_dirs(run_dir)]),
+        "exit_code": _int(last.get("exit_code")),
+        "ending": last.get("ending") if isinstance(last.get("ending"), str) else None,
+        "updated_at": max(
+            (t for t in (_time(last.get("ended_at")), _time(beat.get("at"))) if t is not None),
+            default=None,
+        ),
+        "checkpoint": _newest_checkpoint(run_dir),
+    }
+
+
+def _entry(line: str) -> dict[str, Any]:
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _attempt_dirs(run_dir: Path) -> int:
+    try:
+        names = [e.name for e in os.scandir(run_dir)]
+    except OSError:
+        return 0
+    return max((int(m.group(1)) for n in names if (m := _ATTEMPT_DIR.match(n))), default=0)
+
+
+def _newest_checkpoint(run_dir: Path) -> str | None:
+    """The newest ``step-N.ckpt`` where the run's attempts said they save (their record),
+    else in the run's own checkpoint directory."""
+    places = [run_dir / "checkpoints"]
+    newest = _attempt_dirs(run_dir)
+    if newest:
+        where = load_record(run_dir / f"attempt-{newest}").checkpoint_dir
+        if where is not None and os.path.isabs(where):
+            places.insert(0, Path(where))
+    for place in places:
+        try:
+            names = [e.name for e in os.scandir(place)]
+        except OSError:
+            continue
+        steps = [int(m.group(1)) for n in names if (m := _STEP_NAME.match(n))]
+        steps = [s for s in steps if s <= MAX_STEP]
+        if steps:
+            return str(place / f"step-{max(steps):010d}.ckpt")
+    return None
+
+
+def _held_locks() -> set[tuple[int, int, int]]:
+    """(major, minor, inode) of every file with an flock on this machine."""
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            lines = fh.read(1 << 22).splitlines()
+    except OSError:
+        return set()
+    held = set()
+    for line in lines:
+        fields = line.split()
+        if "FLOCK" not in fields or "->" in fields:  # "->": a waiter, not a holder
+            continue
+        for field in fields:
+            parts = field.split(":")
+            if len(parts) == 3:
+                try:
+                    held.add((int(parts[0], 16), int(parts[1], 16), int(parts[2])))
+                except ValueError:
+                    continue
+    return held
+
+
+def _is_held(lock: Path, held: set[tuple[int, int, int]]) -> bool:
+    try:
+        st = os.lstat(lock)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held
+
+
+def _number(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _int(value: object) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**31
+    return value if ok else None  # type: ignore[return-value]
+
+
+def _time(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+def render_runs(rows: list[dict[str, Any]], now: float) -> Any:
+    """A rich table of ``list_runs`` rows."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..sweeps._status import format_age
+    from ..sweeps._store import printable
+
+    table = Table(box=None, header_style="bold")
+    for name in ("run", "state", "attempts", "exit", "last seen", "newest checkpoint"):
+        table.add_column(name, no_wrap=name != "newest checkpoint")
+    colors = {"FINISHED": "green", "RUNNING": "cyan", "PREEMPTED": "yellow", "FAILED": "red"}
+    for r in rows:
+        seen = None if r["updated_at"] is None else max(0.0, now - r["updated_at"])
+        table.add_row(
+            Text(printable(r["run_id"])),
+            Text(r["state"], style=colors.get(r["state"], "magenta")),
+            str(r["attempts"]),
+            "" if r["exit_code"] is None else str(r["exit_code"]),
+            Text(format_age(seen) + (" ago" if seen is not None else "")),
+            Text(printable(r["checkpoint"] or "none")),
+        )
+    if not rows:
+        table.add_row("", Text("no runs here yet", style="dim"), "", "", "", "")
+    return table
