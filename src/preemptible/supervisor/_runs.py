@@ -12,7 +12,6 @@ Every file is read non-blocking, bounded and checked, as all inputs written by j
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import stat
@@ -23,7 +22,7 @@ from .._checkpoint import MAX_STEP
 from .._interval import _tail
 from .._run import read_json_object
 from ._classify import RunState
-from ._record import load_record
+from ._record import _int, _time, load_record
 from ._supervisor import JOURNAL_NAME, JOURNAL_TAIL_BYTES, LOCK_NAME
 
 _STEP_NAME = re.compile(r"^step-(\d{1,19})\.ckpt$")
@@ -55,12 +54,12 @@ def _row(run_dir: Path, held: set[tuple[int, int, int]]) -> dict[str, Any]:
         state = "RUNNING"
     elif beat.get("state") == "running":
         state = "LOST"  # its supervisor died without a word (SIGKILL, a machine gone)
-    numbers = [_number(a.get("attempt")) for a in attempts]
+    numbers = [_int(a.get("attempt"), 1, 2**31) for a in attempts]
     return {
         "run_id": run_dir.name,
         "state": state or "UNKNOWN",
         "attempts": max([n for n in numbers if n is not None] + [_attempt_dirs(run_dir)]),
-        "exit_code": _int(last.get("exit_code")),
+        "exit_code": _int(last.get("exit_code"), -(2**31), 2**31),
         "ending": last.get("ending") if isinstance(last.get("ending"), str) else None,
         "updated_at": max(
             (t for t in (_time(last.get("ended_at")), _time(beat.get("at"))) if t is not None),
@@ -137,25 +136,6 @@ def _is_held(lock: Path, held: set[tuple[int, int, int]]) -> bool:
     if not stat.S_ISREG(st.st_mode):
         return False
     return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held
-
-
-def _number(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _int(value: object) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**31
-    return value if ok else None  # type: ignore[return-value]
-
-
-def _time(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) and number > 0 else None
 
 
 def render_runs(rows: list[dict[str, Any]], now: float) -> Any:
