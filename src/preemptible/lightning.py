@@ -131,6 +131,47 @@ def _run_validation(trainer: pl.Trainer) -> None:
     trainer.training = True
 
 
+def _ended_on_restore(trainer: pl.Trainer) -> bool:
+    """Whether Lightning's restore counted the saved epoch as ended without running its end.
+
+    A checkpoint saved after an epoch's last training batch (``on_train_batch_end``) is, to
+    Lightning's restart (``_FitLoop.reset``), the end of that epoch: it marks the epoch
+    processed and completed and goes on with the next one. What the uninterrupted fit ran
+    between that batch and the next epoch never runs: the validation after the batch, the
+    epoch's ``on_train_epoch_end`` hooks (where ``ModelCheckpoint`` saves when it saves per
+    epoch, and ``EarlyStopping`` checks), the epoch's plateau schedulers, and the next epoch's
+    ``on_train_epoch_start`` hooks. This is Lightning's own condition for that shortcut."""
+    loop = trainer.fit_loop
+    epoch_loop = loop.epoch_loop
+    return bool(
+        loop.restarted_mid_epoch
+        and epoch_loop.restarted_on_train_batch_end
+        and epoch_loop.batch_progress.is_last_batch
+    )
+
+
+def _shift(progress: Any, field: str, by: int) -> None:
+    """Move one counter of a Lightning progress tracker, in its total and current records."""
+    for record in (progress.total, progress.current):
+        setattr(record, field, getattr(record, field) + by)
+
+
+@contextlib.contextmanager
+def _after_the_saved_batch(trainer: pl.Trainer) -> Any:
+    """Lightning's counters as the uninterrupted fit had them after the saved training batch
+    ended, while what followed that batch runs again; put back as Lightning's restart expects
+    them afterwards (it counts the end of that batch itself, in ``_TrainingEpochLoop.reset``).
+
+    So ``trainer.current_epoch`` is the saved batch's epoch, and a checkpoint written meanwhile
+    (``ModelCheckpoint``) records the loops as the uninterrupted fit's did."""
+    batches = trainer.fit_loop.epoch_loop.batch_progress
+    _shift(batches, "completed", 1)
+    try:
+        yield
+    finally:
+        _shift(batches, "completed", -1)
+
+
 def _recreate_iterator(trainer: pl.Trainer) -> None:
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is not None:
@@ -219,8 +260,11 @@ class GracefulInterruptCallback(pl.Callback):
 
     - ``save_dir`` becomes a ``Path``; ``tracker=None`` skips upload and finalization.
     - ``setup``: stores the trainer for every stage; for "fit", in the process that created
-      the callback, saves the current SIGINT and SIGTERM handlers, installs its own, and logs
-      ``Added GracefulInterrupt callback`` at INFO.
+      the callback, saves the current handlers of ``signals``, installs its own, and logs
+      ``Added GracefulInterrupt callback`` at INFO. ``signals`` (a new keyword) defaults to the
+      set ``PreemptionCheckpointHandler`` handles: SIGINT, SIGTERM, SIGHUP, SIGUSR1 and
+      SIGUSR2 (the published callback handled SIGINT and SIGTERM only, so a SLURM
+      ``--signal=B:USR1@...`` killed the fit without a checkpoint).
     - first signal: a warning with the checkpoint path; ``resume.ckpt`` saved; with a tracker,
       the checkpoint is uploaded, then the run finalized. A failing step is logged, never
       raised; a failed save does not stop the upload; a failed upload skips the finalization.
@@ -232,8 +276,10 @@ class GracefulInterruptCallback(pl.Callback):
 
     ``termination_config``: how notices arrive (default: the detected platform's watchers and
     grace period, as for ``PreemptionCheckpointHandler``); its ``exit_fn`` replaces
-    ``sys.exit``. A SIGTERM/SIGINT handler installed before ``fit()`` is not called during the
-    fit (a warning names it) and is back when the fit ends.
+    ``sys.exit``. A handler of one of ``signals`` installed before ``fit()`` is not called
+    during the fit (a warning names it) and is back when the fit ends. Lightning's SLURM
+    auto-requeue handler (SIGUSR1 by default) is then not installed: Lightning adds it only
+    where no handler is set, and the callback takes its signals back in any case.
 
     Resume with ``trainer.fit(model, ckpt_path=callback.ckpt_path)``.
     """
@@ -251,7 +297,8 @@ class GracefulInterruptCallback(pl.Callback):
         self.save_dir = Path(save_dir)
         self.tracker = tracker
         self.exit_code = exit_code
-        self.signals = normalize_signals(signals or [signal.SIGINT, signal.SIGTERM])
+        # None: the same set as PreemptionCheckpointHandler (INT, TERM, HUP, USR1, USR2)
+        self.signals = normalize_signals(signals or None)
         self.termination_config = _choose_config(termination_config)
         self.trainer: pl.Trainer | None = None
         self._creator = os.getpid()
@@ -268,6 +315,9 @@ class GracefulInterruptCallback(pl.Callback):
         self._saving: _Point | None = None
         self._pending_rng: dict[str, Any] | None = None
         self._resume_state: dict[str, Any] | None = None
+        self._pending_at_epoch_start = False
+        self._deferred = False  # the resume is aligned after on_run_start, not in on_train_start
+        self._run_start: Any = None  # the fit loop while its on_run_start is wrapped
 
     @property
     def ckpt_path(self) -> Path:
@@ -284,6 +334,8 @@ class GracefulInterruptCallback(pl.Callback):
             return
         self._batches, self._saved_batches, self._interrupted = 0, -1, False
         self._point = self._saving = None
+        self._pending_at_epoch_start = False
+        self._defer_alignment(trainer)
         if self._ctl is not None:  # a new fit after a stop whose SystemExit was caught
             self._ctl.latch.restore()
         rank_zero = self._is_rank_zero(trainer)
@@ -315,9 +367,8 @@ class GracefulInterruptCallback(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._take_back_signals(trainer)
         self._validates = bool(trainer.enable_validation)  # Lightning's test costs ~10 us
-        state, self._resume_state = self._resume_state, None
-        if state is not None and not state.get("fresh"):
-            self._align_resume(trainer, state)
+        if not self._deferred:
+            self._align_loaded_state(trainer)
         # DDP: every rank stops (and takes insurance checkpoints) after the same training
         # batch, through the same store agreement as PreemptionCheckpointHandler
         ranks = Ranks.detect()
@@ -331,6 +382,12 @@ class GracefulInterruptCallback(pl.Callback):
         self._epoch_rng = capture_rng()
         if not _lightning_iterates(trainer):
             _recreate_iterator(trainer)
+            if self._pending_at_epoch_start:
+                # the first epoch of a fit resumed after an epoch's end: Lightning then
+                # fast-forwards its record of a validation, which draws for an iterator the
+                # uninterrupted fit did not create; the next batch starts from this state
+                self._pending_rng = capture_rng()
+        self._pending_at_epoch_start = False
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -411,11 +468,14 @@ class GracefulInterruptCallback(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         ours = isinstance(exception, SystemExit) and self._interrupted
+        self._unwrap_run_start()
         self._close()
         if not ours and self._ctl is not None:
             self._ctl.tell_tracker("failed")  # rank 0 only: the others have no tracker
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._unwrap_run_start()
         if stage == "fit" and os.getpid() == self._creator:
             self._close()
 
@@ -444,6 +504,37 @@ class GracefulInterruptCallback(pl.Callback):
             checkpoint["loops"]["fit_loop"] = point.loops
 
     # -- exact resume --------------------------------------------------------------------
+    def _defer_alignment(self, trainer: pl.Trainer) -> None:
+        """Align a resumed fit right after Lightning's ``_FitLoop.on_run_start``, i.e. after
+        every callback's, the module's and the strategy's ``on_train_start``: what the
+        alignment replays (a due validation, an epoch's end) ran after those hooks in the
+        uninterrupted fit. Without the wrapper it happens in this callback's own hook."""
+        self._unwrap_run_start()
+        loop = trainer.fit_loop
+        original = getattr(loop, "on_run_start", None)
+        self._deferred = callable(original)
+        if not self._deferred:
+            return
+
+        def on_run_start(*args: Any, **kwargs: Any) -> Any:
+            self._unwrap_run_start()
+            result = cast(Any, original)(*args, **kwargs)
+            self._align_loaded_state(trainer)
+            return result
+
+        loop.on_run_start = on_run_start  # type: ignore[method-assign]
+        self._run_start = loop
+
+    def _unwrap_run_start(self) -> None:
+        if self._run_start is not None:
+            vars(self._run_start).pop("on_run_start", None)
+            self._run_start = None
+
+    def _align_loaded_state(self, trainer: pl.Trainer) -> None:
+        state, self._resume_state = self._resume_state, None
+        if state is not None and not state.get("fresh"):
+            self._align_resume(trainer, state)
+
     def _align_resume(self, trainer: pl.Trainer, state: dict[str, Any]) -> None:
         """Put the RNG and the data position where an uninterrupted fit would have them.
 
@@ -451,9 +542,13 @@ class GracefulInterruptCallback(pl.Callback):
         DataLoader iterator, which draws its seed (and, with shuffling, its order) from the
         global torch RNG. So the epoch-start state is restored first, the new iterator skips
         the k batches already trained on, and the batch-end state is restored just before
-        the next batch (or a validation that was due) runs. Saved at an epoch's end: the
-        batch-end state is restored at once, the validation that was due runs, and the next
-        epoch's iterator is drawn.
+        the next batch (or a validation that was due) runs. Saved after an epoch's last
+        batch: the batch-end state is restored at once, the validation that was due and the
+        epoch's end run (``_end_the_saved_epoch``), and the next epoch's iterator is drawn
+        when that epoch starts.
+
+        Runs once every ``on_train_start`` hook has run (``_defer_alignment``), as the work
+        it replays ran after them in the uninterrupted fit.
         """
         loop = trainer.fit_loop.epoch_loop
         done = cast(Any, loop.batch_progress.current).processed
@@ -467,13 +562,21 @@ class GracefulInterruptCallback(pl.Callback):
             _recreate_iterator(trainer)
             if state.get("val_due"):
                 self._restore_pending_rng()
-                self._run_due_validation(trainer)
+                with _after_the_saved_batch(trainer):
+                    self._run_due_validation(trainer)
                 # Lightning then fast-forwards its own record of that validation, which
                 # creates (and draws for) a validation iterator the uninterrupted fit did not
                 self._pending_rng = capture_rng()
+        elif state.get("rng") is not None and _ended_on_restore(trainer):
+            # saved after an epoch's last batch: what the uninterrupted fit ran after it runs
+            # now, then the next epoch starts with its on_train_epoch_start hooks, where this
+            # callback draws the epoch's iterator (and the state after that draw is kept)
+            restore_rng(state["rng"])
+            self._end_the_saved_epoch(trainer, val_due=bool(state.get("val_due")))
+            self._pending_at_epoch_start = True
         elif state.get("rng") is not None:
-            # saved at an epoch's end: Lightning starts the next epoch without calling
-            # on_train_epoch_start, with an iterator it drew before this hook
+            # saved at an epoch's end, by a Lightning that starts the next epoch without
+            # calling on_train_epoch_start, with an iterator it drew before this hook
             restore_rng(state["rng"])
             if state.get("val_due"):
                 self._run_due_validation(trainer)
@@ -482,6 +585,33 @@ class GracefulInterruptCallback(pl.Callback):
                 _recreate_iterator(trainer)
             if state.get("val_due"):
                 self._pending_rng = capture_rng()  # past the fast-forward's draw, as above
+
+    def _end_the_saved_epoch(self, trainer: pl.Trainer, *, val_due: bool) -> None:
+        """Run what the uninterrupted fit ran after the saved batch, the epoch's last
+        (``_ended_on_restore``): the validation that was due, then Lightning's own end of an
+        epoch (``_FitLoop.on_advance_end``: the ``on_train_epoch_end`` hooks, plateau
+        schedulers, epoch metrics), with ``trainer.current_epoch`` that epoch. Then the next
+        epoch starts as in the uninterrupted fit, ``on_train_epoch_start`` hooks included."""
+        loop = trainer.fit_loop
+        epoch_loop = cast(Any, loop.epoch_loop)
+        # the restore counted the epoch processed and completed; on_advance_end counts it
+        _shift(loop.epoch_progress, "processed", -1)
+        _shift(loop.epoch_progress, "completed", -1)
+        with _after_the_saved_batch(trainer):
+            if val_due:
+                self._run_due_validation(trainer)
+            # counted after the validation in the uninterrupted fit, by the restart here
+            epoch_loop._batches_that_stepped += 1
+            restarting = loop._restarting
+            loop._restarting = False  # a restarting loop skips the epoch's plateau schedulers
+            try:
+                loop.on_advance_end()
+            finally:
+                loop._restarting = restarting
+                epoch_loop._batches_that_stepped -= 1
+        # Lightning skips on_train_epoch_start (and the epoch's ready/started counts) for a
+        # fit restarted mid-epoch; the saved epoch has ended, the next one starts afresh
+        loop.reset_restart_stage()
 
     def _run_due_validation(self, trainer: pl.Trainer) -> None:
         """Run the validation the checkpoint marked due. A stop during it keeps that
@@ -660,7 +790,8 @@ class GracefulInterruptCallback(pl.Callback):
         self._connector = connector
 
     def _take_back_signals(self, trainer: pl.Trainer) -> None:
-        """Take SIGTERM back from Lightning, and make Lightning's later restore put back what
+        """Take our signals (SIGTERM, and the SLURM requeue signal where Lightning set a
+        handler for it) back from Lightning, and make Lightning's later restore put back what
         the user had, not ours."""
         latch = self._ctl.latch if self._ctl is not None else None
         if latch is None or not latch.installed:

@@ -83,6 +83,29 @@ def test_interrupt_then_resume_is_bit_exact(
     assert same_weights(references[kind], tmp_path / "o.pt")
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["plain", "val"])
+def test_a_stop_on_the_last_batch_then_one_in_the_next_epoch_resumes_exactly(
+    kind: str, references: dict[str, Path], tmp_path: Path, spawn
+) -> None:
+    """The fit resumed after epoch 1's last batch counts epoch 2 as started (as an
+    uninterrupted fit does), so a checkpoint taken in epoch 2 resumes mid-epoch, not as if
+    epoch 2 were about to start again."""
+    first = spawn(fit_args(tmp_path, "--step-sleep", "0.05", *KINDS[kind]))
+    first.wait_line(batch_line(1, 11), timeout=120)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0, first.output
+    second = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--resume", *KINDS[kind]))
+    second.wait_line(batch_line(2, 5), timeout=120)
+    second.signal(signal.SIGTERM)
+    assert second.wait(60) == 0, second.output
+    third = spawn(fit_args(tmp_path, "--resume", *KINDS[kind]))
+    assert third.wait(180) == 0, third.output
+    assert third.lines.count("batch 2 5") == 0, "a trained batch was replayed"
+    assert "batch 2 6" in third.lines
+    assert same_weights(references[kind], tmp_path / "o.pt")
+
+
 def test_contract_on_ctrl_c_to_the_group(tmp_path: Path, spawn) -> None:
     child = spawn(fit_args(tmp_path, "--step-sleep", "0.05"))
     child.wait_line(batch_line(0, 4), timeout=120)
@@ -145,6 +168,41 @@ def test_exit_code_option_and_run_record(tmp_path: Path, spawn) -> None:
     child.wait_line(batch_line(0, 4), timeout=120)
     child.signal(signal.SIGTERM)
     assert child.wait(60) == 143, child.output
+
+
+def test_slurm_usr1_under_preemptible_run_checkpoints_with_the_default_signals(
+    references: dict[str, Path], tmp_path: Path, spawn
+) -> None:
+    """The README's SLURM recipe: ``sbatch --signal=B:USR1@120`` to ``exec preemptible run``,
+    which passes USR1 on to the fit. Under the callback's defaults the fit saves at the batch
+    boundary and exits with its exit code (0), the run is recorded PREEMPTED (not CRASHED by
+    signal 10), and the resumed fit ends with the reference weights."""
+    sup = supervise(
+        spawn, tmp_path, "--max-preemptions", "0", "--", *fit_args(tmp_path, "--step-sleep", "0.05")
+    )
+    sup.wait_line(batch_line(0, 4), timeout=120)
+    sup.signal(signal.SIGUSR1)
+    assert sup.wait(60) == 128 + signal.SIGUSR1, sup.output
+    [a] = attempts(tmp_path)
+    assert a["state"] == "PREEMPTED" and a["ending"] == "exit 0", a
+    assert "preemptible: SIGUSR1: saving" in sup.output
+    assert "fit interrupted; exiting with 0" in sup.output
+    assert "later train-end hook ran" not in sup.output
+    resumed = spawn(fit_args(tmp_path, "--resume"))
+    assert resumed.wait(180) == 0, resumed.output
+    assert same_weights(references["plain"], tmp_path / "o.pt")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR2, signal.SIGHUP])
+def test_usr2_and_hup_stop_a_fit_with_their_own_exit_codes(
+    sig: signal.Signals, tmp_path: Path, spawn
+) -> None:
+    child = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--exit-code", "signal"))
+    child.wait_line(batch_line(0, 4), timeout=120)
+    child.signal(sig)
+    assert child.wait(60) == 128 + sig, child.output
+    assert (tmp_path / "resume.ckpt").exists()
+    assert f"preemptible: {sig.name}: saving" in child.output
 
 
 @pytest.mark.parametrize("tracker", ["local", "mlflow", "wandb"])

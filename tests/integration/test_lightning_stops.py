@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -198,6 +199,86 @@ def test_sigterm_in_the_sanity_check_then_in_the_last_epoch_end(
     third = resume(spawn, tmp_path, *args)
     assert not any(line.startswith("batch ") for line in third.lines)
     assert same_weights(references["val"], tmp_path / "o.pt")
+
+
+# ModelCheckpoint(monitor="val_loss") in the fit: validation at each epoch's end (it then saves
+# in on_train_epoch_end; a ReduceLROnPlateau on val_loss steps at each epoch's end too) or every
+# 4 of the 12 batches (it saves in on_validation_end).
+MC_KINDS = {
+    "epoch-end": [
+        *("--val", "--val-every", "epoch", "--val-size", "32", "--model-checkpoint", "2"),
+        "--plateau",
+    ],
+    "every-4": ["--val", "--val-size", "32", "--model-checkpoint", "-1"],
+}
+
+
+@pytest.fixture(scope="module")
+def mc_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The uninterrupted fit of a kind (run once per module, when first asked for)."""
+    done: dict[str, Path] = {}
+
+    def reference(kind: str) -> Path:
+        if kind not in done:
+            d = tmp_path_factory.mktemp(f"ref-mc-{kind}")
+            child = Child(fit_args(d, *MC_KINDS[kind]))
+            try:
+                assert child.wait(180) == 0, child.output
+            finally:
+                child.kill()
+            done[kind] = d
+        return done[kind]
+
+    return reference
+
+
+def mc_state(d: Path) -> dict[str, object]:
+    """What fit.py's ModelCheckpoint holds at the end: the file names in its directory,
+    best_model_path and best_k_models (file name -> score)."""
+    return cast(dict[str, object], json.loads((d / "mc.json").read_text()))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("kind", "stop_after"),
+    [
+        ("epoch-end", ("batch 1 11",)),
+        ("epoch-end", ("batch 1 11", "val 0")),
+        ("every-4", ("batch 1 11",)),
+    ],
+    ids=["last-batch", "in-the-epoch-end-validation", "last-batch-validation-every-4"],
+)
+def test_model_checkpoint_after_a_stop_at_an_epochs_end_is_the_uninterrupted_fits(
+    kind: str,
+    stop_after: tuple[str, ...],
+    mc_reference: Callable[[str], Path],
+    tmp_path: Path,
+    spawn,
+) -> None:
+    """A stop on the last batch of epoch 1, or in the validation after it: the resumed fit runs
+    that validation and the epoch's end as the uninterrupted fit did, so ModelCheckpoint writes
+    the same files (epoch=1-step=24.ckpt, with the same loop state inside) and ends with the
+    same best_model_path and best_k_models, the module's on_train_epoch_end runs for epoch 1,
+    and the plateau scheduler steps there (exact weights). (None of it used to run: Lightning's
+    restore counts that epoch as ended.)"""
+    ref = mc_reference(kind)
+    first = spawn(fit_args(tmp_path, *MC_KINDS[kind], "--step-sleep", "0.05"))
+    first.wait_line(after(*stop_after), timeout=120)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0, first.output
+    assert "epoch end 1" not in first.lines and "batch 2 0" not in first.lines
+    assert "val 1" not in first.lines[first.lines.index("batch 1 11") :]
+    second = resume(spawn, tmp_path, *MC_KINDS[kind])
+    assert mc_state(tmp_path) == mc_state(ref)
+    lines = second.lines
+    assert "epoch end 1" in lines, second.output
+    assert lines.index("val 0") < lines.index("epoch end 1") < lines.index("batch 2 0")
+    replayed = "epoch=1-step=24.ckpt"
+    mine, theirs = (torch.load(d / "mc" / replayed, weights_only=False) for d in (tmp_path, ref))
+    assert (mine["epoch"], mine["global_step"]) == (1, 24)
+    assert (theirs["epoch"], theirs["global_step"]) == (1, 24)
+    assert mine["loops"] == theirs["loops"]
+    assert same_weights(ref / "o.pt", tmp_path / "o.pt")
 
 
 WINDOW = 6.0  # seconds of notice the fake GCE gives

@@ -4,12 +4,17 @@ Prints ``batch E B`` as each training batch starts, ``val B`` (``sanity val B`` 
 check) as each validation batch starts, ``epoch end E`` in the module's ``on_train_epoch_end``
 and ``rank R pid P`` at fit start. Dropout and a noise term draw from the global RNGs every
 step.
+
+``--model-checkpoint K`` adds a ``ModelCheckpoint`` (top K by ``val_loss``, in ``SAVE_DIR/mc``)
+and, when the fit returns, writes what it holds to ``SAVE_DIR/mc.json``: the file names in its
+directory, ``best_model_path`` and ``best_k_models`` (file name -> score).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import logging
 import os
 import random
@@ -18,6 +23,7 @@ import time
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -31,8 +37,10 @@ class Model(pl.LightningModule):
         slow_save: float = 0.0,
         val_sleep: float = 0.0,
         epoch_end_sleep: float = 0.0,
+        plateau: bool = False,
     ) -> None:
         super().__init__()
+        self.plateau = plateau
         self.slow_save = slow_save
         self.val_sleep = val_sleep
         self.epoch_end_sleep = epoch_end_sleep
@@ -73,6 +81,9 @@ class Model(pl.LightningModule):
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         opt = torch.optim.Adam(self.parameters(), lr=1e-2)
+        if self.plateau:  # the rate / 10 after each epoch whose val_loss did not fall by half
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, threshold=0.5)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
         return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.9)]
 
 
@@ -117,6 +128,14 @@ class SlowWrite(TorchCheckpointIO):
             fh.write(data[len(data) // 2 :])
 
 
+def model_checkpoint_summary(mc: ModelCheckpoint) -> dict[str, object]:
+    return {
+        "files": sorted(os.listdir(mc.dirpath)) if mc.dirpath else [],
+        "best_model_path": os.path.basename(mc.best_model_path),
+        "best_k_models": {os.path.basename(k): float(v) for k, v in mc.best_k_models.items()},
+    }
+
+
 class TrainEndProbe(pl.Callback):
     def on_train_end(self, trainer, pl_module):  # type: ignore[no-untyped-def]
         print("later train-end hook ran", flush=True)
@@ -135,6 +154,13 @@ def main() -> int:
     p.add_argument("--val", action="store_true")
     p.add_argument("--val-size", type=int, default=16, help="validation samples (8 a batch)")
     p.add_argument("--val-sleep", type=float, default=None, help="default: 1 s with --step-sleep")
+    p.add_argument(
+        "--val-every",
+        default="4",
+        help="with --val: validate every N training batches, or 'epoch' (at each epoch's end)",
+    )
+    p.add_argument("--model-checkpoint", type=int, default=None, metavar="TOP_K")
+    p.add_argument("--plateau", action="store_true", help="ReduceLROnPlateau on val_loss")
     p.add_argument("--sanity-steps", type=int, default=0)
     p.add_argument("--epoch-end-sleep", type=float, default=0.0)
     p.add_argument("--slow-write", type=float, default=0.0)
@@ -187,29 +213,41 @@ def main() -> int:
 
     exit_code = None if args.exit_code == "signal" else int(args.exit_code)
     callback = GracefulInterruptCallback(args.save_dir, tracker, exit_code=exit_code)
+    mc = None
+    if args.model_checkpoint is not None:
+        mc = ModelCheckpoint(
+            dirpath=os.path.join(args.save_dir, "mc"),
+            monitor="val_loss",
+            save_top_k=args.model_checkpoint,
+        )
+    val_every = None if args.val_every == "epoch" else int(args.val_every)
     trainer = pl.Trainer(
         max_epochs=args.epochs,
         accelerator="cpu",
         devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto",
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=mc is not None,
         enable_progress_bar=False,
         enable_model_summary=False,
         deterministic=True,
         callbacks=[callback, TrainEndProbe()]
+        + ([mc] if mc is not None else [])
         + ([DebugProbe()] if os.environ.get("FIT_DEBUG") else []),
-        val_check_interval=4 if args.val else None,
+        val_check_interval=val_every if args.val else None,
         num_sanity_val_steps=args.sanity_steps,
         plugins=[SlowWrite(args.slow_write)] if args.slow_write else None,
     )
     print(f"rank {trainer.global_rank} pid {os.getpid()}", flush=True)
     val_sleep = args.val_sleep if args.val_sleep is not None else (1.0 if args.step_sleep else 0.0)
-    model = Model(args.step_sleep, args.slow_save, val_sleep, args.epoch_end_sleep)
+    model = Model(args.step_sleep, args.slow_save, val_sleep, args.epoch_end_sleep, args.plateau)
     try:
         trainer.fit(model, train, val, ckpt_path=callback.ckpt_path if args.resume else None)
         if trainer.global_rank == 0:
             torch.save(model.state_dict(), args.out)
+            if mc is not None:
+                with open(os.path.join(args.save_dir, "mc.json"), "w") as fh:
+                    json.dump(model_checkpoint_summary(mc), fh)
     finally:
         # the owner's pattern that used to overwrite the truth: "success" in a finally block
         if tracker is not None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from preemptible._signals import DEFAULT_SIGNALS
 from preemptible.lightning import GracefulInterruptCallback
 from tests.conftest import wait_for
 
@@ -26,7 +27,11 @@ def original(signum: int, frame: FrameType | None) -> None:
 
 @pytest.fixture(autouse=True)
 def originals():
-    old = {s: signal.signal(s, original) for s in (signal.SIGINT, signal.SIGTERM)}
+    # every signal the callback handles by default: a stopped fit keeps its handler (holding
+    # the exit code) where the one before was SIG_DFL, which must not reach the next test
+    old = {s: signal.getsignal(s) for s in DEFAULT_SIGNALS}
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, original)
     yield
     for s, h in old.items():
         signal.signal(s, h)
@@ -189,3 +194,55 @@ def test_a_failed_save_still_uploads_and_finalizes(
         fit(Model(signal_at=2), blocker, tracker=tracker)
     assert tracker.calls == [("upload", False), ("finalize", "preempted")]
     assert "saving" in caplog.text and "failed" in caplog.text
+
+
+def test_default_signals_include_slurms_usr1_over_lightnings_auto_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under SLURM with Lightning's auto-requeue (its SIGUSR1 handler saves inside the handler
+    and calls ``scontrol requeue``), every default signal is the callback's during the fit: a
+    USR1 from ``sbatch --signal=B:USR1@...`` saves ``resume.ckpt`` at the batch boundary and
+    exits 128 + 10, and Lightning's handler never runs (no ``hpc_ckpt_*.ckpt``)."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from preemptible import TerminationConfig
+
+    for name, value in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "fit", "SLURM_JOB_ID": "7"}.items():
+        monkeypatch.setenv(name, value)
+    seen: dict[int, object] = {}
+
+    class Probe(Model):
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            if batch_idx == 2:
+                seen.update({s: signal.getsignal(s) for s in DEFAULT_SIGNALS})
+                os.kill(os.getpid(), signal.SIGUSR1)
+            return super().training_step(batch, batch_idx)
+
+    # no platform watcher: only the signal is under test (and no scontrol is called)
+    callback = GracefulInterruptCallback(
+        tmp_path / "ckpt", exit_code=None, termination_config=TerminationConfig()
+    )
+    assert set(callback.signals) == set(DEFAULT_SIGNALS)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[callback],
+        plugins=[SLURMEnvironment(auto_requeue=True)],
+    )
+    data = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=4)
+    with pytest.raises(SystemExit) as info:
+        trainer.fit(Probe(), data)
+    assert info.value.code == 128 + signal.SIGUSR1
+    assert trainer.global_step == 3  # the batch the signal arrived in finished, no other
+    assert (tmp_path / "ckpt" / "resume.ckpt").exists()
+    assert list(tmp_path.rglob("hpc_ckpt_*")) == []
+    latch = callback._ctl.latch  # type: ignore[union-attr]
+    assert sorted(seen) == sorted(DEFAULT_SIGNALS)
+    assert all(latch.handles(h) for h in seen.values()), seen
+    assert_restored()

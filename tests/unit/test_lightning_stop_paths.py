@@ -24,6 +24,7 @@ from preemptible._checkpoint import host_tag
 from preemptible._controller import Decision
 from preemptible._distributed import StopAgreement
 from preemptible._errors import ConfigError
+from preemptible._signals import DEFAULT_SIGNALS
 from preemptible.lightning import GracefulInterruptCallback
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,7 +36,11 @@ def users_handler(signum: int, frame: FrameType | None) -> None:
 
 @pytest.fixture(autouse=True)
 def handlers_before_fit():
-    old = {s: signal.signal(s, users_handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    # every signal the callback handles by default: a stopped fit keeps its handler (holding
+    # the exit code) where the one before was SIG_DFL, which must not reach the next test
+    old = {s: signal.getsignal(s) for s in DEFAULT_SIGNALS}
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, users_handler)
     yield
     for s, h in old.items():
         signal.signal(s, h)

@@ -68,6 +68,45 @@ def test_lightning_fit_loop_internals(trainer: pl.Trainer) -> None:
     assert hasattr(epoch_loop.val_loop, "restarting"), "Lightning moved the val loop's restarting"
 
 
+def test_lightning_epoch_end_after_a_restore(trainer: pl.Trainer) -> None:
+    # a fit resumed from a checkpoint taken after an epoch's last batch: Lightning's restore
+    # counts the epoch as ended (_FitLoop.reset); the callback winds the counters back, runs
+    # _FitLoop.on_advance_end (the epoch's end) after on_run_start, then resets the restart
+    # stage so the next epoch starts with its hooks
+    loop = trainer.fit_loop
+    for name in ("on_run_start", "on_advance_end", "reset_restart_stage"):
+        assert callable(getattr(loop, name, None)), f"Lightning moved _FitLoop.{name}"
+    assert isinstance(vars(loop).get("_restarting"), bool), "Lightning moved _Loop._restarting"
+    assert isinstance(loop.restarted_mid_epoch, bool), "Lightning moved restarted_mid_epoch"
+    epoch_loop = loop.epoch_loop
+    assert isinstance(epoch_loop.restarted_on_train_batch_end, bool), (
+        "Lightning moved _TrainingEpochLoop.restarted_on_train_batch_end"
+    )
+    assert isinstance(vars(epoch_loop).get("_batches_that_stepped"), int), (
+        "Lightning moved _TrainingEpochLoop._batches_that_stepped"
+    )
+    assert isinstance(epoch_loop.batch_progress.is_last_batch, bool), (
+        "Lightning moved is_last_batch"
+    )
+    for progress in (loop.epoch_progress, epoch_loop.batch_progress):
+        for record in (progress.total, progress.current):
+            for field in ("processed", "completed"):
+                assert isinstance(getattr(record, field, None), int), (
+                    f"Lightning moved the progress trackers' {field}"
+                )
+    reset = inspect.getsource(type(loop).reset)
+    assert "restarted_on_train_batch_end" in reset and "is_last_batch" in reset, (
+        "Lightning changed how _FitLoop.reset counts an epoch restored after its last batch"
+    )
+    end = inspect.getsource(type(loop).on_advance_end)
+    for piece in ("increment_processed", '"on_train_epoch_end"', "increment_completed"):
+        assert piece in end, f"Lightning's _FitLoop.on_advance_end no longer has {piece}"
+    start = inspect.getsource(type(loop).on_advance_start)
+    assert "restarted_mid_epoch" in start and '"on_train_epoch_start"' in start, (
+        "Lightning changed when _FitLoop.on_advance_start calls on_train_epoch_start"
+    )
+
+
 def test_pinned_versions_are_the_ones_checked() -> None:
     import lightning
 
