@@ -20,6 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "scripts"
 PY = sys.executable
 
+# A suite started in the background of a shell without job control (`make test &`, nohup)
+# inherits SIGINT (and SIGHUP) ignored, and exec keeps an ignored signal ignored: every child
+# would then ignore the Ctrl+C the tests send (preemptible leaves an ignored signal ignored,
+# as documented). Children start from the defaults instead.
+for _sig in (signal.SIGINT, signal.SIGHUP):
+    if signal.getsignal(_sig) is signal.SIG_IGN:
+        signal.signal(_sig, signal.default_int_handler if _sig == signal.SIGINT else signal.SIG_DFL)
+
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str = "condition") -> object:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
