@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,6 +32,20 @@ def main(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+
+
+def _home_option(help_text: str) -> Callable[[Any], Any]:
+    """``--home`` (``PREEMPTIBLE_HOME``), where run directories go; each command says why."""
+    option: Callable[[Any], Any] = click.option(
+        "--home",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path(".preemptible"),
+        show_default=True,
+        envvar="PREEMPTIBLE_HOME",
+        show_envvar=True,
+        help=help_text,
+    )
+    return option
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -100,15 +115,7 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     show_envvar=True,
     help="Seconds before a restart; doubles per failure.",
 )
-@click.option(
-    "--home",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".preemptible"),
-    show_default=True,
-    envvar="PREEMPTIBLE_HOME",
-    show_envvar=True,
-    help="Where run directories go.",
-)
+@_home_option("Where run directories go.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     checkpoint_dir: Path | None,
@@ -424,15 +431,7 @@ def sweep_cancel(sweep_id: str, now: bool, db: str | None) -> None:
     show_envvar=True,
     help="Seconds a run stays this agent's without a renewal; then it is requeued.",
 )
-@click.option(
-    "--home",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".preemptible"),
-    show_default=True,
-    envvar="PREEMPTIBLE_HOME",
-    show_envvar=True,
-    help="Where run directories and checkpoints go (shared by agents on several machines).",
-)
+@_home_option("Where run directories and checkpoints go (shared by agents on several machines).")
 def agent(
     sweep_id: str, db: str | None, count: int | None, heartbeat: float, lease: float, home: Path
 ) -> None:
@@ -455,15 +454,7 @@ def agent(
 
 
 @main.command(context_settings=CONTEXT)
-@click.option(
-    "--home",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".preemptible"),
-    show_default=True,
-    envvar="PREEMPTIBLE_HOME",
-    show_envvar=True,
-    help="Where `preemptible run` put the run directories.",
-)
+@_home_option("Where `preemptible run` put the run directories.")
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
 def runs(home: Path, as_json: bool) -> None:
     """The runs `preemptible run` supervised here: the last attempt's state (RUNNING while a

@@ -37,6 +37,17 @@ def commit(directory: Path, step: int, seed: int) -> Path:
     return path
 
 
+def run_supervised(cwd: Path, run_id: str) -> subprocess.CompletedProcess[str]:
+    """``preemptible run --run-id RUN_ID`` of a job that does nothing, in ``cwd``."""
+    return subprocess.run(
+        [PY, "-m", "preemptible", "run", "--run-id", run_id, "--", PY, "-c", "pass"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+
+
 def weights(state: dict[str, object]) -> torch.Tensor:
     model = state["model"]
     assert isinstance(model, torch.nn.Linear)
@@ -74,13 +85,7 @@ def test_run_files_linked_outside_the_run_directory_are_not_written_through(
     run_dir = tmp_path / ".preemptible" / "runs" / "r1"
     run_dir.mkdir(parents=True)
     (run_dir / name).symlink_to(victim)
-    proc = subprocess.run(
-        [PY, "-m", "preemptible", "run", "--run-id", "r1", "--", PY, "-c", "pass"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=50,
-    )
+    proc = run_supervised(tmp_path, "r1")
     assert victim.read_text() == "precious\n"
     assert "a symbolic link; it is not written through" in proc.stderr, proc.stderr
     if name == "supervisor.lock":  # no lock, no run: one line, exit 2
@@ -171,13 +176,7 @@ def test_attempt_directories_with_non_ascii_digits_are_not_attempt_numbers(
     run_dir = tmp_path / ".preemptible" / "runs" / "odd"
     (run_dir / "attempt-²").mkdir(parents=True)
     (run_dir / "attempt-٣").mkdir()
-    proc = subprocess.run(
-        [PY, "-m", "preemptible", "run", "--run-id", "odd", "--", PY, "-c", "pass"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=50,
-    )
+    proc = run_supervised(tmp_path, "odd")
     assert proc.returncode == 0, proc.stderr
     [line] = (run_dir / "attempts.jsonl").read_text().splitlines()
     assert json.loads(line)["attempt"] == 1
