@@ -12,10 +12,20 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _run
-from ._async import POLICIES, AsyncSaver
-from ._checkpoint import _FINAL, Checkpoint, CheckpointStore
-from ._controller import Decision, StopController
-from ._distributed import (
+from ._env import env_str
+from ._errors import CheckpointLoadError, CheckpointSaveError, ConfigError, PreemptibleError
+from .checkpoint._async import POLICIES, AsyncSaver
+from .checkpoint._interval import SaveInterval, _seconds
+from .checkpoint._state import (
+    apply_payload,
+    build_payload,
+    capture_rng,
+    check_state,
+    read_payload,
+    write_payload,
+)
+from .checkpoint._store import _FINAL, Checkpoint, CheckpointStore
+from .distributed._group import (
     META_NAME,
     Agreed,
     BackgroundShards,
@@ -38,19 +48,9 @@ from ._distributed import (
     write_rank_rng,
     write_shards,
 )
-from ._env import env_str
-from ._errors import CheckpointLoadError, CheckpointSaveError, ConfigError, PreemptibleError
-from ._interval import SaveInterval, _seconds
-from ._signals import normalize_signals, patch_dataloader_workers
-from ._state import (
-    apply_payload,
-    build_payload,
-    capture_rng,
-    check_state,
-    read_payload,
-    write_payload,
-)
-from ._termination import Durations, Notice, TerminationConfig
+from .stop._controller import Decision, StopController
+from .stop._latch import normalize_signals, patch_dataloader_workers
+from .stop._termination import Durations, Notice, TerminationConfig
 
 logger = logging.getLogger("preemptible")
 

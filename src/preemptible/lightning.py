@@ -48,13 +48,14 @@ from typing import Any, cast
 import lightning.pytorch as pl
 import torch
 
-from ._checkpoint import _pid_alive, fsync_dir, fsync_path, host_tag
-from ._controller import Decision, StopController
-from ._distributed import Ranks, StopAgreement
 from ._errors import ConfigError
-from ._signals import normalize_signals, signal_name
-from ._state import capture_rng, restore_rng
-from ._termination import Notice, TerminationConfig
+from ._files import fsync_dir, fsync_path, host_tag
+from ._files import pid_alive as _pid_alive
+from .checkpoint._state import capture_rng, restore_rng
+from .distributed._group import Ranks, StopAgreement
+from .stop._controller import Decision, StopController
+from .stop._latch import normalize_signals, signal_name
+from .stop._termination import Notice, TerminationConfig
 from .trackers import Tracker
 
 logger = logging.getLogger("preemptible")

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from preemptible._checkpoint import CheckpointStore
-from preemptible._state import read_payload
+from preemptible.checkpoint._state import read_payload
+from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import PY, SCRIPTS, Child, attempts, read_pid, supervise, wait_for
 from tests.integration.test_slurm import job_field, sbatch, slurm  # noqa: F401 (fixtures)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from preemptible._signals import DUPLICATE_WINDOW
+from preemptible.stop._latch import DUPLICATE_WINDOW
 from tests.conftest import Child, attempts, python_args, supervise, wait_for
 from tests.wandb_records import summary
 

@@ -21,15 +21,15 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from preemptible._controller import Decision
-from preemptible._distributed import (
+from preemptible._errors import ConfigError
+from preemptible.distributed._group import (
     AgreementError,
     StopAgreement,
     default_store,
     fallback_store,
 )
-from preemptible._errors import ConfigError
-from preemptible._termination import Notice
+from preemptible.stop._controller import Decision
+from preemptible.stop._termination import Notice
 
 pytestmark = pytest.mark.timeout(60)
 

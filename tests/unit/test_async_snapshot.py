@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from preemptible import PreemptionCheckpointHandler, TerminationConfig
-from preemptible._async import AsyncSaver
-from preemptible._checkpoint import CheckpointStore
-from preemptible._state import write_payload
+from preemptible.checkpoint._async import AsyncSaver
+from preemptible.checkpoint._state import write_payload
+from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(60)

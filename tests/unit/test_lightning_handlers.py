@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from preemptible._signals import DEFAULT_SIGNALS
 from preemptible.lightning import GracefulInterruptCallback
+from preemptible.stop._latch import DEFAULT_SIGNALS
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(120)

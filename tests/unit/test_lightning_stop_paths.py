@@ -20,12 +20,12 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, TensorDataset
 
 from preemptible import Notice, TerminationConfig
-from preemptible._checkpoint import host_tag
-from preemptible._controller import Decision
-from preemptible._distributed import StopAgreement
 from preemptible._errors import ConfigError
-from preemptible._signals import DEFAULT_SIGNALS
+from preemptible._files import host_tag
+from preemptible.distributed._group import StopAgreement
 from preemptible.lightning import GracefulInterruptCallback
+from preemptible.stop._controller import Decision
+from preemptible.stop._latch import DEFAULT_SIGNALS
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -47,15 +47,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
-from .._checkpoint import CheckpointStore, open_in_place, write_text_atomic
 from .._env import env_str
 from .._errors import ConfigError, PreemptibleError
-from .._interval import _tail
+from .._files import open_in_place, write_text_atomic
 from .._run import read_record
-from .._signals import DUPLICATE_WINDOW, KEEP_IGNORED
-from .._termination import EXIT_SECONDS_ENV
+from ..checkpoint._interval import _tail
+from ..checkpoint._store import CheckpointStore
 from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
 from ..notices import grace_period_from_env
+from ..stop._latch import DUPLICATE_WINDOW, KEEP_IGNORED
+from ..stop._termination import EXIT_SECONDS_ENV
 from . import _slurm
 from ._classify import Ending, RunState, classify, exit_code_for
 from ._process import ProcessGroup, become_subreaper

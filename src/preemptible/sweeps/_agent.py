@@ -40,10 +40,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .._checkpoint import CheckpointStore
 from .._errors import ConfigError, PreemptibleError
 from .._report import read_summary
 from .._run import read_record
+from ..checkpoint._store import CheckpointStore
 from ._command import build_command
 from ._sample import Observation, propose
 from ._spec import SweepSpec, parse_spec

@@ -50,11 +50,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._controller import Decision
-from ._env import env_float
-from ._errors import CheckpointLoadError, CheckpointSaveError, ConfigError, PreemptibleError
-from ._signals import signal_name
-from ._termination import Notice
+from .._env import env_float
+from .._errors import CheckpointLoadError, CheckpointSaveError, ConfigError, PreemptibleError
+from ..stop._controller import Decision
+from ..stop._latch import signal_name
+from ..stop._termination import Notice
 
 logger = logging.getLogger("preemptible")
 

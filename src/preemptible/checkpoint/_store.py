@@ -24,10 +24,8 @@ import fcntl
 import logging
 import os
 import re
-import shutil
 import socket
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from ._errors import CheckpointLoadError, CheckpointLockError, CheckpointSaveError, ConfigError
+from .._errors import CheckpointLoadError, CheckpointLockError, CheckpointSaveError, ConfigError
+from .._files import (
+    fsync_dir,
+    fsync_path,
+    host_tag,
+    open_in_place,
+    pid_alive,
+    remove_path,
+)
 
 logger = logging.getLogger("preemptible")
 
@@ -61,9 +67,6 @@ Whether a writer on another host is alive cannot be known from here, and a live 
 touches its temporary at least once per file it writes; an hour without any write means the
 writer is gone (also allows for clock skew between hosts and the file server)."""
 
-_PID_LIMIT = 4_194_304  # Linux's PID_MAX_LIMIT: no process on this host has a pid this high
-_HOST_CHARS = re.compile(r"[^A-Za-z0-9-]")
-_HOST_MAX = 63
 
 _locked_here: set[tuple[int, int]] = set()  # (st_dev, st_ino) of lock files this process holds
 _locked_here_guard = threading.Lock()
@@ -77,100 +80,6 @@ class Checkpoint:
 
 def checkpoint_name(step: int) -> str:
     return f"step-{step:010d}.ckpt"
-
-
-def host_tag() -> str:
-    """This host's name as it appears in temporary names: [A-Za-z0-9-] only, at most 63."""
-    return _HOST_CHARS.sub("-", socket.gethostname())[:_HOST_MAX] or "unknown"
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file, or a directory tree and every file in it."""
-    if path.is_dir():
-        for root, _dirs, files in os.walk(path):
-            for name in files:
-                _fsync_fd_of(Path(root) / name, os.O_RDONLY)
-            _fsync_fd_of(Path(root), os.O_RDONLY | os.O_DIRECTORY)
-    else:
-        _fsync_fd_of(path, os.O_RDONLY)
-
-
-def fsync_dir(path: Path) -> None:
-    _fsync_fd_of(path, os.O_RDONLY | os.O_DIRECTORY)
-
-
-def write_text_atomic(path: Path, text: str, *, durable: bool = False) -> None:
-    """Replace ``path`` whole with ``text``. The temporary has an unpredictable name
-    (``mkstemp``) in the same directory, so nobody can plant a symlink where it is written, and
-    ``os.replace`` swaps the name itself, never writing through a link. ``durable``: fsync the
-    file before the rename and the directory after it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(text)
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if durable:
-        fsync_dir(path.parent)
-
-
-def open_in_place(path: Path, flags: int) -> int:
-    """``os.open`` (mode 0644 when created) for a file written in place (a lock, a journal):
-    never through a symbolic link, and never into a file that has other names (a hard link
-    to a checkpoint), either of which would make a write land outside its directory."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            link = "a symbolic link; it is not written through"
-            raise OSError(exc.errno, link, str(path)) from None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "a file with other names"
-        raise OSError(errno.EPERM, f"{what}; it is not written in", str(path))
-    return fd
-
-
-def _fsync_fd_of(path: Path, flags: int) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(path: Path) -> None:
-    """Best effort: used on error paths, where the original error is the one to report."""
-    try:
-        is_dir = stat.S_ISDIR(path.lstat().st_mode)
-    except OSError:  # gone, or its directory no longer searchable
-        return
-    if is_dir:
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            path.unlink()
-
-
-def _pid_alive(pid: int) -> bool:
-    if not 0 < pid < _PID_LIMIT:  # os.kill(0, ...) is our own group; huge ones overflow
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _newest_mtime(path: Path) -> float:
@@ -345,7 +254,7 @@ class CheckpointStore:
             self._commit(tmp, final)
             fsync_dir(self.directory)
         except BaseException as exc:
-            _remove(tmp)
+            remove_path(tmp)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -363,7 +272,7 @@ class CheckpointStore:
             aside = final.with_name(f".old-{final.name}.{os.urandom(4).hex()}")
             os.rename(final, aside)
             os.rename(tmp, final)
-            _remove(aside)
+            remove_path(aside)
         else:
             os.replace(tmp, final)
 
@@ -395,7 +304,7 @@ class CheckpointStore:
                 kept += 1
                 continue
             try:
-                _remove(ckpt.path)
+                remove_path(ckpt.path)
             except OSError as exc:  # pragma: no cover - best effort
                 logger.warning("preemptible: could not prune %s: %s", ckpt.path, exc)
 
@@ -412,19 +321,19 @@ class CheckpointStore:
             if m := _TEMP.match(entry.name):
                 host, pid = m.group(2), int(m.group(3))
                 if host is None or host == me:
-                    stale = not _pid_alive(pid)
+                    stale = not pid_alive(pid)
                 else:
                     try:
                         stale = now - _newest_mtime(entry) > FOREIGN_TEMP_MAX_AGE
                     except OSError:  # gone meanwhile: its writer committed or cleaned it
                         stale = False
                 if stale:
-                    _remove(entry)
+                    remove_path(entry)
                     removed.append(entry)
             elif old := _OLD.match(entry.name):
                 final = self.directory / old.group(1)
                 if final.exists():
-                    _remove(entry)
+                    remove_path(entry)
                     removed.append(entry)
                 else:  # killed between the two renames of _commit: the old one is still good
                     try:

@@ -45,8 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._env import env_float, env_str
-from ._errors import ConfigError
+from .._env import env_float, env_str
+from .._errors import ConfigError
 
 HOUR = 3600.0
 DEFAULT_SAVE_COST = 1.0  # assumed before the first save: small, so the first save comes early
@@ -236,7 +236,7 @@ class SaveInterval:
                 f"({min_interval!r})"
             )
         if platform is None:
-            from .notices import detect_platform
+            from ..notices import detect_platform
 
             platform = detect_platform()
         if platform not in PRIORS:
@@ -474,7 +474,7 @@ class _Record:
 def _record(attempt_dir: Path) -> _Record:
     """The two fields of an attempt's run record that matter here, checked (it is written
     by the job: any type can be there); empty when missing or not a regular file."""
-    from ._run import RECORD_NAME, read_record
+    from .._run import RECORD_NAME, read_record
 
     try:
         if not stat.S_ISREG((attempt_dir / RECORD_NAME).stat().st_mode):

@@ -75,7 +75,7 @@ def signal_name(signum: int) -> str:
 
 def normalize_signals(signals: Iterable[int | str] | None) -> tuple[signal.Signals, ...]:
     """Accept signal numbers, ``signal.Signals`` members or names like "TERM" / "SIGTERM"."""
-    from ._errors import ConfigError
+    from .._errors import ConfigError
 
     if signals is None:
         return DEFAULT_SIGNALS
