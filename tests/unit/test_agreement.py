@@ -22,12 +22,8 @@ import pytest
 import torch.distributed as dist
 
 from preemptible._errors import ConfigError
-from preemptible.distributed._group import (
-    AgreementError,
-    StopAgreement,
-    default_store,
-    fallback_store,
-)
+from preemptible.distributed._agreement import StopAgreement
+from preemptible.distributed._group import AgreementError, default_store, fallback_store
 from preemptible.stop._controller import Decision
 from preemptible.stop._termination import Notice
 

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from preemptible import Notice, TerminationConfig
 from preemptible._errors import ConfigError
 from preemptible._files import host_tag
-from preemptible.distributed._group import StopAgreement
+from preemptible.distributed._agreement import StopAgreement
 from preemptible.lightning import GracefulInterruptCallback
 from preemptible.stop._controller import Decision
 from preemptible.stop._latch import DEFAULT_SIGNALS

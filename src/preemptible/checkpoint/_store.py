@@ -50,7 +50,10 @@ T = TypeVar("T")
 _FINAL = re.compile(r"^step-(\d+)\.ckpt$")
 # .tmp-step-<N>.ckpt.<host>.<pid>.<hex>; older versions wrote no <host> (the pid is local).
 _TEMP = re.compile(r"^\.tmp-step-(\d+)\.ckpt\.(?:([A-Za-z0-9-]+)\.)?(\d+)\.[0-9a-f]+$")
-_OLD = re.compile(r"^\.old-(step-\d+\.ckpt)\.[0-9a-f]+$")
+# .tmp-<name>.<host>.<pid>.<hex> of a checkpoint committed under a name of its own (resume.ckpt,
+# checkpoint-500): the host has no dots, so the name is what comes before the last three parts
+_NAMED_TEMP = re.compile(r"^\.tmp-(.+)\.([A-Za-z0-9-]+)\.(\d+)\.[0-9a-f]{8}$")
+_OLD = re.compile(r"^\.old-(.+)\.[0-9a-f]+$")
 
 MAX_STEP = 2**63 - 1
 """The largest step a checkpoint name may carry (what databases and trackers store)."""
@@ -233,9 +236,10 @@ class CheckpointStore:
         )
 
     # -- writing ---------------------------------------------------------------------------
-    def temporary(self, step: int) -> Path:
-        """A fresh temporary name for a checkpoint of ``step`` (nothing is created)."""
-        name = checkpoint_name(step)
+    def temporary(self, step: int | str) -> Path:
+        """A fresh temporary name for a checkpoint of ``step``, or one committed under the name
+        ``step`` (a str); nothing is created."""
+        name = step if isinstance(step, str) else checkpoint_name(step)
         return self.directory / f".tmp-{name}.{host_tag()}.{os.getpid()}.{os.urandom(4).hex()}"
 
     def save(self, step: int, write: Callable[[Path], None], *, tmp: Path | None = None) -> Path:
@@ -243,9 +247,20 @@ class CheckpointStore:
         directory), then it is synced, renamed into place, and older ones are pruned.
         ``tmp``: a name from ``temporary(step)`` that other writers already use (a sharded
         checkpoint whose ranks write into it); removed as any temporary when the save fails."""
-        final = self.directory / checkpoint_name(step)
+        final = self.commit(checkpoint_name(step), write, tmp=tmp)
+        self.prune(step, keep_path=final)
+        return final
+
+    def commit(self, name: str, write: Callable[[Path], None], *, tmp: Path | None = None) -> Path:
+        """Commit what ``write(tmp_path)`` creates under ``name`` in this directory, by the
+        protocol of every checkpoint (temporary in the same directory, fsync, rename, fsync of
+        the directory); an existing ``name`` is replaced only once the new one is complete.
+        Nothing is pruned: a name of one's own (``resume.ckpt``) is not a ``step-N.ckpt``."""
+        if name in ("", ".", "..") or "/" in name or name.startswith(".tmp-"):
+            raise ConfigError(f"checkpoint name {name!r} is not valid; use a plain file name")
+        final = self.directory / name
         if tmp is None:
-            tmp = self.temporary(step)
+            tmp = self.temporary(name)
         try:
             write(tmp)
             if not tmp.exists():
@@ -263,7 +278,6 @@ class CheckpointStore:
                 "the previous checkpoints are intact",
                 final,
             ) from exc
-        self.prune(step, keep_path=final)
         return final
 
     def _commit(self, tmp: Path, final: Path) -> None:
@@ -318,7 +332,8 @@ class CheckpointStore:
         me = host_tag()
         now = time.time()
         for entry in self._entries():
-            if m := _TEMP.match(entry.name):
+            m = _TEMP.match(entry.name) or _NAMED_TEMP.match(entry.name)
+            if m:
                 host, pid = m.group(2), int(m.group(3))
                 if host is None or host == me:
                     stale = not pid_alive(pid)
