@@ -114,7 +114,7 @@ def test_contract_on_ctrl_c_to_the_group(tmp_path: Path, spawn) -> None:
     out = child.output
     assert "INFO Added GracefulInterrupt callback" in out
     assert f"saving {tmp_path}/resume.ckpt" in out
-    assert "fit interrupted; exiting with 0" in out
+    assert re.search(r"preemptible: stopped at step \d+ on SIGINT; .*; exiting with 0", out)
     assert "later train-end hook ran" not in out
     assert "KeyboardInterrupt" not in out
 
@@ -186,7 +186,7 @@ def test_slurm_usr1_under_preemptible_run_checkpoints_with_the_default_signals(
     [a] = attempts(tmp_path)
     assert a["state"] == "PREEMPTED" and a["ending"] == "exit 0", a
     assert "preemptible: SIGUSR1: saving" in sup.output
-    assert "fit interrupted; exiting with 0" in sup.output
+    assert re.search(r"stopped at step \d+ on \S+; .*; exiting with 0", sup.output)
     assert "later train-end hook ran" not in sup.output
     resumed = spawn(fit_args(tmp_path, "--resume"))
     assert resumed.wait(180) == 0, resumed.output
@@ -256,8 +256,10 @@ def _record(*args, **kwargs):
 
 logging.setLogRecordFactory(_record)
 """
-SAVE = re.compile(r"\[pid (\d+)\] preemptible: [\w-]+: saving \S+ at global step (\d+)")
-EXIT = re.compile(r"\[pid (\d+)\] preemptible: fit interrupted; exiting with 0")
+SAVE = re.compile(r"\[pid (\d+)\] preemptible: (?:rank \d: )?[\w-]+: saving \S+ at step (\d+)")
+EXIT = re.compile(
+    r"\[pid (\d+)\] preemptible: (?:rank \d: )?stopped at step \d+ on \S+; .*; exiting with 0"
+)
 
 
 def stops_by_rank(output: str, pids: dict[str, int]) -> dict[str, int]:
@@ -302,7 +304,9 @@ def test_ddp_signal_to_one_rank_stops_both_at_the_same_batch(tmp_path: Path, spa
         assert (d / "resume.ckpt").exists()
 
 
-INSURANCE = re.compile(r"\[pid (\d+)\] preemptible: insurance checkpoint \S+ at global step (\d+)")
+INSURANCE = re.compile(
+    r"\[pid (\d+)\] preemptible: (?:rank \d: )?insurance checkpoint \S+ at step (\d+)"
+)
 STOP_FILE_PER_RANK = """
 import os
 _rank = os.environ.get("LOCAL_RANK", "0")

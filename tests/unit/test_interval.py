@@ -337,7 +337,7 @@ def test_fifos_are_not_read(tmp_path: Path) -> None:
 def test_only_the_tail_of_a_huge_journal_is_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import preemptible.checkpoint._interval as interval_module
+    import preemptible.checkpoint._history as interval_module
 
     monkeypatch.setattr(interval_module, "JOURNAL_MAX_BYTES", 1000)
     old = [line(n, "CRASHED", 1.0) for n in range(1, 200)]

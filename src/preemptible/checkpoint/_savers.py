@@ -24,16 +24,13 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .._errors import ConfigError
 from .._files import remove_path
 from ._async import AsyncSaver
 from ._state import StateSpec, apply_payload, build_payload, read_payload, write_payload
-from ._store import _FINAL, Checkpoint, CheckpointStore
-
-if TYPE_CHECKING:
-    from ..distributed._group import Ranks
+from ._store import _FINAL, Checkpoint, CheckpointStore, checkpoint_name
 
 logger = logging.getLogger("preemptible")
 
@@ -65,7 +62,9 @@ class Saver(Protocol):
     @property
     def write_seconds(self) -> float | None: ...
 
-    def attach(self, ranks: Ranks | None) -> None: ...
+    def attach(self, ranks: Any) -> None: ...
+
+    def target(self, step: int) -> Path: ...
 
     def save(self, step: int, context: Any = None, *, reuse: bool = False) -> tuple[Path, bool]: ...
 
@@ -89,7 +88,7 @@ class BaseSaver:
     def __init__(self, store: CheckpointStore) -> None:
         self._store = store
         self.last: Saved | None = None
-        self.ranks: Ranks | None = None
+        self.ranks: Any = None  # preemptible.distributed's Ranks under torch.distributed
 
     @property
     def store(self) -> CheckpointStore:
@@ -103,8 +102,13 @@ class BaseSaver:
     def write_seconds(self) -> float | None:
         return None
 
-    def attach(self, ranks: Ranks | None) -> None:
+    def attach(self, ranks: Any) -> None:
+        """Called once by the session with the ranks (``Ranks``) or None (one process)."""
         self.ranks = ranks
+
+    def target(self, step: int) -> Path:
+        """Where a checkpoint of ``step`` goes (for the log line before it is written)."""
+        return self.store.directory / checkpoint_name(step)
 
     def reused(self, step: int, reuse: bool) -> Path | None:
         """The committed checkpoint of ``step`` when ``reuse`` allows it."""
@@ -290,5 +294,5 @@ class NamedSaver(BaseSaver):
             return self.store.directory / name
         return self.store.commit(name, lambda tmp: self._write(tmp, step, context))
 
-    def path(self, step: int = 0) -> Path:
+    def target(self, step: int) -> Path:
         return self.store.directory / self.name(step)

@@ -166,6 +166,18 @@ class Ranks:
         self.seq += 1
         return f"{what}/{self.seq}"
 
+    def leave_together(self) -> None:
+        """After a committed stop: rank 0 finishes its record and tracker before any rank
+        exits, so that a launcher that tears the job down when the first rank exits (torchrun)
+        cannot cut rank 0 short."""
+        try:
+            if self.is_zero:
+                self.store.set("stop/exit", "1")
+            else:
+                self.wait_any(["stop/exit"], "rank 0 to finish its stop")
+        except Exception as exc:  # the stop is committed; leaving is all that is left
+            logger.warning("preemptible: leaving without rank 0: %s", exc)
+
     @property
     def is_zero(self) -> bool:
         return self.rank == 0

@@ -38,7 +38,7 @@ from ..checkpoint._savers import BaseSaver, NamedSaver, PayloadSaver, Saved, Sav
 from ..checkpoint._state import capture_rng, restore_rng
 from ..checkpoint._store import Checkpoint, CheckpointStore
 from ..distributed._savers import RankZeroSaver, ShardedSaver
-from ..stop._latch import DEFAULT_SIGNALS, SignalLatch, signal_name
+from ..stop._latch import DEFAULT_SIGNALS, SignalLatch, normalize_signals, signal_name
 from ..stop._termination import Durations, Notice, TerminationConfig
 from ._config import checkpoint_directory, is_rank_zero, termination_config_of
 from ._periodic import Periodic
@@ -74,6 +74,7 @@ __all__ = [
     "capture_rng",
     "checkpoint_directory",
     "is_rank_zero",
+    "normalize_signals",
     "restore_rng",
     "signal_name",
     "termination_config_of",

@@ -42,6 +42,7 @@ from ..stop._latch import normalize_signals, patch_dataloader_workers
 from ..stop._termination import Durations, Notice, TerminationConfig
 from ._config import is_rank_zero, termination_config_of
 from ._periodic import Periodic
+from ._saves import Saves
 
 logger = logging.getLogger("preemptible")
 
@@ -97,28 +98,25 @@ class StopSession:
         self.agreement: StopAgreement | None = None
         self.step = 0  # what a checkpoint and the record say
         self.resume_path: Path | None = None
+        self.stopping = False  # the stop's save is under way or done
         self.stopped = False
-        self.stall_times = Durations()  # what the training loop waited for each save
+        self.saves = Saves(saver, periodic, self.controller.save_times, lambda: self.is_zero)
         self._at = 0  # the current position
         self._boundary = 0  # the position of the last step boundary
         self._left_at: float | None = None  # when the last boundary was left (monotonic)
-        self._last_save_end = time.monotonic()
-        self._saved: tuple[int, Path] | None = None  # (position, path) of the newest commit
-        self._started: int | None = None  # the position of the newest save started
-        self._resumed_at: int | None = None  # the position resumed from
-        self._background: tuple[int, int] | None = None  # (step, position) in flight
         self._want_save = False  # rank 0: a periodic save in seconds is due (agreed first)
         self._agreed_stop: Notice | None = None
         self._announced = False
         self._resumed = False
         self._locked = False
-        self._warned_same_step = False
 
     # -- life cycle ------------------------------------------------------------------------
-    def start(self) -> bool:
+    def start(self, *, handle_signals: bool = True) -> bool:
         """Detect the ranks, attach the saver, lock the directory (rank 0), remove stale
         temporaries, install the signal handlers and start the watcher; record where
-        checkpoints go. False when the handlers could not be installed (off the main thread)."""
+        checkpoints go. False when the handlers could not be installed (off the main thread).
+        ``handle_signals=False``: neither handlers nor watcher (a process that is not the one
+        the front end was made in: its signals are not ours)."""
         try:
             self.ranks = Ranks.detect()
             if self.ranks is not None:
@@ -129,7 +127,7 @@ class StopSession:
                 self.store.lock()
                 self._locked = True
                 self.store.clean_stale_temporaries()
-            installed = self.controller.start()
+            installed = self.controller.start() if handle_signals else False
         except BaseException:
             self.close()
             raise
@@ -164,10 +162,9 @@ class StopSession:
         self._resumed = True
         if found is not None:
             step, path = found
-            self.note_saved(path, step=step)
-            self.resume_path, self._resumed_at = path, step
+            self.note_saved(path, step=step, resumed=True)
             announce("preemptible: resumed from %s at step %d", path, step)
-        self._left_at = self._last_save_end = time.monotonic()
+        self._left_at = self.saves.last_end = time.monotonic()
         if self.periodic is not None and self.periodic.by_time and not self._announced:
             self._announced = True
             announce("preemptible: periodic saves %s", self.periodic.describe())
@@ -180,10 +177,9 @@ class StopSession:
         from): a stop here does not write another. ``resumed``: this run continues from it."""
         self.step = step
         self._at = self._boundary = step if position is None else position
-        self._saved = self._at, path
-        self._started = self._at
+        self.saves.note(path, self._at)
         if resumed:
-            self.resume_path, self._resumed_at = path, self._at
+            self.resume_path, self.saves.resumed_at = path, self._at
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -208,9 +204,14 @@ class StopSession:
         return self.controller.save_times
 
     @property
+    def stall_times(self) -> Durations:
+        """What the training loop waited for each save (a background save: the copy)."""
+        return self.saves.stall_times
+
+    @property
     def saved_here(self) -> bool:
         """A checkpoint of the current position is committed."""
-        return self._saved is not None and self._saved[0] == self._at
+        return self.saves.of(self._at) is not None
 
     # -- boundaries ------------------------------------------------------------------------
     def at_boundary(
@@ -236,7 +237,7 @@ class StopSession:
             self.step_times.add(seconds)
         stopped = False
         if act and not self.stopped:
-            self._collect()
+            self.saves.collect()
             if phase is Phase.END:
                 stopped = self._at_end(context)
             elif self.agreement is not None:
@@ -298,23 +299,31 @@ class StopSession:
         return self._save(context)
 
     def finished(
-        self, *, step: int | None = None, position: int | None = None, context: Any = None
+        self,
+        *,
+        step: int | None = None,
+        position: int | None = None,
+        context: Any = None,
+        tell_tracker: bool = True,
     ) -> None:
-        """Training ended without a stop: record it, tell the tracker. When this run resumed
-        or saved before its end, the end is committed too, so that running the same command
-        again trains nothing (collective under torch.distributed)."""
+        """Training ended without a stop: record it, tell the tracker (``tell_tracker=False``:
+        the program goes on with the tracker's run). When this run resumed or saved before its
+        end, the end is committed too, so that running the same command again trains nothing
+        (collective under torch.distributed)."""
         pos = self._where(step, position)
         if self.stopped:
             return
-        if self._started is not None and self._started < pos:
+        started, resumed_at = self.saves.started, self.saves.resumed_at
+        if started is not None and started < pos:
             self._save(context)
-        elif self._resumed_at is not None and pos == self._resumed_at:
+        elif resumed_at is not None and pos == resumed_at:
             announce(
                 "preemptible: %s is of a finished run; nothing left to train", self.resume_path
             )
         if self.is_zero:
             _run.update_record(state="finished", step=self.step)
-        self.controller.tell_tracker("finished")
+        if tell_tracker:
+            self.controller.tell_tracker("finished")
 
     def failed(self) -> None:
         """Training raised: the tracker is told (once)."""
@@ -343,21 +352,19 @@ class StopSession:
             seconds = (now - self._left_at) / (pos - since)
         self.step_times.add(seconds)
         self._boundary = pos
-        self._collect()
+        self.saves.collect()
         if not self.saved_here:  # not when the loop just saved this step itself
             self._save_if_due(pos, since, total, context)
 
     def _save_if_due(self, pos: int, since: int, total: int | None, context: Any) -> None:
         periodic = self.periodic
-        if periodic is None or not periodic.due(
-            pos, since, total, time.monotonic(), self._last_save_end
-        ):
+        if periodic is None or not self.saves.due(pos, since, total):
             return
         if periodic.by_time and self.ranks is not None and pos != total:
             # a clock is not the same on every rank: rank 0 asks, all save where agreed
             self._want_save = self.ranks.is_zero
         elif self.saver.background and pos != total:
-            self._save_in_background(context)
+            self.saves.in_background(self.step, pos, context)
         else:
             self._save(context)
 
@@ -414,7 +421,7 @@ class StopSession:
             if agreed.decision is Decision.INSURANCE:
                 self._want_save = False  # any agreed checkpoint here is rank 0's periodic one
                 if agreed.periodic and self.saver.background:
-                    self._save_in_background(context)  # every rank knows it is periodic
+                    self.saves.in_background(self.step, self._at, context)  # every rank knows
                 elif agreed.periodic:
                     try:
                         self._save(context)
@@ -443,87 +450,22 @@ class StopSession:
         )
 
     def _save(self, context: Any, *, reuse: bool = False) -> Path:
-        self.saver.wait()  # commit order = step order: the one in flight goes first
-        self._collect()
-        if (
-            self._resumed_at is not None
-            and self._at == self._resumed_at
-            and self.saved_here
-            and not self._warned_same_step
-            and not reuse
-        ):
-            self._warned_same_step = True
-            logger.warning(
-                "preemptible: save() at step %d, the step this run resumed from: if the loop "
-                "trained since, this checkpoint claims the wrong step. In a loop of your own set "
-                "handler.step = step + 1 after each step (or use steps()/run())",
-                self.step,
-            )
-        started = time.monotonic()
-        path, written = self.saver.save(self.step, context, reuse=reuse)
-        self._saved, self._started = (self._at, path), self._at
-        if not written:
-            return path
-        seconds = time.monotonic() - started
-        self.save_times.add(seconds)
-        self.stall_times.add(seconds)
-        self._last_save_end = time.monotonic()
-        cost = None
-        if self.periodic is not None:
-            self.periodic.observe(seconds)
-            cost = self.periodic.save_cost()
-        self._record_commit(path, save_s=cost)
-        _log_saved(
-            self.is_zero, "preemptible: saved %s (step %d, %.2f s)", path, self.step, seconds
-        )
-        return path
-
-    def _save_in_background(self, context: Any) -> None:
-        """Snapshot the state here, write it in the background."""
-        self._collect()
-        self._started = self._at  # on every rank alike, whether or not this one writes
-        stall = self.saver.save_in_background(self.step, context)
-        if stall is not None:
-            self._background = (self.step, self._at)
-            self.stall_times.add(stall)
-            if self.periodic is not None:
-                self.periodic.observe(stall, write=self.saver.write_seconds)
-        self._last_save_end = time.monotonic()  # skipped too: the next point is an interval away
-
-    def _collect(self) -> None:
-        """Take what the background writer finished."""
-        done = self.saver.collect()
-        if done is None:
-            return
-        step, path = done
-        if self._background is not None and self._background[0] == step:
-            self._saved = (self._background[1], path)
-        if self.saver.write_seconds is not None:
-            self.save_times.add(self.saver.write_seconds)
-        self._record_commit(path)
-        _log_saved(self.is_zero, "preemptible: saved %s in the background (step %d)", path, step)
-
-    def _record_commit(self, path: Path, save_s: float | None = None) -> None:
-        """The newest committed checkpoint, for the supervisor's next resume (rank 0)."""
-        if not self.is_zero:
-            return
-        fields: dict[str, Any] = {"resume_from": str(path.resolve()), "resume_step": self.step}
-        if save_s is not None:
-            fields["save_s"] = round(save_s, 3)
-        _run.update_record(**fields)
+        return self.saves.save(self.step, self._at, context, reuse=reuse)
 
     def _stop(self, context: Any, agreed: Notice | None) -> None:
         """Save (unless saved here), record, tell the tracker, exit. ``agreed``: the stop every
         rank agreed on: its code is every rank's exit code, whichever rank's signal came first."""
         self.saver.wait()  # a save in flight of this very position is the final one
-        self._collect()
+        self.saves.collect()
         ranks, ctl = self.ranks, self.controller
-        saved = self._saved[1] if ranks is None and self.saved_here and self._saved else None
+        self.stopping = True
+        saved = self.saves.of(self._at) if ranks is None else None
         first = agreed or ctl.requests.first_stop()
         logger.warning(
-            "preemptible: %s: %s at step %d, then stopping",
+            "preemptible: %s: %s %s at step %d, then stopping",
             first.source if first is not None else "stop",
-            "saving a checkpoint" if saved is None else f"already saved {saved}",
+            "saving" if saved is None else "already saved",
+            self.saver.target(self.step) if saved is None else saved,
             self.step,
         )
         notice, path = ctl.finish(
@@ -548,7 +490,7 @@ class StopSession:
         # with ``code`` instead of killing a process that has already saved.
         self.latch.hold_for_exit(code)
         if ranks is not None:
-            self._leave_together(ranks)
+            ranks.leave_together()
         if self._before_exit is not None:
             self._before_exit()
         self.close()
@@ -558,21 +500,3 @@ class StopSession:
         exit_fn(code)
         # an exit_fn that returns (a notebook, a test): the run goes on without our handlers
         self.latch.restore()
-
-    @staticmethod
-    def _leave_together(ranks: Ranks) -> None:
-        """After a committed stop: rank 0 finishes its record and tracker before any rank
-        exits, so that a launcher that tears the job down when the first rank exits (torchrun)
-        cannot cut rank 0 short."""
-        try:
-            if ranks.is_zero:
-                ranks.store.set("stop/exit", "1")
-            else:
-                ranks.wait_any(["stop/exit"], "rank 0 to finish its stop")
-        except Exception as exc:  # the stop is committed; leaving is all that is left
-            logger.warning("preemptible: leaving without rank 0: %s", exc)
-
-
-def _log_saved(zero: bool, message: str, *args: Any) -> None:
-    """Every rank saves together; one line of it (rank 0's) is enough at INFO."""
-    logger.log(logging.INFO if zero else logging.DEBUG, message, *args)

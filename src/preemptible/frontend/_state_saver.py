@@ -100,6 +100,9 @@ class StateSaver:
             self.inner = self._choose(ranks)
         self.inner.attach(ranks)
 
+    def target(self, step: int) -> Path:
+        return self.inner.target(step)
+
     def save(self, step: int, context: Any = None, *, reuse: bool = False) -> tuple[Path, bool]:
         return self.inner.save(step, context, reuse=reuse)
 

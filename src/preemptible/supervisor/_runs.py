@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .._run import read_json_object
-from ..checkpoint._interval import _tail
+from ..checkpoint._history import tail_lines as _tail
 from ..checkpoint._store import MAX_STEP
 from ._classify import RunState
 from ._record import _int, _time, load_record

@@ -51,7 +51,7 @@ from .._env import env_str
 from .._errors import ConfigError, PreemptibleError
 from .._files import open_in_place, write_text_atomic
 from .._run import read_record
-from ..checkpoint._interval import _tail
+from ..checkpoint._history import tail_lines as _tail
 from ..checkpoint._store import CheckpointStore
 from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
 from ..notices import grace_period_from_env
