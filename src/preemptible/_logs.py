@@ -33,9 +33,12 @@ def prefix() -> str:
 class _RankFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.msg
-        named = isinstance(msg, str) and msg.startswith(PREFIX + _rank)
-        if _rank and isinstance(msg, str) and msg.startswith(PREFIX) and not named:
-            record.msg = PREFIX + _rank + msg[len(PREFIX) :]
+        if _rank and isinstance(msg, str):
+            # after the first "preemptible: ", also when a record factory put something first
+            at = msg.find(PREFIX, 0, 200)
+            if at >= 0 and not msg.startswith(_rank, at + len(PREFIX)):
+                cut = at + len(PREFIX)
+                record.msg = msg[:cut] + _rank + msg[cut:]
         return True
 
 

@@ -89,9 +89,9 @@ def test_a_module_of_the_stop_path_imports_nothing_above_its_layer(path: Path) -
         if other is None or other == own:
             continue
         assert other in LAYERS, f"{module_name(path)} imports {target}, outside the stop path"
-        assert LAYERS[other] < LAYERS[own] or (
-            LAYERS[other] == LAYERS[own] and LAYERS[own] == 0
-        ), f"{module_name(path)} (layer {LAYERS[own]}) imports {target} (layer {LAYERS[other]})"
+        assert LAYERS[other] < LAYERS[own] or (LAYERS[other] == LAYERS[own] and LAYERS[own] == 0), (
+            f"{module_name(path)} (layer {LAYERS[own]}) imports {target} (layer {LAYERS[other]})"
+        )
 
 
 @pytest.mark.parametrize(

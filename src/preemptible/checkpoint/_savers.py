@@ -88,6 +88,7 @@ class BaseSaver:
     def __init__(self, store: CheckpointStore) -> None:
         self._store = store
         self.last: Saved | None = None
+        self.fresh: Saved | None = None  # a background save finished and not yet reported
         self.ranks: Any = None  # preemptible.distributed's Ranks under torch.distributed
 
     @property
@@ -133,7 +134,13 @@ class BaseSaver:
         return time.monotonic() - started
 
     def collect(self) -> Saved | None:
-        return None
+        """A background save that finished since the last call (once), or None."""
+        self.absorb()
+        done, self.fresh = self.fresh, None
+        return done
+
+    def absorb(self) -> None:
+        """Take in what the background writer finished (no background here: nothing)."""
 
     def wait(self) -> None:
         return None
@@ -187,15 +194,15 @@ class PayloadSaver(BaseSaver):
     def save_in_background(self, step: int, context: Any = None) -> float | None:
         if self.async_saver is None:
             return super().save_in_background(step, context)
-        self.collect()
+        self.absorb()
         started = time.monotonic()
         payload = build_payload(step, self.state)
         if not self.async_saver.save(step, payload, write_payload):  # the copy is made there
             return None
         return time.monotonic() - started
 
-    def collect(self) -> Saved | None:
-        return collect_background(self, self.async_saver)
+    def absorb(self) -> None:
+        absorb_background(self, self.async_saver)
 
     def wait(self) -> None:
         if self.async_saver is not None:
@@ -217,20 +224,19 @@ class PayloadSaver(BaseSaver):
             self.async_saver.close()  # never leave a write behind; frees the staging buffers
 
 
-def collect_background(saver: BaseSaver, async_saver: AsyncSaver | None) -> Saved | None:
-    """Take what ``async_saver`` finished into ``saver.last``: the newest checkpoint (returned
-    when it is new), or its failure (logged; the previous checkpoints are intact)."""
+def absorb_background(saver: BaseSaver, async_saver: AsyncSaver | None) -> None:
+    """Take what ``async_saver`` finished into ``saver.last``: the newest checkpoint (kept in
+    ``saver.fresh`` until ``collect`` reports it), or its failure (logged; the previous
+    checkpoints are intact). Savers call it before each save too (commit order)."""
     if async_saver is None or async_saver.in_flight is not None:
-        return None
+        return
     error = async_saver.take_error()
     if error is not None:
         logger.error("preemptible: background checkpoint failed: %s", error)
     done = async_saver.wait()
     newer = saver.last is None or (done is not None and done[0] >= saver.last[0])
     if done is not None and newer and saver.last != done:
-        saver.last = done
-        return done
-    return None
+        saver.last = saver.fresh = done
 
 
 class SaveFnSaver(BaseSaver):

@@ -27,7 +27,7 @@ from typing import Any
 
 from .._errors import CheckpointLoadError, ConfigError
 from ..checkpoint._async import AsyncSaver
-from ..checkpoint._savers import BaseSaver, Saved, collect_background, resume_hint
+from ..checkpoint._savers import BaseSaver, Saved, absorb_background, resume_hint
 from ..checkpoint._state import (
     StateSpec,
     apply_payload,
@@ -90,8 +90,8 @@ class _RanksSaver(BaseSaver):
     def write_seconds(self) -> float | None:
         return None if self.async_saver is None else self.async_saver.write_seconds
 
-    def collect(self) -> Saved | None:
-        return collect_background(self, self.async_saver)
+    def absorb(self) -> None:
+        absorb_background(self, self.async_saver)
 
     def wait(self) -> None:
         if self.async_saver is not None:
@@ -211,7 +211,7 @@ class RankZeroSaver(_RanksSaver):
         and writes it in a thread. None on the other ranks (they write nothing)."""
         ranks = self.ranks
         assert ranks is not None and self.async_saver is not None
-        self.collect()
+        self.absorb()
         started = time.monotonic()
         payload = build_payload(step, self.state)
         got = ranks.gather(ranks.next_key("rng"), pack(capture_rng()), "the random states")
@@ -305,7 +305,7 @@ class ShardedSaver(_RanksSaver):
         each rank waits for its shards to be written and adds its random states; rank 0 then
         waits for every rank's, adds the small state and commits, and tells the others."""
         assert self.async_saver is not None and self.shards is not None
-        self.collect()
+        self.absorb()
         started = time.monotonic()
         ranks, rank = self.ranks, self.rank
         big = self.big_and_small()
@@ -336,7 +336,7 @@ class ShardedSaver(_RanksSaver):
         if "tmp" not in go:
             return None
         self.async_saver.wait()
-        self.collect()
+        self.absorb()
         tmp = self.store.directory / str(go["tmp"])
         meta: dict[str, Any] | None = None
         shards: Any = None
