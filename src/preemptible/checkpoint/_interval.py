@@ -361,5 +361,3 @@ def _fmt(seconds: float) -> str:
     if seconds < 72 * HOUR:
         return f"{seconds / HOUR:.3g} h"
     return f"{seconds / (24 * HOUR):.3g} d"
-
-
