@@ -594,3 +594,63 @@ def test_control_characters_are_shown_escaped(store: Store) -> None:
 def test_the_agent_log_of_parameters_is_escaped() -> None:
     described = _agent._describe({"x": "\x1b[2J", "y": 1})
     assert "\x1b" not in described and "\\x1b" in described
+
+
+# -- 10. a spec path that names another file --------------------------------------------------
+SECRET_FILES = {
+    "shadow": "root:$6$S3CRETsalt$S3CRETHASH:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n",
+    "shadow-twice": "root:S3CRET:1:::\nroot:S3CRET:1:::\n",  # a duplicate key, to YAML
+    "env": "AWS_SECRET_ACCESS_KEY=S3CRETS3CRET\n",
+    "ini": "password: S3CRET\ntoken: S3CRET\n",
+    "pem": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbS3CRET\n-----END OPENSSH PRIVATE KEY-----\n",
+    "number": "4242424242\n",
+    "alias": "x: *S3CRETalias\n",
+    "tag": "x: !S3CRETtag 1\n",
+    "handle": "x: !S3CRET!y 1\n",
+    "escape": 'x: "S3CRET\\q"\n',
+    "anchors": "x: &S3CRET 1\ny: &S3CRET 2\n",
+    "control": "S3CRET\x01\n",
+    "list": "- S3CRET\n- S3CRET2\n",
+    "dup.json": '{"S3CRET": 1, "S3CRET": 2}',
+    "bad.json": '{"S3CRET": S3CRET}',
+    "list.json": '["S3CRET"]',
+}
+
+
+@pytest.mark.parametrize("name", list(SECRET_FILES))
+def test_a_spec_that_is_another_file_is_never_quoted(tmp_path: Path, name: str) -> None:
+    secret = tmp_path / "private" / name
+    secret.parent.mkdir()
+    secret.write_text(SECRET_FILES[name])
+    link = tmp_path / ("spec.json" if name.endswith(".json") else "spec.yaml")
+    link.symlink_to(secret)
+    with pytest.raises(ConfigError) as info:
+        load_spec(link)
+    message = str(info.value)
+    assert message.startswith(f"{link}: ") and "\n" not in message, message
+    said = message[len(f"{link}: ") :]
+    for piece in ("S3CRET", "4242", "root", "AWS", "password", "BEGIN"):
+        assert piece not in said, message
+
+
+def test_sweep_create_of_a_link_to_a_private_file_names_only_the_file(tmp_path: Path) -> None:
+    (tmp_path / "shadow").write_text(SECRET_FILES["shadow"])
+    (tmp_path / "s.yaml").symlink_to(tmp_path / "shadow")
+    line = one_line_exit_2(cli("sweep", "create", "s.yaml", "--db", "sqlite:s.db", cwd=tmp_path))
+    assert line.startswith("preemptible: s.yaml: a spec is a mapping of keys"), line
+    assert "none of them" in line and "S3CRET" not in line and "root:" not in line
+
+
+def test_a_spec_with_mistakes_is_still_quoted(tmp_path: Path) -> None:
+    """A document with a key of a spec is the user's spec: its keys and values are named."""
+    cases = {
+        "method: grid\nmethod: random\n": "duplicate key 'method' (line 2, column 1)",
+        "method: hyperband\nparameters: {x: {value: 1}}\n": "method: 'hyperband' is not valid",
+        "method: grid\nrun_caps: 3\n": "run_caps: not a sweep key",
+        "method: grid\nparameters: {x: *nope}\n": "found undefined alias (line 2",
+    }
+    for text, expected in cases.items():
+        path = tmp_path / "s.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            load_spec(path)
