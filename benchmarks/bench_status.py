@@ -11,7 +11,8 @@ RSS (``wait4``'s ru_maxrss) of each.
 PostgreSQL is a throwaway server started with tests/services/postgres.sh (fsync off), unless
 --pg-url names one (a database in it is created and dropped).
 
-    .venv/bin/python benchmarks/bench_status.py [--runs 100000] [--repeats 3] [--kinds sqlite,postgres]
+    .venv/bin/python benchmarks/bench_status.py [--runs 100000] [--repeats 3]
+        [--kinds sqlite,postgres] [--src OTHER/src]   # --src: another version, before/after
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ def build(url: str, runs: int, seed: int = 0) -> str:
 
     rng = random.Random(seed)
     with open_store(url) as store:
-        sweep = store.create_sweep(SPEC, name="big", run_cap=None, max_failures=1, max_preemptions=5)
+        sweep = store.create_sweep(
+            SPEC, name="big", run_cap=None, max_failures=1, max_preemptions=5
+        )
         params = [
             {
                 "lr": 10 ** rng.uniform(-5, -1),
@@ -129,7 +132,12 @@ def build(url: str, runs: int, seed: int = 0) -> str:
             attempt_rows.append(
                 (
                     *(run_id, number, f"agent-{rng.randrange(64)}", f"node{rng.randrange(16)}"),
-                    *(at, ended, ending, None if ending is None else (0 if ending == "FINISHED" else 1)),
+                    *(
+                        at,
+                        ended,
+                        ending,
+                        None if ending is None else (0 if ending == "FINISHED" else 1),
+                    ),
                     *(None if ending is None else length, rng.randrange(10_000), 0),
                     None if ending is None else ("PENDING" if number < len(endings) else state),
                     None if ending is None else "agent",
@@ -138,7 +146,9 @@ def build(url: str, runs: int, seed: int = 0) -> str:
             at += length + 5
         summary = None
         if state in ("FINISHED", "RUNNING") or rng.random() < 0.5:
-            summary = json.dumps({"val_loss": rng.uniform(0.1, 2.0), "acc": rng.random(), "step": 9999})
+            summary = json.dumps(
+                {"val_loss": rng.uniform(0.1, 2.0), "acc": rng.random(), "step": 9999}
+            )
         running = state == "RUNNING"
         run_rows.append(
             (
@@ -186,9 +196,12 @@ def build(url: str, runs: int, seed: int = 0) -> str:
     return sweep
 
 
-def measure(args: list[str], cwd: Path) -> tuple[float, float, int]:
-    """(seconds, peak RSS in MiB, bytes written) of one ``preemptible`` process."""
+def measure(args: list[str], cwd: Path, src: str | None = None) -> tuple[float, float, int]:
+    """(seconds, peak RSS in MiB, bytes written) of one ``preemptible`` process (``src``: the
+    source tree to run it from, another version's ``src`` folder)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREEMPTIBLE_")}
+    if src:
+        env["PYTHONPATH"] = src
     with tempfile.TemporaryFile() as out:
         started = time.perf_counter()
         proc = subprocess.Popen(
@@ -211,6 +224,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kinds", default="sqlite,postgres")
     parser.add_argument("--pg-url", help="an existing server (postgresql://...)")
+    parser.add_argument("--src", help="run status from this src folder (another version)")
     parser.add_argument("--build", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build:
@@ -241,7 +255,7 @@ def main() -> None:
             names = list(commands)
             for repeat in range(args.repeats):
                 for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
-                    results[name].append(measure(commands[name], tmp))
+                    results[name].append(measure(commands[name], tmp, args.src))
             for name, got in results.items():
                 rows.append(
                     (

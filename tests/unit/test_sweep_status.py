@@ -7,6 +7,7 @@ clock the test sets, so every time, age and duration in the document is known ex
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -719,3 +720,20 @@ def test_watch_raises_a_bug_in_the_look() -> None:
 
     with pytest.raises(ZeroDivisionError):
         watch(look, 0.01, lambda view: None, rounds=1)
+
+
+def test_json_stays_json_when_a_stored_number_overflows(
+    store: Store, clock: Clock, tmp_path: Path
+) -> None:
+    sweep = store.create_sweep(SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1)
+    (run_id,) = store.add_runs(sweep, [{"lr": 0.1}])
+    with contextlib.closing(sqlite3.connect(tmp_path / "db" / "sweeps.db")) as db, db:
+        db.execute("UPDATE preemptible_runs SET params = ? WHERE id = ?", ('{"lr": 1e999}', run_id))
+    out = io.StringIO()
+    write_json(store, sweep, out)
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    (run,) = json.loads(out.getvalue(), parse_constant=refuse)["runs"]
+    assert run["params"] == {"lr": None}
