@@ -196,9 +196,10 @@ def build(url: str, runs: int, seed: int = 0) -> str:
     return sweep
 
 
-def measure(args: list[str], cwd: Path, src: str | None = None) -> tuple[float, float, int]:
-    """(seconds, peak RSS in MiB, bytes written) of one ``preemptible`` process (``src``: the
-    source tree to run it from, another version's ``src`` folder)."""
+def measure(args: list[str], cwd: Path, src: str | None = None) -> tuple[float, float, int, float]:
+    """(seconds, peak RSS in MiB, bytes written, CPU seconds) of one ``preemptible`` process
+    (``src``: the source tree to run it from, another version's ``src`` folder). CPU time is
+    the steadier number on a shared machine: others' load stretches the wall time."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREEMPTIBLE_")}
     if src:
         env["PYTHONPATH"] = src
@@ -215,7 +216,7 @@ def measure(args: list[str], cwd: Path, src: str | None = None) -> tuple[float, 
         if proc.returncode != 0:
             raise SystemExit(f"preemptible {' '.join(args)} exited {proc.returncode}: {err}")
         size = out.tell()
-    return elapsed, usage.ru_maxrss / 1024, size
+    return elapsed, usage.ru_maxrss / 1024, size, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -251,7 +252,7 @@ def main() -> None:
                 "--json": ["status", sweep, "--db", url, "--json"],
                 "list": ["status", "--db", url],
             }
-            results: dict[str, list[tuple[float, float, int]]] = {name: [] for name in commands}
+            results: dict[str, list[tuple[float, float, int, float]]] = {n: [] for n in commands}
             names = list(commands)
             for repeat in range(args.repeats):
                 for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
@@ -261,18 +262,18 @@ def main() -> None:
                     (
                         kind,
                         name,
-                        f"{median([t for t, _, _ in got]):.2f} s",
-                        f"{max(m for _, m, _ in got):.0f} MiB",
+                        f"{median([g[0] for g in got]):.2f} s",
+                        f"{median([g[3] for g in got]):.2f} s",
+                        f"{max(g[1] for g in got):.0f} MiB",
                         f"{got[-1][2] / 1e6:.1f} MB",
                     )
                 )
-            table_time = median([t for t, _, _ in results["table"]])
-            json_time = median([t for t, _, _ in results["--json"]])
-            print(f"  --json / table: {json_time / table_time:.2f}", flush=True)
+            cpu = {name: median([g[3] for g in got]) for name, got in results.items()}
+            print(f"  --json / table (CPU): {cpu['--json'] / cpu['table']:.2f}", flush=True)
     # machine() imports torch: only now, as a child started from a big parent inherits its peak
     print(f"\nmachine: {machine()}")
     print(f"\n`preemptible status` of a {args.runs:,}-run sweep (median of {args.repeats})\n")
-    print(table(["backend", "status", "wall", "peak RSS", "output"], rows))
+    print(table(["backend", "status", "wall", "CPU", "peak RSS", "output"], rows))
 
 
 if __name__ == "__main__":

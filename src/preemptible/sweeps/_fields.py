@@ -30,7 +30,7 @@ def _no_constant(name: str) -> Any:
 # One decoder for every field (``json.loads`` with options builds one per call): floats as
 # the C scanner reads them (a number too large for a float, ``1e999``, becomes inf, which the
 # readers treat as no number), NaN and Infinity refused.
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+DECODER = json.JSONDecoder(parse_constant=_no_constant)
 
 
 def decode_object(text: object) -> tuple[dict[str, Any] | None, str | None]:
@@ -41,7 +41,7 @@ def decode_object(text: object) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(text, str):
         return None, f"not text but {type(text).__name__}"
     try:
-        value, end = _DECODER.raw_decode(text)
+        value, end = DECODER.raw_decode(text)
         if end != len(text) and text[end:].strip():
             extra = end + len(text[end:]) - len(text[end:].lstrip())
             raise json.JSONDecodeError("Extra data", text, extra)
