@@ -12,7 +12,7 @@ PostgreSQL is a throwaway server started with tests/services/postgres.sh (fsync 
 --pg-url names one (a database in it is created and dropped).
 
     .venv/bin/python benchmarks/bench_status.py [--runs 100000] [--repeats 3]
-        [--kinds sqlite,postgres] [--src OTHER/src]   # --src: another version, before/after
+        [--kinds sqlite,postgres] [--before OLD/src]   # and another version, interleaved
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def build(url: str, runs: int, seed: int = 0) -> str:
     return sweep
 
 
-def measure(args: list[str], cwd: Path, src: str | None = None) -> tuple[float, float, int, float]:
+def measure(args: list[str], src: str | None, *, cwd: Path) -> tuple[float, float, int, float]:
     """(seconds, peak RSS in MiB, bytes written, CPU seconds) of one ``preemptible`` process
     (``src``: the source tree to run it from, another version's ``src`` folder). CPU time is
     the steadier number on a shared machine: others' load stretches the wall time."""
@@ -225,13 +225,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kinds", default="sqlite,postgres")
     parser.add_argument("--pg-url", help="an existing server (postgresql://...)")
-    parser.add_argument("--src", help="run status from this src folder (another version)")
+    parser.add_argument(
+        "--before", metavar="SRC", help="also run another version (its src folder), interleaved"
+    )
     parser.add_argument("--build", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build:
         print(build(args.build, args.runs))
         return
     kinds = args.kinds.split(",")
+    versions: list[tuple[str, str | None]] = [("", None)]
+    if args.before:
+        versions.append((" (before)", args.before))
     rows = []
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(postgres(args.pg_url)) if "postgres" in kinds else None
@@ -248,15 +253,19 @@ def main() -> None:
             ).stdout.split()[-1]
             print(f"{kind}: built {args.runs} runs in {time.perf_counter() - started:.1f} s")
             commands = {
-                "table": ["status", sweep, "--db", url],
-                "--json": ["status", sweep, "--db", url, "--json"],
-                "list": ["status", "--db", url],
+                f"{what}{label}": (args_, src)
+                for what, args_ in (
+                    ("table", ["status", sweep, "--db", url]),
+                    ("--json", ["status", sweep, "--db", url, "--json"]),
+                    ("list", ["status", "--db", url]),
+                )
+                for label, src in versions
             }
             results: dict[str, list[tuple[float, float, int, float]]] = {n: [] for n in commands}
             names = list(commands)
             for repeat in range(args.repeats):
                 for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
-                    results[name].append(measure(commands[name], tmp, args.src))
+                    results[name].append(measure(*commands[name], cwd=tmp))
             for name, got in results.items():
                 rows.append(
                     (

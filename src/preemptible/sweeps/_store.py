@@ -14,10 +14,16 @@ Agents on one machine or many share one database. The guarantees:
   each is idempotent, so a retry after a lost acknowledgement changes nothing twice.
 * The URL's password is never shown: every message uses ``redact_url`` (which hides all
   between ``://`` and the last ``@`` but a plain user name, and all after a ``password=``-like
-  parameter), and a driver's message is scrubbed of the URL and of every secret in it.
+  parameter), and a driver's message is scrubbed of the URL and of every whole secret in it
+  (``_redact``).
 * One run's bad value never stops the sweep: a reported metric that is not a finite number
   (``clean_summary``) or a checkpoint step beyond 64 bits (``clean_step``) is dropped with a
-  warning, and a value stored before is read back as missing.
+  warning, and a value stored before is read back as missing. A JSON field that cannot be
+  read back (``_fields``: text that is not JSON, written by hand or by another tool) is read
+  as missing and named in the row's ``unreadable``; a pending run whose parameters cannot be
+  read is FAILED when it would be claimed; only an unreadable spec stops its sweep's agents.
+* ``open_store(reader=True)`` (``status``) reads a database it may not write (a read-only
+  file system or role, a standby) without migrating it, when its schema is current.
 
 Run states after an attempt (``finish``), following ``preemptible run``'s restart policy:
 FINISHED ends the run. PREEMPTED (and a lost lease) goes back to PENDING while the run has
