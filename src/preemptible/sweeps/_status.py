@@ -539,7 +539,7 @@ def render(doc: Mapping[str, Any], *, now: float | None = None, width: int | Non
     columns = {
         "run": _Column("run", overflow="fold"),
         "params": _Column("params", flexible=True, overflow="fold", ratio=1),
-        "state": _Column("state", no_wrap=True, min_width=len("PREEMPTED")),
+        "state": _Column("state", no_wrap=True),
         "attempts": _Column("attempts", no_wrap=True),
         "ckpt step": _Column("ckpt step", justify="right", no_wrap=True),
         # a Text header: a metric name is the user's text, never rich markup
@@ -581,6 +581,8 @@ def render(doc: Mapping[str, Any], *, now: float | None = None, width: int | Non
         }
         for name, cell in cells.items():
             columns[name].cells.append(cell)
+    # never squeezed, even where the run id alone fills the terminal
+    columns["state"].options["min_width"] = columns["state"].width()
     table = _fit(columns, _RUN_DROPS, width)
     if not runs:
         table.caption = "no runs yet"
