@@ -5,16 +5,27 @@ reading anything, so a claim reads and updates the queue with no other writer in
 (agents on one host never take the same run). WAL lets ``status`` read while agents write.
 ``synchronous=NORMAL`` keeps the file consistent when a process dies; a power loss may undo
 the last commits, and with them the claims of agents that died in the same power loss.
+
+A reader (``status``) of a file it cannot write (a read-only file system, another user's
+file or directory) opens it read-only. WAL needs the ``-shm`` index: where it exists the file
+is opened ``mode=ro`` (and sees the agents' latest commits); where it does not and cannot be
+made, nobody has the database open, so it is either complete in the main file (opened
+``immutable=1``) or, when a ``-wal`` file was left behind, read from a private copy of both.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 logger = logging.getLogger("preemptible")
 
@@ -26,13 +37,16 @@ BUSY_TIMEOUT = 10.0
 class SqliteBackend:
     kind = "sqlite"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, reader: bool = False) -> None:
         self.path = path
         self.display = f"sqlite://{path}"  # the path is absolute: sqlite:///abs
+        self.reader = reader
 
     def connect(self) -> Any:
         import sqlite3
 
+        if self.reader and self.path.is_file() and not self._writable():
+            return self._connect_read_only()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
             str(self.path), timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
@@ -54,6 +68,42 @@ class SqliteBackend:
             conn.close()
             raise
         return conn
+
+    def _writable(self) -> bool:
+        """Whether this process may write the database: the file, and the directory where
+        SQLite makes its -wal, -shm and journal files (EROFS counts as not writable)."""
+        return os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK)
+
+    def _connect_read_only(self) -> Any:
+        import sqlite3
+
+        shm, wal = Path(f"{self.path}-shm"), Path(f"{self.path}-wal")
+        target, mode = self.path, "mode=ro"
+        if not shm.exists():
+            if wal.exists() and wal.stat().st_size > 0:
+                target, mode = self._private_copy(wal), "mode=rw"
+            else:
+                mode = "immutable=1"
+        logger.debug("preemptible: %s is not writable here; reading it (%s)", self.display, mode)
+        conn = sqlite3.connect(
+            f"file:{quote(str(target))}?{mode}",
+            uri=True,
+            timeout=BUSY_TIMEOUT,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        conn.create_function("preemptible_now", 0, time.time)
+        return conn
+
+    def _private_copy(self, wal: Path) -> Path:
+        """The database and the -wal file left behind by its last writer, copied where this
+        process may write, so that SQLite can read the commits in the WAL; removed at exit."""
+        folder = tempfile.mkdtemp(prefix="preemptible-readonly-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        copy = Path(folder) / self.path.name
+        shutil.copyfile(self.path, copy)
+        shutil.copyfile(wal, f"{copy}-wal")
+        return copy
 
     @contextlib.contextmanager
     def transaction(self, conn: Any, *, write: bool) -> Iterator[Any]:
