@@ -196,6 +196,11 @@ def test_exit_code_option_and_run_record(tmp_path: Path, spawn) -> None:
     assert sup.wait(60) == 143, sup.output  # the fit exits 0, the record says preempted
     [a] = attempts(tmp_path)
     assert a["state"] == "PREEMPTED" and a["ending"] == "exit 0"
+    # the callback's record says where it saves and what to resume from, as the handler's
+    [record] = [json.loads(p.read_text()) for p in tmp_path.rglob("attempt-1/record.json")]
+    assert record["checkpoint_dir"] == str(tmp_path.resolve())
+    assert record["resume_from"] == str((tmp_path / "resume.ckpt").resolve())
+    assert record["state"] == "stopped"
     child = spawn(fit_args(tmp_path / "b", "--step-sleep", "0.05", "--exit-code", "signal"))
     child.wait_line(batch_line(0, 4), timeout=120)
     child.signal(signal.SIGTERM)
