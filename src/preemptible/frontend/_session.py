@@ -109,6 +109,7 @@ class StopSession:
         self._announced = False
         self._resumed = False
         self._locked = False
+        self._background = False
 
     # -- life cycle ------------------------------------------------------------------------
     def start(self, *, handle_signals: bool = True) -> bool:
@@ -123,6 +124,7 @@ class StopSession:
                 self.agreement = agreement_of(self.ranks)
                 set_rank(self.ranks.rank)
             self.saver.attach(self.ranks)
+            self._background = bool(self.saver.background)  # collect only what can finish
             if self.is_zero:  # under torch.distributed the ranks share rank 0's directory
                 self.store.lock()
                 self._locked = True
@@ -230,19 +232,24 @@ class StopSession:
         boundary). ``total``: the last step (its save point is always due). ``context`` goes to
         the saver. ``act=False``: only time it. True when the run stopped here (an ``exit_fn``
         that returned)."""
-        pos = self._where(step, position)
+        # the per-step path: a few attribute reads, two clock reads, no call that is not needed
+        if step is not None:
+            self.step = step
+        pos = self._at = self.step if position is None else position
         if phase is Phase.STEP:
-            self._advance(pos, seconds, total, context)
+            if pos != self._boundary:
+                self._advance(pos, seconds, total, context)
         elif seconds is not None:
             self.step_times.add(seconds)
         stopped = False
         if act and not self.stopped:
-            self.saves.collect()
+            if self._background:
+                self.saves.collect()
             if phase is Phase.END:
                 stopped = self._at_end(context)
             elif self.agreement is not None:
                 stopped = phase is Phase.STEP and self._agree(act=True, context=context)
-            elif self.pending:
+            elif self.controller.requests:
                 stopped = self._decide(context)
         self._left_at = time.monotonic()
         return stopped
@@ -255,7 +262,8 @@ class StopSession:
         and takes a periodic save that is due. Under torch.distributed every call is a
         boundary of the agreement: call it once per step on every rank."""
         pos = self._where(step, position)
-        self._advance(pos, None, None, context)
+        if pos != self._boundary:
+            self._advance(pos, None, None, context)
         self._left_at = time.monotonic()
         if self.agreement is None:
             if not self.pending:
@@ -338,22 +346,15 @@ class StopSession:
 
     def _advance(self, pos: int, seconds: float | None, total: int | None, context: Any) -> None:
         """A step boundary at ``pos``: time the steps since the last one, save if due."""
-        now = time.monotonic()
-        since = self._boundary
-        if self.stopped or pos == since or self._left_at is None:
-            if self._left_at is None:
-                self._left_at = now
-            self._boundary = pos
-            return
-        if pos < since:  # the loop went back (a step set by hand): start counting again
-            self._boundary = pos
-            return
-        if seconds is None:
-            seconds = (now - self._left_at) / (pos - since)
-        self.step_times.add(seconds)
+        since, left = self._boundary, self._left_at
         self._boundary = pos
-        self.saves.collect()
-        if not self.saved_here:  # not when the loop just saved this step itself
+        if pos <= since or left is None or self.stopped:
+            return  # the same boundary, or the loop went back (a step set by hand)
+        now = time.monotonic()
+        self.step_times.add((now - left) / (pos - since) if seconds is None else seconds)
+        if self._background:
+            self.saves.collect()
+        if self.periodic is not None and self.saves.of(pos) is None:  # not saved here already
             self._save_if_due(pos, since, total, context)
 
     def _save_if_due(self, pos: int, since: int, total: int | None, context: Any) -> None:
