@@ -31,6 +31,7 @@ import atexit
 import gc
 import logging
 import math
+import signal
 import sys
 import threading
 import time
@@ -112,7 +113,15 @@ class Notice:
     @property
     def exit_code(self) -> int:
         """128 + signum for a signal, 143 (as for SIGTERM) for anything else."""
-        return 128 + (self.signum if self.signum is not None else 15)
+        return signal_exit_code(self.signum)
+
+
+def signal_exit_code(signum: int | None) -> int:
+    """The exit code of a run stopped by ``signum``: 128 + signum (the shell's convention, what
+    schedulers read as "stopped by that signal"), 143 as for SIGTERM when a notice, a stop file
+    or the program itself stopped it (None). Every part of preemptible that exits because of a
+    stop takes its code from here."""
+    return 128 + (int(signal.SIGTERM) if signum is None else signum)
 
 
 @dataclass(kw_only=True)
