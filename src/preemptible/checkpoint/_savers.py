@@ -15,7 +15,7 @@ The savers of one process (this module):
   (Lightning's ``resume.ckpt``, the Trainer's ``checkpoint-N``).
 
 The savers of several ranks (rank 0's full state with every rank's RNG, sharded DCP
-checkpoints) live in ``preemptible.distributed``; ``state_saver`` in the kit picks one.
+checkpoints) live in ``preemptible.distributed``; the kit's ``StateSaver`` picks one.
 """
 
 from __future__ import annotations
