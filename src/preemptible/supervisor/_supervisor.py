@@ -21,10 +21,16 @@ How long an attempt lasts, i.e. which processes it waits for:
   rest of its group gets ``linger`` seconds (5 s), then SIGTERM, then SIGKILL ``linger``
   seconds later: a background process the job left in its group (``tensorboard &`` in a
   wrapper script) must not keep a finished attempt open forever.
-- processes the job started outside its group (a daemon that double-forked and called
-  ``setsid()``) are re-parented to the supervisor (a child subreaper); when the attempt ends,
-  their process groups get SIGTERM, then SIGKILL ``linger`` seconds later. The guardian is
-  told about them as they appear, so a ``kill -9`` of the supervisor does not leave them.
+- processes the job started outside its group (a daemon that called ``setsid()``, torchrun's
+  workers in sessions of their own) are found in the attempt's cgroup, or through /proc
+  (``_process.py``); when the attempt ends they get SIGTERM, then SIGKILL ``linger`` seconds
+  later. The guardian tracks them on its own, so a ``kill -9`` of the supervisor does not
+  leave them; a dead guardian is replaced at once.
+
+Before its first attempt a supervisor stops what earlier attempts of the run left running
+when their supervisor and guardian were killed together (SIGTERM, so that a trainer saves,
+then SIGKILL a term timeout later): the next attempt resumes from that save instead of
+meeting a checkpoint lock that an orphan holds.
 """
 
 from __future__ import annotations
@@ -57,8 +63,10 @@ from .._termination import EXIT_SECONDS_ENV
 from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
 from ..notices import grace_period_from_env
 from . import _slurm
+from ._cgroup import Containment, cgroup_name, choose
 from ._classify import Ending, RunState, classify, exit_code_for
-from ._process import ProcessGroup, become_subreaper
+from ._guard import read_proc
+from ._process import EarlierAttempts, ProcessGroup, become_subreaper
 from ._record import RunRecord, _time, load_record
 
 logger = logging.getLogger("preemptible")
@@ -68,6 +76,7 @@ DEFAULT_TERM_TIMEOUT = 60.0
 MAX_RESTART_DELAY = 86400.0  # a day: longer is a typo, and select() refuses huge timeouts
 WATCH_INTERVAL = 2.0  # seconds between looks for processes that left the job's group
 LOCK_NAME = "supervisor.lock"
+LOCK_WAIT = 15.0  # seconds a guardian may take to stop the attempt of a supervisor killed
 JOURNAL_NAME = "attempts.jsonl"
 JOURNAL_TAIL_BYTES = 1 << 16  # the journal's last attempts; a line is ~300 bytes
 EXIT_HISTORY = 3  # measured exits passed on: the next attempt budgets the longest of these
@@ -290,6 +299,7 @@ class Supervisor:
         self._pid_text: str | None = None
         self._warned: set[str] = set()
         self._exit_code: int | None = None
+        self.containment: Containment | None = None
 
     # -- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -402,6 +412,7 @@ class Supervisor:
         become_subreaper()
         self._install()
         try:
+            self._stop_earlier_attempts()
             yield
         finally:
             self._uninstall()
@@ -421,6 +432,8 @@ class Supervisor:
                 f"cannot create the run directory {self.run_dir}: {exc.strerror or exc}; "
                 "give --home (PREEMPTIBLE_HOME) a writable directory"
             ) from exc
+        self.containment = choose()
+        logger.debug("preemptible: attempts are contained by %s", self.containment.describe())
         self._lock_fd = _lock_run(self.run_dir, self.run_id)  # last: nothing fails after it
         if self._run_id_why:
             logger.info(
@@ -428,6 +441,36 @@ class Supervisor:
                 "pass --run-id to start another",
                 self.run_id,
                 self._run_id_why,
+            )
+
+    def _stop_earlier_attempts(self) -> None:
+        """Stop what earlier attempts of this run left running (their supervisor and guardian
+        were killed together); see the module docstring."""
+        earlier = EarlierAttempts(self.run_dir, self.run_id)
+        left = earlier.alive()
+        if not left:
+            return
+        timeout, source = self.term_timeout()
+        logger.warning(
+            "preemptible: %d process(es) of an earlier attempt of run %s are still running "
+            "without their supervisor (pids %s); stopping them before the next attempt: "
+            "SIGTERM, SIGKILL in %.0f s (%s)",
+            len(left),
+            self.run_id,
+            ", ".join(map(str, sorted(left))),
+            timeout,
+            source,
+        )
+        earlier.terminate()
+        deadline = time.monotonic() + timeout
+        while earlier.alive() and not self.signals and time.monotonic() < deadline:
+            self._sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
+        if earlier.alive():
+            earlier.kill()
+        if earlier.alive():
+            logger.error(
+                "preemptible: processes %s of an earlier attempt survive SIGKILL",
+                ", ".join(map(str, sorted(earlier.alive()))),
             )
 
     def _loop(self) -> int:
@@ -496,7 +539,13 @@ class Supervisor:
         except OSError as exc:
             raise PreemptibleError(f"cannot create {attempt_dir}: {exc.strerror or exc}") from exc
         try:
-            group = ProcessGroup(self.config.command, env=env)
+            group = ProcessGroup(
+                self.config.command,
+                env=env,
+                containment=self.containment,
+                cgroup_name=cgroup_name(self.run_id, number),
+                lock_fd=self._lock_fd,
+            )
         except OSError as exc:
             with contextlib.suppress(OSError):
                 attempt_dir.rmdir()  # no attempt took place: leave no trace of one
@@ -554,6 +603,16 @@ class Supervisor:
         while not group.reap():
             now = time.monotonic()
             self._log_signals(first)
+            replaced = group.keep_guardian()
+            if replaced is not None:
+                logger.warning(
+                    "preemptible: the guardian of attempt %d (pid %d) died (%s); started "
+                    "another (pid %d)",
+                    number,
+                    replaced[0],
+                    _ending_of(replaced[1]),
+                    group.guardian_pid,
+                )
             self._escalate(plan, group, self.signals[first:], now)
             if now >= next_watch:
                 for pgid in sorted(group.watch()):
@@ -590,10 +649,10 @@ class Supervisor:
         if plan.kill_at is not None and now >= plan.kill_at:
             logger.error(
                 "preemptible: the job is still running %.0f s after the stop signal; "
-                "sending SIGKILL to its process group",
+                "sending SIGKILL to all of its processes",
                 plan.timeout,
             )
-            group.signal(signal.SIGKILL)
+            group.kill_all()
             plan.kill_at = math.inf
         if any(s.forwarded for s in mine):
             plan.linger.clear()  # a stop is under way: the group gets the term timeout
@@ -819,6 +878,13 @@ def _decimal(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def _ending_of(returncode: int) -> str:
+    """A Popen return code in words."""
+    if returncode < 0:
+        return Ending(signal=-returncode).describe()
+    return Ending(exit_code=returncode).describe()
+
+
 def _name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -839,6 +905,37 @@ def _check_writable(path: Path, option: str) -> None:
         ) from exc
 
 
+def _take_lock(fd: int, run_id: str) -> None:
+    """``flock`` the run, waiting up to ``LOCK_WAIT`` while the holder is a supervisor that is
+    gone: its guardian holds the lock until it has stopped that supervisor's attempt, and the
+    next attempt must not meet those processes."""
+    deadline = time.monotonic() + LOCK_WAIT
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            if not _decimal(holder) or _alive(int(holder)) or time.monotonic() >= deadline:
+                raise
+            if not told:
+                told = True
+                logger.info(
+                    "preemptible: run %s: its last supervisor (pid %s) is gone; waiting for its "
+                    "guardian to stop that attempt's processes",
+                    run_id,
+                    holder,
+                )
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie is not: its parent has just not collected it yet)."""
+    proc = read_proc(pid)
+    return proc is not None and not proc.zombie
+
+
 def _lock_run(run_dir: Path, run_id: str) -> int:
     """Hold the run's lock (an advisory ``flock``, released when the fd closes, also when the
     supervisor is killed); not inherited by the job (``O_CLOEXEC``)."""
@@ -848,9 +945,9 @@ def _lock_run(run_dir: Path, run_id: str) -> int:
     except OSError as exc:
         raise PreemptibleError(f"cannot open {path}: {exc.strerror or exc}") from exc
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _take_lock(fd, run_id)
     except BlockingIOError as exc:
-        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         os.close(fd)
         who = f"pid {holder}" if _decimal(holder) else "another process"
         raise PreemptibleError(
