@@ -183,6 +183,26 @@ class AttemptCgroup:
         return cgroup_remove(self.path)
 
 
+def remove_stale(parent: Path) -> None:
+    """Remove the empty attempt cgroups under ``parent`` whose supervisor (the pid that ends
+    their name) is gone: its attempt's processes ended on their own after it was killed. A
+    cgroup that still holds a process cannot be removed, and is left for that run's next
+    supervisor (``EarlierAttempts``)."""
+    from ._guard import cgroup_remove, read_proc
+
+    try:
+        names = [e.name for e in os.scandir(parent) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for name in names:
+        owner = name.rsplit(".", 1)[-1]
+        if not name.startswith(PREFIX) or not owner.isascii() or not owner.isdigit():
+            continue
+        proc = read_proc(int(owner))
+        if proc is None or proc.zombie:
+            cgroup_remove(parent / name)
+
+
 def cgroup_name(run_id: str, attempt: int) -> str:
     return f"{PREFIX}{run_id}.{attempt}.{os.getpid()}"
 

@@ -333,6 +333,10 @@ class EarlierAttempts:
         for pid, start in self.found.items():
             _guard.signal_process(pid, start, signal.SIGTERM)
 
+    def remove_cgroups(self) -> None:
+        for cg in self.cgroups:
+            _guard.cgroup_remove(cg)
+
     def kill(self) -> None:
         for cg in self.cgroups:
             _guard.cgroup_kill(cg)

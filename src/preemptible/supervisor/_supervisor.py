@@ -63,7 +63,7 @@ from .._termination import EXIT_SECONDS_ENV
 from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
 from ..notices import grace_period_from_env
 from . import _slurm
-from ._cgroup import Containment, cgroup_name, choose
+from ._cgroup import Containment, cgroup_name, choose, remove_stale
 from ._classify import Ending, RunState, classify, exit_code_for
 from ._guard import read_proc
 from ._process import EarlierAttempts, ProcessGroup, become_subreaper
@@ -433,6 +433,8 @@ class Supervisor:
                 "give --home (PREEMPTIBLE_HOME) a writable directory"
             ) from exc
         self.containment = choose()
+        if self.containment.parent is not None:
+            remove_stale(self.containment.parent)
         logger.debug("preemptible: attempts are contained by %s", self.containment.describe())
         self._lock_fd = _lock_run(self.run_dir, self.run_id)  # last: nothing fails after it
         if self._run_id_why:
@@ -467,6 +469,7 @@ class Supervisor:
             self._sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
         if earlier.alive():
             earlier.kill()
+        earlier.remove_cgroups()
         if earlier.alive():
             logger.error(
                 "preemptible: processes %s of an earlier attempt survive SIGKILL",
