@@ -245,9 +245,6 @@ def _parent(pid: int) -> int:
     return int(fields[1])
 
 
-RESUMED = re.compile(r"^resumed ([1-9][0-9]*)$", re.M)  # train.py, resumed from a checkpoint
-
-
 def test_a_killed_guardian_is_replaced_and_kill_9_of_the_supervisor_then_leaves_nothing(
     tmp_path: Path, spawn, strays: dict[int, int]
 ) -> None:
@@ -274,8 +271,8 @@ def test_sigkill_of_the_guardian_and_the_supervisor_together_stops_the_run_with_
     """Nobody is left to kill the trainer: it sees its run's lock go, saves at the next step
     and exits, releasing the checkpoint lock."""
     env = {"PREEMPTIBLE_CONTAINMENT": "proc", "PREEMPTIBLE_POLL_INTERVAL": "0.2"}
-    job = python_args("train.py", "--ckpt", "ck", "--out", "o.pt", "--step-sleep", "0.05")
-    sup = supervise(spawn, tmp_path, "--", *job, "--steps", "100000", env=env)
+    job = python_args("light_train.py", "--ckpt", "ck", "--steps", "100000")
+    sup = supervise(spawn, tmp_path, "--", *job, env=env)
     sup.wait_line(lambda line: line == "step 5", 60)
     [guardian] = guardians(sup.pid)
     seen = tree(sup.pid)
@@ -333,9 +330,9 @@ def test_sigkill_of_the_guardian_and_the_agent_then_the_next_agent_resumes(
     spec.write_text(
         json.dumps(
             {
-                "program": str(SCRIPTS / "sweep_train.py"),
+                "program": str(SCRIPTS / "light_train.py"),
                 "method": "grid",
-                "parameters": {"steps": {"value": 25}, "step-sleep": {"value": 0.05}},
+                "parameters": {"steps": {"value": 40}, "step-sleep": {"value": 0.05}},
             }
         )
     )

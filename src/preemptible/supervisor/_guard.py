@@ -286,10 +286,15 @@ def wait_gone(members: dict[int, int], timeout: float) -> bool:
 
 # -- cgroup v2 ----------------------------------------------------------------------------------
 def cgroup_procs(path: Path) -> list[int]:
-    try:
-        return [int(x) for x in (path / "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
+    """The processes in the cgroup and in the cgroups below it (a nested supervisor's)."""
+    found = []
+    with contextlib.suppress(OSError, ValueError):
+        found += [int(x) for x in (path / "cgroup.procs").read_text().split()]
+    with contextlib.suppress(OSError):
+        for child in os.scandir(path):
+            if child.is_dir(follow_symlinks=False):
+                found += cgroup_procs(Path(child.path))
+    return found
 
 
 def cgroup_kill(path: Path, deadline: float = KILL_DEADLINE) -> list[int]:
