@@ -57,7 +57,7 @@ from .._checkpoint import CheckpointStore, open_in_place, write_text_atomic
 from .._env import env_str
 from .._errors import ConfigError, PreemptibleError
 from .._interval import _tail
-from .._run import read_record
+from .._run import RECORD_NAME, read_record
 from .._signals import DUPLICATE_WINDOW, KEEP_IGNORED
 from .._termination import EXIT_SECONDS_ENV
 from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
@@ -81,6 +81,18 @@ JOURNAL_NAME = "attempts.jsonl"
 JOURNAL_TAIL_BYTES = 1 << 16  # the journal's last attempts; a line is ~300 bytes
 EXIT_HISTORY = 3  # measured exits passed on: the next attempt budgets the longest of these
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# what a nested run passes up from its last attempt's record to its parent's attempt
+PASSED_UP = (
+    "state",
+    "preempting",
+    "preempting_at",
+    "stopped_at",
+    "committed_at",
+    "signum",
+    "step",
+    "checkpoint",
+    "checkpoint_dir",
+)
 
 
 def check_run_id(run_id: str, source: str = "--run-id") -> str:
@@ -93,14 +105,26 @@ def check_run_id(run_id: str, source: str = "--run-id") -> str:
     return run_id
 
 
+def parent_run() -> str | None:
+    """The run whose attempt this process is part of (a supervisor gave it
+    ``PREEMPTIBLE_RUN_ID`` and ``PREEMPTIBLE_RUN_DIR``), or None."""
+    if env_str("PREEMPTIBLE_RUN_DIR") is None:
+        return None
+    return env_str("PREEMPTIBLE_RUN_ID")
+
+
 def default_run_id(command: list[str], checkpoint_dir: Path | None) -> tuple[str, str]:
     """The run id when none was given, and why it is that one. Stable: the same job started
     again (by hand, by a scheduler, after a crash of the supervisor) continues the same run
-    directory, attempt numbers and default checkpoints instead of starting a new history."""
-    given = env_str("PREEMPTIBLE_RUN_ID")
-    if given is not None:
-        return check_run_id(given, "PREEMPTIBLE_RUN_ID"), "from PREEMPTIBLE_RUN_ID"
-    job = _slurm.job_id()
+    directory, attempt numbers and default checkpoints instead of starting a new history.
+
+    Inside an attempt of another run (a job script that itself uses ``preemptible run``,
+    under an agent or another supervisor) the run is a run of its own: its id is derived as
+    below, together with the parent run's id, and never the SLURM job's, which the parent
+    has; the same parent run gets the same nested run again, so resumes work at both levels.
+    """
+    parent = parent_run()
+    job = _slurm.job_id() if parent is None else None
     if job is not None:
         run_id = check_run_id(f"slurm-{job}", "the SLURM job id")
         return run_id, "the SLURM job; a requeued job continues this run"
@@ -115,6 +139,9 @@ def default_run_id(command: list[str], checkpoint_dir: Path | None) -> tuple[str
             why = f"from the working directory {cwd} and the command"
     except OSError as exc:  # the working directory was removed under us
         raise ConfigError(f"cannot derive a run id ({exc.strerror or exc}); pass --run-id") from exc
+    if parent is not None:
+        key = f"{parent}\0{key}"
+        why = f"inside an attempt of run {parent!r}; {why}"
     digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:8]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).lstrip("-._")[:40] or "run"
     return f"{slug}-{digest}", why
@@ -300,6 +327,7 @@ class Supervisor:
         self._warned: set[str] = set()
         self._exit_code: int | None = None
         self.containment: Containment | None = None
+        self.parent = parent_run()  # a nested run: the run whose attempt started this one
 
     # -- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -379,6 +407,8 @@ class Supervisor:
         """Attempts until the run ends (the restart policy); the exit code of the last."""
         with self._session():
             self._exit_code = self._loop()
+            if self.parent is not None and self.attempts:
+                self._tell_parent()
             return self._exit_code
 
     def run_attempt(self, number: int) -> Attempt:
@@ -496,6 +526,8 @@ class Supervisor:
         """None when the run ends with this attempt; else seconds before the next one."""
         if attempt.state in (RunState.FINISHED, RunState.KILLED):
             return None
+        if attempt.state is RunState.PREEMPTED and self.parent is not None:
+            return None  # a nested run: its parent restarts or requeues, as it decides
         if attempt.state is RunState.PREEMPTED and _slurm.in_batch_job():
             _slurm.requeue()  # the requeued job continues this run (same id, same checkpoints)
             return None
@@ -578,8 +610,12 @@ class Supervisor:
             PREEMPTIBLE_RUN_DIR=str(attempt_dir.resolve()),
             PREEMPTIBLE_CHECKPOINT_DIR=str(self.checkpoint_dir.resolve()),
         )
-        # Not given: the handler may keep its own directory without a warning.
-        if self.config.checkpoint_dir is None:
+        # Not given: the handler may keep its own directory without a warning. A nested run
+        # that took its parent's default directory from the environment passes that on.
+        inherited = os.environ.get("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT") == "1" and (
+            str(self.checkpoint_dir) == os.environ.get("PREEMPTIBLE_CHECKPOINT_DIR")
+        )
+        if self.config.checkpoint_dir is None or (self.parent is not None and inherited):
             env["PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT"] = "1"
         else:
             env.pop("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT", None)
@@ -708,6 +744,22 @@ class Supervisor:
             stopped,
         )
         return attempt
+
+    def _tell_parent(self) -> None:
+        """A nested run ends: its last attempt's record becomes the record of the parent's
+        attempt (``PREEMPTIBLE_RUN_DIR``), so that the parent classifies what really happened
+        (a preemption, not a bare exit code) and resumes from the same checkpoints."""
+        last = self.run_dir / f"attempt-{self.attempts[-1].number}"
+        record = {k: v for k, v in read_record(last).items() if k in PASSED_UP}
+        parent_dir = Path(os.environ.get("PREEMPTIBLE_RUN_DIR", ""))
+        if not parent_dir.is_absolute() or not parent_dir.is_dir():
+            return
+        record.update(nested_run=self.run_id, pid=os.getpid(), updated_at=time.time())
+        path = parent_dir / RECORD_NAME
+        try:
+            write_text_atomic(path, json.dumps(record, indent=1), durable=True)
+        except OSError as exc:
+            self._warn_once("parent record", path, exc)
 
     def _newest_name(self) -> str:
         """The checkpoint the next attempt would resume from, for a log line."""
