@@ -488,7 +488,7 @@ def _containment() -> Check:
     return Check(
         "containment",
         OK,
-        f"/proc guardian, no cgroup here: {found.why}. A guardian tracks every process of an "
+        f"/proc guardian ({found.why}). A guardian tracks every process of an "
         "attempt through /proc (every 50 ms, pid and start time) and kills them all if the "
         "supervisor dies; only a process that clears its environment and leaves its parent "
         "within 50 ms of its start could escape",
