@@ -295,6 +295,7 @@ class _Escalation:
     timeout: float = 0.0
     leader_gone: float | None = None  # when the job's main process was seen to exit
     linger: list[tuple[float, int]] = field(default_factory=list)  # (when, signal)
+    killed: bool = False  # every process of the attempt was SIGKILLed
 
     def next_at(self) -> float:
         return min([self.kill_at or math.inf, *(t for t, _ in self.linger)])
@@ -675,6 +676,11 @@ class Supervisor:
     ) -> None:
         """The module docstring's rules: SIGKILL a term timeout after a stop; TERM, then KILL
         what the main process left in its group when no stop was passed on."""
+        if not plan.killed and any(s.signum == signal.SIGKILL for s in mine):
+            # stop_job's SIGKILL (a lost lease, cancel --now) went to the group from another
+            # thread; here, in the main loop, it reaches the processes outside it too
+            plan.killed = True
+            group.kill_all()
         if mine and plan.kill_at is None:
             plan.timeout, source = self.term_timeout()
             plan.kill_at = now + plan.timeout
@@ -692,6 +698,7 @@ class Supervisor:
                 plan.timeout,
             )
             group.kill_all()
+            plan.killed = True
             plan.kill_at = math.inf
         if any(s.forwarded for s in mine):
             plan.linger.clear()  # a stop is under way: the group gets the term timeout
