@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -358,3 +359,25 @@ def test_sigkill_of_the_guardian_and_the_agent_then_the_next_agent_resumes(
     with open_store(db) as store:
         [run] = store.runs(sweep)
     assert run.state == "FINISHED", run
+
+
+def test_a_supervisor_given_a_deleted_run_directory_leaves_the_first_one_s_job_alone(
+    tmp_path: Path, spawn, strays: dict[int, int]
+) -> None:
+    """The run directory deleted under a running supervisor lets a second one take the run
+    (a new lock file) with the same attempt directory: the first one's job is supervised,
+    not an orphan, and neither supervisor stops the other's job."""
+    job = [PY, "-c", "import os, time; print('job', os.getpid(), flush=True); time.sleep(600)"]
+    first = supervise(spawn, tmp_path, "--", *job)
+    one = int(first.wait_line(lambda line: line.startswith("job "), 30).split()[1])
+    strays[one] = start_time(one) or 0
+    shutil.rmtree(tmp_path / ".preemptible")
+    second = supervise(spawn, tmp_path, "--", *job)
+    two = int(second.wait_line(lambda line: line.startswith("job "), 30).split()[1])
+    strays[two] = start_time(two) or 0
+    assert "of an earlier attempt" not in second.output
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 143, first.output
+    assert alive(two) and not alive(one)
+    second.signal(signal.SIGTERM)
+    assert second.wait(30) == 143, second.output

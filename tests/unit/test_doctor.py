@@ -234,9 +234,8 @@ def test_containment_says_which_and_why() -> None:
     c = checks["containment"]
     assert c["status"] == "ok", c
     if here.kind == "cgroup":
-        assert c["detail"].startswith(
-            f"cgroup v2: each attempt of preemptible run gets a cgroup of its own under {here.parent}"
-        )
+        want = "cgroup v2: each attempt of preemptible run gets a cgroup of its own under "
+        assert c["detail"].startswith(f"{want}{here.parent};")
     else:
         assert c["detail"].startswith(f"/proc guardian ({here.why}). A guardian tracks")
         assert "systemd-run --user --scope -p Delegate=yes" in c["fix"]

@@ -82,7 +82,7 @@ def test_the_tracker_follows_a_new_session_and_kill_tree_takes_it(
     tracker = Tracker(supervisor=os.getpid(), job=job.pid)
     wait_for(lambda: worker in (tracker.poll(), tracker.members)[1], 10, "the worker")
     assert job.pid in tracker.members and stranger.pid not in tracker.members
-    killed = kill_tree(tracker, marker=None, protect=[os.getpgrp()], deadline=10)
+    killed = kill_tree(tracker, markers=[], protect=[os.getpgrp()], deadline=10)
     assert {job.pid, worker} <= set(killed) and stranger.pid not in killed
     job.wait(10)
     wait_for(lambda: not running(worker), 10, "the worker to be gone")
@@ -90,15 +90,16 @@ def test_the_tracker_follows_a_new_session_and_kill_tree_takes_it(
 
 
 def test_an_environment_entry_matches_exactly(procs: list[subprocess.Popen[str]]) -> None:
-    env = {**os.environ, "PREEMPTIBLE_RUN_DIR": "/runs/r/attempt-10"}
+    env = {**os.environ, "PREEMPTIBLE_ATTEMPT_TOKEN": "10.20.30"}
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
     procs.append(p)  # type: ignore[arg-type]
     table = processes().values()
-    assert p.pid not in marked(table, b"PREEMPTIBLE_RUN_DIR=/runs/r/attempt-1", spare=set())
-    assert p.pid in marked(table, b"PREEMPTIBLE_RUN_DIR=/runs/r/attempt-10", spare=set())
-    prefix = b"PREEMPTIBLE_RUN_DIR=/runs/r/attempt-"
-    assert p.pid in marked(table, prefix, spare=set(), prefix=True)
-    assert p.pid not in marked(table, prefix, spare={p.pid}, prefix=True)
+    assert p.pid not in marked(table, [b"PREEMPTIBLE_ATTEMPT_TOKEN=10.20.3"], spare=set())
+    assert p.pid in marked(table, [b"x=1", b"PREEMPTIBLE_ATTEMPT_TOKEN=10.20.30"], spare=set())
+    prefix = b"PREEMPTIBLE_ATTEMPT_TOKEN=10.20."
+    assert p.pid in marked(table, [prefix], spare=set(), prefix=True)
+    assert p.pid not in marked(table, [prefix], spare={p.pid}, prefix=True)
+    assert not marked(table, [], spare=set())
 
 
 def test_supervisor_gone_arms_on_a_held_lock_and_fires_after_two_looks(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ never reaches; the tracker sees the workers as torchrun's children within one po
 Killing without a cgroup: members are first stopped (SIGSTOP) so that they can neither fork
 nor die and have their children re-parented away, then everything found (members, their
 children, their process groups, processes whose environment names this attempt's
-``PREEMPTIBLE_RUN_DIR``) is SIGKILLed. Signals go through a pidfd after the start time was
+``PREEMPTIBLE_ATTEMPT_TOKEN``) is SIGKILLed. Signals go through a pidfd after the start time was
 checked, so even that check cannot race with pid reuse.
 
 This module imports the standard library only: the supervisor runs it as a plain script
@@ -114,11 +114,14 @@ def environment(pid: int) -> list[bytes]:
 
 
 def marked(
-    procs: Iterable[Proc], entry: bytes, *, spare: set[int], prefix: bool = False
+    procs: Iterable[Proc], entries: Iterable[bytes], *, spare: set[int], prefix: bool = False
 ) -> dict[int, int]:
-    """Processes of this user whose environment has ``entry`` (the attempt's
-    ``PREEMPTIBLE_RUN_DIR=...``, inherited by everything the job starts unless it clears its
-    environment), or an entry that starts with it: pid -> start time."""
+    """Processes of this user whose environment has one of ``entries`` (the attempt's
+    ``PREEMPTIBLE_ATTEMPT_TOKEN=...``, inherited by everything the job starts unless it clears
+    its environment), or with ``prefix`` an entry that starts with one: pid -> start time."""
+    wanted = set(entries)
+    if not wanted:
+        return {}
     uid = os.geteuid()
     found = {}
     for proc in procs:
@@ -127,7 +130,11 @@ def marked(
         if uid != 0 and owner(proc.pid) != uid:
             continue
         values = environment(proc.pid)
-        if any(v.startswith(entry) for v in values) if prefix else entry in values:
+        if prefix:
+            hit = any(v.startswith(w) for v in values for w in wanted)
+        else:
+            hit = not wanted.isdisjoint(values)
+        if hit:
             found[proc.pid] = proc.start
     return found
 
@@ -220,15 +227,17 @@ class Tracker:
 def kill_tree(
     tracker: Tracker | None,
     *,
-    marker: bytes | None,
+    markers: Iterable[bytes],
     protect: Iterable[int],
     spare: Iterable[int] = (),
-    prefix: bool = False,
+    known: dict[int, int] | None = None,
     deadline: float = KILL_DEADLINE,
 ) -> list[int]:
     """SIGKILL every process of the attempt without a cgroup (see the module docstring);
-    returns their pids. ``protect``: process groups never signalled as a whole (the
-    supervisor's, the guardian's); ``spare``: processes never signalled."""
+    returns their pids. ``markers``: environment entries of the attempt; ``known``: processes
+    of it found otherwise (pid -> start time); ``protect``: process groups never signalled as
+    a whole (the supervisor's, the guardian's); ``spare``: processes never signalled."""
+    markers = list(markers)
     groups_spared = {0, 1, os.getpgrp(), *protect}
     spare = {os.getpid(), 1, *spare} | (tracker.spare if tracker is not None else set())
     ever = tracker.ever if tracker is not None else set()
@@ -238,8 +247,10 @@ def kill_tree(
             tracker.poll()
         procs = processes()
         found = tracker.alive(procs) if tracker is not None else {}
-        if marker is not None:
-            found.update(marked(procs.values(), marker, spare=spare, prefix=prefix))
+        found.update(marked(procs.values(), markers, spare=spare))
+        for pid, start in (known or {}).items():
+            if (p := procs.get(pid)) is not None and p.start == start and pid not in spare:
+                found[pid] = start
         found.update(stopped)
         # Their children, and the rest of the process groups and sessions that one of them
         # made (led by one found, or by a member that has exited: a pid is not reused while
@@ -372,7 +383,7 @@ def main(argv: list[str]) -> int:
         cgroup_kill(cgroup)
     kill_tree(
         tracker,
-        marker=marker.encode("utf-8", "surrogateescape") if marker else None,
+        markers=[marker.encode("utf-8", "surrogateescape")] if marker else [],
         protect=[int(p) for p in config.get("protect", [])],
     )
     return 0

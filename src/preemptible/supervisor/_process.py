@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import itertools
 import json
 import logging
 import os
@@ -66,10 +67,25 @@ def children() -> dict[int, tuple[int, bool]]:
     return {p.pid: (p.pgid, p.zombie) for p in _guard.processes().values() if p.ppid == me}
 
 
-def marker(env: Mapping[str, str]) -> str | None:
-    """The environment entry every process of the attempt inherits from the job."""
-    run_dir = env.get("PREEMPTIBLE_RUN_DIR")
-    return f"PREEMPTIBLE_RUN_DIR={run_dir}" if run_dir else None
+TOKEN = "PREEMPTIBLE_ATTEMPT_TOKEN"
+_tokens = itertools.count(1)
+
+
+def new_token() -> str:
+    """``PID.START.N``: this supervisor (its pid and start time) and its Nth attempt. Every
+    process of the attempt inherits it, and no other attempt, of this run or another, has
+    the same one, even where two supervisors were given the same attempt directory (a run
+    directory deleted under a supervisor)."""
+    me = _guard.read_proc(os.getpid())
+    return f"{os.getpid()}.{me.start if me else 0}.{next(_tokens)}"
+
+
+def token_owner(token: str) -> tuple[int, int] | None:
+    """The supervisor (pid, start time) a token names, None if it is no token of ours."""
+    parts = token.split(".")
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 class ProcessGroup:
@@ -89,12 +105,16 @@ class ProcessGroup:
         self.argv = list(argv)
         self.known = set(children())  # not ours to stop when the attempt ends
         self.cgroup = self._make_cgroup(containment, cgroup_name)
-        self.marker = marker(env)
+        self.token = new_token()
+        self.marker = f"{TOKEN}={self.token}"
         self._lock_fd = lock_fd
         try:
             with self.cgroup.entered() if self.cgroup else contextlib.nullcontext():
                 self.proc = subprocess.Popen(
-                    self.argv, env=dict(env), cwd=cwd, start_new_session=True
+                    self.argv,
+                    env={**env, TOKEN: self.token},
+                    cwd=cwd,
+                    start_new_session=True,
                 )
         except BaseException:
             if self.cgroup is not None:
@@ -181,11 +201,11 @@ class ProcessGroup:
             self.cgroup.kill()
         else:
             _guard.kill_tree(
-                self.tracker, marker=self._marker_bytes(), protect=[os.getpgrp(), os.getsid(0)]
+                self.tracker, markers=[self._marker_bytes()], protect=[os.getpgrp(), os.getsid(0)]
             )
 
-    def _marker_bytes(self) -> bytes | None:
-        return self.marker.encode("utf-8", "surrogateescape") if self.marker else None
+    def _marker_bytes(self) -> bytes:
+        return self.marker.encode("utf-8", "surrogateescape")
 
     def reap(self) -> bool:
         """Collect every member that has exited; True once no member of the group is left."""
@@ -210,48 +230,66 @@ class ProcessGroup:
         return False
 
     # -- processes outside the group -------------------------------------------------------
-    def _reap_orphans(self) -> None:
+    def _reap_orphans(self, *, full: bool) -> None:
         """Collect adopted orphans of this attempt that have exited (not in the group, so
-        ``reap`` does not see them)."""
-        for pid, (pgid, zombie) in children().items():
+        ``reap`` does not see them): those the tracker knows, or (``full``) every child."""
+        me = os.getpid()
+        if full:
+            candidates = {pid: (pgid, zombie) for pid, (pgid, zombie) in children().items()}
+        else:
+            self.tracker.poll()
+            candidates = {
+                pid: (p.pgid, p.zombie)
+                for pid in list(self.tracker.members)
+                if (p := _guard.read_proc(pid)) is not None and p.ppid == me
+            }
+        for pid, (pgid, zombie) in candidates.items():
             if pgid == self.pgid or pid == self.pid:
                 continue  # reap() collects these, and the leader's status is the attempt's
             if zombie and pid not in self.known and pid not in self.guardians:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
 
-    def members(self) -> dict[int, int]:
-        """Every running process of the attempt: pid -> start time."""
-        procs = _guard.processes()
+    def members(self, *, full: bool = True) -> dict[int, int]:
+        """Every running process of the attempt: pid -> start time. ``full``: also those
+        found by the attempt's environment entry, which costs a read of every process's
+        environment; else only the cgroup's, or the tracker's (a few reads)."""
         if self.cgroup is not None:
-            found = {
-                pid: p.start
-                for pid in self.cgroup.procs()
-                if (p := procs.get(pid)) is not None and not p.zombie
-            }
+            pids = self.cgroup.procs()
         else:
             self.tracker.poll()
-            found = self.tracker.alive(procs)
-        if self.marker is not None:
+            pids = list(self.tracker.members)
+        found = {}
+        for pid in pids:
+            p = _guard.read_proc(pid)
+            if p is not None and not p.zombie and self.tracker.members.get(pid, p.start) == p.start:
+                found[pid] = p.start
+        if full:
             spare = {os.getpid(), *self.guardians}
-            found.update(_guard.marked(procs.values(), self._marker_bytes() or b"", spare=spare))
+            table = _guard.processes().values()
+            found.update(_guard.marked(table, [self._marker_bytes()], spare=spare))
         for pid in (os.getpid(), *self.guardians):
             found.pop(pid, None)
         return found
 
-    def _leftovers(self) -> dict[int, int]:
+    def _leftovers(self, *, full: bool = True) -> dict[int, int]:
         """Running processes of the attempt outside its group: pid -> start time."""
-        self._reap_orphans()
-        return {
-            pid: start
-            for pid, start in self.members().items()
-            if (p := _guard.read_proc(pid)) is not None and p.pgid != self.pgid
-        }
+        self._reap_orphans(full=full)
+        found = {}
+        for pid, start in self.members(full=full).items():
+            p = _guard.read_proc(pid)
+            if p is not None and p.pgid != self.pgid:
+                found[pid] = start
+        return found
 
     def watch(self) -> set[int]:
         """Process groups the job started outside its own, seen for the first time (the log
-        says so: they are stopped when the attempt ends)."""
-        groups = {p.pgid for pid in self._leftovers() if (p := _guard.read_proc(pid)) is not None}
+        says so: they are stopped when the attempt ends). Cheap: it runs every 2 s."""
+        groups = {
+            p.pgid
+            for pid in self._leftovers(full=False)
+            if (p := _guard.read_proc(pid)) is not None
+        }
         new = groups - self.escaped - {os.getpgrp()}
         self.escaped |= new
         return new
@@ -280,7 +318,7 @@ class ProcessGroup:
                     seen[pid] = start
                     _guard.signal_process(pid, start, signal.SIGTERM)
             sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
-        self._reap_orphans()
+        self._reap_orphans(full=True)
         return sorted(seen)
 
     def close(self, *, done: bool = True) -> None:
@@ -305,17 +343,27 @@ class ProcessGroup:
 class EarlierAttempts:
     """Processes of earlier attempts of a run that outlived their supervisor *and* its
     guardian (both killed at once): found by the ``PREEMPTIBLE_RUN_DIR`` they inherited, and
-    the attempt cgroups they are in. Only a supervisor that holds the run's lock looks: it
-    is then sure that no supervisor or guardian of the run is alive on this machine."""
+    the attempt cgroups they are in. Only a supervisor that holds the run's lock looks, and a
+    process whose supervisor (named by its ``PREEMPTIBLE_ATTEMPT_TOKEN``) still runs is not
+    one of them: that supervisor was given the same directory (one deleted under it)."""
 
     def __init__(self, run_dir: Path, run_id: str) -> None:
         self.run_id = run_id
-        self.prefix = f"PREEMPTIBLE_RUN_DIR={run_dir.resolve()}{os.sep}attempt-".encode(
+        prefix = f"PREEMPTIBLE_RUN_DIR={run_dir.resolve()}{os.sep}attempt-".encode(
             "utf-8", "surrogateescape"
         )
         procs = _guard.processes()
         self.spare = spare = {os.getpid(), *_ancestors(procs)}
-        self.found = _guard.marked(procs.values(), self.prefix, spare=spare, prefix=True)
+        self.found: dict[int, int] = {}
+        self.tokens: set[bytes] = set()
+        for pid, start in _guard.marked(procs.values(), [prefix], spare=spare, prefix=True).items():
+            token = _token_of(pid)
+            owner = token_owner(token) if token else None
+            if owner is not None and _running(*owner):
+                continue  # supervised: not an orphan
+            self.found[pid] = start
+            if token:
+                self.tokens.add(f"{TOKEN}={token}".encode())
         self.cgroups = {cg for pid in self.found if (cg := attempt_cgroup_of(pid, run_id))}
         for cg in self.cgroups:
             for pid in _guard.cgroup_procs(cg):
@@ -342,11 +390,24 @@ class EarlierAttempts:
             _guard.cgroup_kill(cg)
         _guard.kill_tree(
             None,
-            marker=self.prefix,
+            markers=self.tokens,
+            known=self.alive(),
             protect=[os.getpgrp(), os.getsid(0)],
             spare=self.spare,
-            prefix=True,
         )
+
+
+def _token_of(pid: int) -> str | None:
+    entry = f"{TOKEN}=".encode()
+    for value in _guard.environment(pid):
+        if value.startswith(entry):
+            return value[len(entry) :].decode("ascii", "replace")
+    return None
+
+
+def _running(pid: int, start: int) -> bool:
+    p = _guard.read_proc(pid)
+    return p is not None and p.start == start and not p.zombie
 
 
 def _ancestors(procs: dict[int, _guard.Proc]) -> set[int]:
