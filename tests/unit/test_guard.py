@@ -121,6 +121,21 @@ def test_supervisor_gone_arms_on_a_held_lock_and_fires_after_two_looks(tmp_path:
     os.close(fd)
 
 
+def test_supervisor_gone_follows_the_lock_s_file_not_its_name(tmp_path: Path) -> None:
+    """The run directory deleted under a running supervisor is not its death."""
+    lock = tmp_path / "supervisor.lock"
+    lock.write_text("")
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    source = SupervisorGone(lock)
+    assert source.poll() is None
+    lock.unlink()
+    assert source.poll() is None and source.poll() is None and source.poll() is None
+    os.close(fd)
+    assert source.poll() is None
+    assert source.poll() is not None
+
+
 def test_no_source_without_a_supervisor_lock(tmp_path: Path) -> None:
     assert for_this_attempt(None) is None
     assert for_this_attempt(str(tmp_path / "attempt-1")) is None

@@ -14,6 +14,8 @@ checkpoint, which the next attempt resumes from.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from .._termination import Notice
@@ -25,16 +27,24 @@ class SupervisorGone:
     def __init__(self, lock: Path) -> None:
         self.lock = lock
         self.display = str(lock)
-        self._armed = False
+        self._held: tuple[int, int, int] | None = None  # the lock's file, once seen held
         self._missing = 0
 
     def poll(self) -> Notice | None:
-        from ..supervisor._runs import _held_locks, _is_held
+        from ..supervisor._runs import _held_locks
 
-        if _is_held(self.lock, _held_locks()):
-            self._armed, self._missing = True, 0
+        held = _held_locks()
+        if self._held is None:  # the file as it is now; from then on that file, whatever
+            try:  # becomes of its name (a run directory deleted under the run)
+                st = os.lstat(self.lock)
+            except OSError:
+                return None
+            identity = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+            if stat.S_ISREG(st.st_mode) and identity in held:
+                self._held = identity
             return None
-        if not self._armed:
+        if self._held in held:
+            self._missing = 0
             return None
         self._missing += 1
         if self._missing < 2:

@@ -160,6 +160,18 @@ def signal_process(pid: int, start: int, sig: int) -> bool:
             os.close(pidfd)
 
 
+def _newest_pid() -> int | None:
+    """The pid the kernel handed out last (in this pid namespace), or None."""
+    try:
+        fd = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return int(os.read(fd, 128).split()[4])  # "0.50 0.40 0.30 2/130 8267"
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Tracker:
     """The processes of one attempt, found by walking ``/proc``: the job and everything
     descended from it, and the orphans its supervisor adopted as a subreaper (children of the
@@ -178,9 +190,19 @@ class Tracker:
         self.job = read_proc(job)
         self.since = self.job.start if self.job is not None else 0
         self._seen: set[str] = set()
+        self._newest: int | None = None
+        self._quiet = False  # the last look saw no new pid either
 
     def poll(self) -> list[int]:
-        """Look for new members; returns their pids."""
+        """Look for new members; returns their pids. When no process was made on the machine
+        for two looks (the newest pid, /proc/loadavg's last field, stayed the same), that is
+        the whole look: one small read. Two, because a pid is handed out a moment before its
+        process shows in /proc: the look after a change lists /proc once more."""
+        newest = _newest_pid()
+        quiet = newest is not None and newest == self._newest
+        if quiet and self._quiet:
+            return []
+        self._newest, self._quiet = newest, quiet
         try:
             names = set(os.listdir("/proc"))
         except OSError:  # pragma: no cover - no /proc
