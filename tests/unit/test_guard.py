@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,3 +140,28 @@ def test_supervisor_gone_follows_the_lock_s_file_not_its_name(tmp_path: Path) ->
 def test_no_source_without_a_supervisor_lock(tmp_path: Path) -> None:
     assert for_this_attempt(None) is None
     assert for_this_attempt(str(tmp_path / "attempt-1")) is None
+
+
+def test_a_guardian_that_cannot_run_is_replaced_a_few_times_then_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from preemptible.supervisor import _process
+
+    broken = tmp_path / "guard.py"
+    broken.write_text("import sys; sys.exit(3)\n")
+    monkeypatch.setattr(_process, "GUARD_SCRIPT", str(broken))
+    group = _process.ProcessGroup(["sleep", "60"], env=dict(os.environ))
+    try:
+        seen = []
+        while len(seen) < 4:
+            replaced = group.keep_guardian()
+            if replaced is not None:
+                seen.append(replaced)
+            time.sleep(0.01)
+        assert [r[1] for r in seen] == [3, 3, 3, 3]
+        assert all(r[2] is not None for r in seen[:3]) and seen[3][2] is None
+        assert group.keep_guardian() is None  # given up: said once
+        assert len(group.guardians) == 1 + _process.MAX_GUARDIAN_CRASHES
+    finally:
+        group.kill_all()
+        group.proc.wait(10)

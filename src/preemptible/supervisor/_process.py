@@ -49,6 +49,7 @@ logger = logging.getLogger("preemptible")
 
 _PR_SET_CHILD_SUBREAPER = 36
 GUARD_SCRIPT = str(Path(_guard.__file__).resolve())
+MAX_GUARDIAN_CRASHES = 3  # guardians that exit by themselves, replaced before giving up
 
 
 def become_subreaper() -> bool:
@@ -125,6 +126,8 @@ class ProcessGroup:
         self.ending: Ending | None = None
         self.escaped: set[int] = set()  # process groups the job started outside its own
         self.guardians: list[int] = []  # pids of this attempt's guardians, the first included
+        self._crashes = 0  # guardians that exited by themselves
+        self._given_up = False
         self.tracker = _guard.Tracker(supervisor=os.getpid(), job=self.pid)
         try:
             self._guardian = self._start_guardian()
@@ -173,18 +176,23 @@ class ProcessGroup:
         self.tracker.spare.add(guardian.pid)
         return guardian
 
-    def keep_guardian(self) -> tuple[int, int] | None:
-        """A dead guardian replaced by a new one: (old pid, its return code), else None."""
+    def keep_guardian(self) -> tuple[int, int, int | None] | None:
+        """A dead guardian replaced: (old pid, its return code, the new one's pid), else
+        None. One killed by a signal is always replaced; one that exited by itself (it could
+        not run here) a few times, then the attempt goes on without (new pid None, once)."""
+        if self._given_up:
+            return None
         code = self._guardian.poll()
         if code is None:
             return None
         old = self._guardian.pid
+        if code >= 0:
+            self._crashes += 1
+            if self._crashes > MAX_GUARDIAN_CRASHES:
+                self._given_up = True
+                return old, code, None
         self._guardian = self._start_guardian()
-        return old, code
-
-    @property
-    def guardian_pid(self) -> int:
-        return self._guardian.pid
+        return old, code, self._guardian.pid
 
     def signal(self, sig: int) -> bool:
         """Send ``sig`` to every process of the group; False when nobody is left."""

@@ -66,7 +66,7 @@ from . import _slurm
 from ._cgroup import Containment, cgroup_name, choose, remove_stale
 from ._classify import Ending, RunState, classify, exit_code_for
 from ._guard import read_proc
-from ._process import EarlierAttempts, ProcessGroup, become_subreaper
+from ._process import MAX_GUARDIAN_CRASHES, EarlierAttempts, ProcessGroup, become_subreaper
 from ._record import RunRecord, _time, load_record
 
 logger = logging.getLogger("preemptible")
@@ -644,14 +644,23 @@ class Supervisor:
             now = time.monotonic()
             self._log_signals(first)
             replaced = group.keep_guardian()
-            if replaced is not None:
+            if replaced is not None and replaced[2] is not None:
                 logger.warning(
                     "preemptible: the guardian of attempt %d (pid %d) died (%s); started "
                     "another (pid %d)",
                     number,
                     replaced[0],
                     _ending_of(replaced[1]),
-                    group.guardian_pid,
+                    replaced[2],
+                )
+            elif replaced is not None:
+                logger.error(
+                    "preemptible: the guardian of attempt %d cannot run here (it ended with %s "
+                    "%d times); the attempt goes on without it: a kill -9 of this supervisor "
+                    "would leave its processes running",
+                    number,
+                    _ending_of(replaced[1]),
+                    MAX_GUARDIAN_CRASHES + 1,
                 )
             self._escalate(plan, group, self.signals[first:], now)
             if now >= next_watch:
