@@ -8,7 +8,7 @@ Who watches whom (see also ``_process.py``):
 - the supervisor watches the guardian: the guardian is its child, and a dead one (a SIGKILL, the
   OOM killer) is replaced at once (``ProcessGroup.keep_guardian``);
 - when both die at once, a new supervisor of the same run stops what is left before its first
-  attempt starts (``stop_previous`` in ``_process.py``).
+  attempt starts (``EarlierAttempts`` in ``_process.py``).
 
 Which processes are the attempt's: in a cgroup v2 (``cgroup`` in the config) every one, the
 kernel keeps the list, and ``cgroup.kill`` ends them all. Without one the guardian tracks them

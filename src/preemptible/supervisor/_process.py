@@ -18,8 +18,9 @@ dies without saying ``done`` (SIGKILL included), it kills them all. A dead guard
 at once (``keep_guardian``). It also holds the run's lock: a new supervisor of the run waits
 until the guardian has finished, so the next attempt never meets the last one's processes.
 When the supervisor and its guardian die together, the next supervisor of the run stops what
-is left (``EarlierAttempts``) before its first attempt starts: every process of an attempt
-carries the attempt's ``PREEMPTIBLE_RUN_DIR`` in its environment.
+is left (``EarlierAttempts``) before its first attempt starts. Every process of an attempt
+carries the attempt's ``PREEMPTIBLE_RUN_DIR`` and ``PREEMPTIBLE_ATTEMPT_TOKEN`` in its
+environment, which finds those that left the tree before anyone saw them.
 
 Children the supervisor had before the attempt started (an earlier attempt's guardian,
 anything the host program started) are never touched.
@@ -153,10 +154,6 @@ class ProcessGroup:
             )
             return None
 
-    @property
-    def containment(self) -> str:
-        return f"cgroup {self.cgroup.path}" if self.cgroup else "the /proc guardian"
-
     def _start_guardian(self) -> subprocess.Popen[bytes]:
         config = {
             "supervisor": os.getpid(),
@@ -243,7 +240,7 @@ class ProcessGroup:
         ``reap`` does not see them): those the tracker knows, or (``full``) every child."""
         me = os.getpid()
         if full:
-            candidates = {pid: (pgid, zombie) for pid, (pgid, zombie) in children().items()}
+            candidates = children()
         else:
             self.tracker.poll()
             candidates = {
