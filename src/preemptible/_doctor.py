@@ -469,6 +469,34 @@ def _outcome(platform: str) -> Check:
     )
 
 
+def _containment() -> Check:
+    """How `preemptible run` would keep every process of an attempt from outliving it."""
+    from .supervisor._cgroup import ENV, choose
+
+    try:
+        found = choose()
+    except ConfigError as exc:
+        return Check("containment", WARN, str(exc), f"set {ENV}=auto (or unset it)")
+    if found.kind == "cgroup":
+        return Check(
+            "containment",
+            OK,
+            f"cgroup v2: each attempt of preemptible run gets a cgroup of its own under "
+            f"{found.parent}; whatever it starts, in any session or process group (torchrun's "
+            "workers), is killed with cgroup.kill when the attempt ends or its supervisor dies",
+        )
+    return Check(
+        "containment",
+        OK,
+        f"/proc guardian ({found.why}). A guardian tracks every process of an "
+        "attempt through /proc (every 50 ms, pid and start time) and kills them all if the "
+        "supervisor dies; only a process that clears its environment and leaves its parent "
+        "within 50 ms of its start could escape",
+        "for a cgroup per attempt run as root, or in a delegated cgroup: "
+        "systemd-run --user --scope -p Delegate=yes preemptible run ...",
+    )
+
+
 def _run(name: str, check: Callable[[], Check | list[Check] | None]) -> list[Check]:
     """One check; whatever goes wrong inside it becomes its WARN line."""
     try:
@@ -508,6 +536,7 @@ def diagnose() -> list[Check]:
         *([bad_job] if bad_job else _run("slurm", lambda: _slurm_job(slurm))),
         *_run("nccl", _nccl),
         *_run("term-timeout", lambda: _term_timeout(platform, slurm)),
+        *_run("containment", _containment),
         *_run("on preemption", lambda: _outcome(platform)),
         *_run("save interval", lambda: _save_interval(platform)),
     ]

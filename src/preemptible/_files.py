@@ -114,3 +114,27 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def held_flocks() -> set[tuple[int, int, int]]:
+    """(major, minor, inode) of every file with an flock on this machine, read from
+    /proc/locks: a lock is looked up this way, never taken (taking it would turn away its
+    holder starting up)."""
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            lines = fh.read(1 << 22).splitlines()
+    except OSError:
+        return set()
+    held = set()
+    for line in lines:
+        fields = line.split()
+        if "FLOCK" not in fields or "->" in fields:  # "->": a waiter, not a holder
+            continue
+        for field in fields:
+            parts = field.split(":")
+            if len(parts) == 3:
+                try:
+                    held.add((int(parts[0], 16), int(parts[1], 16), int(parts[2])))
+                except ValueError:
+                    continue
+    return held

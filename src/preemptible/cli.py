@@ -19,7 +19,12 @@ import click
 from . import __version__
 from ._errors import PreemptibleError
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "PREEMPTIBLE"}
+# No auto_envvar_prefix: an option reads an environment variable only where it names one
+# (envvar=..., shown in --help). Automatic PREEMPTIBLE_<OPTION> names turned variables set for
+# other purposes into options: PREEMPTIBLE_NOW=1 made `sweep cancel` SIGKILL, and the
+# PREEMPTIBLE_RUN_ID every attempt gets made a nested `preemptible run` join its parent's run.
+# Nothing destructive (--now) and nothing a supervisor sets for its attempts reads one.
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 @click.group(context_settings=CONTEXT)
@@ -59,15 +64,18 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 @click.option(
     "--checkpoint-dir",
     type=click.Path(file_okay=False, path_type=Path),
+    envvar="PREEMPTIBLE_CHECKPOINT_DIR",
     show_envvar=True,
     help="Checkpoints of the job (default: .preemptible/runs/RUN_ID/checkpoints); "
-    "each attempt gets the newest as PREEMPTIBLE_RESUME_FROM.",
+    "each attempt gets the newest as PREEMPTIBLE_RESUME_FROM. The variable is the one "
+    "attempts get, so a nested `preemptible run` keeps its parent's checkpoints.",
 )
 @click.option(
     "--max-failures",
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
+    envvar="PREEMPTIBLE_MAX_FAILURES",
     show_envvar=True,
     help="Restart a FAILED or CRASHED attempt this many times.",
 )
@@ -75,6 +83,7 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     "--max-preemptions",
     type=click.IntRange(min=0),
     default=None,
+    envvar="PREEMPTIBLE_MAX_PREEMPTIONS",
     show_envvar=True,
     help="Restart a PREEMPTED attempt this many times [default: unlimited].",
 )
@@ -82,6 +91,7 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     "--term-timeout",
     type=click.FloatRange(min=0),
     default=None,
+    envvar="PREEMPTIBLE_TERM_TIMEOUT",
     show_envvar=True,
     help="Seconds from the first stop signal to SIGKILL of the job [default: "
     "PREEMPTIBLE_GRACE_PERIOD - 2; under SLURM at most 2 s before SLURM's own SIGKILL "
@@ -90,28 +100,27 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 @click.option(
     "--no-forward-signals",
     is_flag=True,
-    show_envvar=True,
     help="Do not pass INT/TERM/HUP/USR1/USR2 on to the job's process group.",
 )
 @click.option(
     "--pid-file",
     type=click.Path(dir_okay=False, path_type=Path),
-    show_envvar=True,
     help="Write the job's pid here while it runs.",
 )
 @click.option(
     "--run-id",
     default=None,
-    show_envvar=True,
     help="Name of the run, its directory under --home [default: slurm-JOBID under SLURM, "
     "else derived from --checkpoint-dir, else from the working directory and the command, "
-    "so that running the same command again continues the run].",
+    "so that running the same command again continues the run; inside another run's "
+    "attempt, also from that run's id].",
 )
 @click.option(
     "--restart-delay",
     type=click.FloatRange(min=0, max=86400),
     default=1.0,
     show_default=True,
+    envvar="PREEMPTIBLE_RESTART_DELAY",
     show_envvar=True,
     help="Seconds before a restart; doubles per failure.",
 )
@@ -192,28 +201,24 @@ def doctor(as_json: bool) -> None:
 @click.option(
     "--single",
     is_flag=True,
-    show_envvar=True,
     help="The single-run demo: train, SIGTERM at a random step, resume, compare.",
 )
 @click.option(
     "--steps",
     type=click.IntRange(min=10),
     default=None,
-    show_envvar=True,
     help="Training steps of each run, with --single [default: 200].",
 )
 @click.option(
     "--seed",
     type=int,
     default=None,
-    show_envvar=True,
     help="Seed that picks the steps to interrupt at (default: random).",
 )
 @click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    show_envvar=True,
     help="Where the queue, runs and checkpoints go (default: a temporary directory).",
 )
 def demo(single: bool, steps: int | None, seed: int | None, workdir: Path | None) -> None:
@@ -397,7 +402,11 @@ def sweep_resume(sweep_id: str, db: str | None) -> None:
 
 @sweep.command("cancel", context_settings=CONTEXT)
 @click.argument("sweep_id")
-@click.option("--now", is_flag=True, help="SIGKILL running runs at once (no save).")
+@click.option(
+    "--now",
+    is_flag=True,
+    help="SIGKILL running runs at once (no save). Never read from the environment.",
+)
 @_db_option
 def sweep_cancel(sweep_id: str, now: bool, db: str | None) -> None:
     """Running runs get SIGTERM (they save), then SIGKILL after the term timeout; pending
@@ -412,7 +421,6 @@ def sweep_cancel(sweep_id: str, now: bool, db: str | None) -> None:
     "--count",
     type=click.IntRange(min=1),
     default=None,
-    show_envvar=True,
     help="Run at most N runs.",
 )
 @click.option(
@@ -420,6 +428,7 @@ def sweep_cancel(sweep_id: str, now: bool, db: str | None) -> None:
     type=click.FloatRange(min=0, min_open=True),
     default=10.0,
     show_default=True,
+    envvar="PREEMPTIBLE_HEARTBEAT",
     show_envvar=True,
     help="Seconds between lease renewals (and looks at the sweep's control).",
 )
@@ -428,6 +437,7 @@ def sweep_cancel(sweep_id: str, now: bool, db: str | None) -> None:
     type=click.FloatRange(min=0, min_open=True),
     default=60.0,
     show_default=True,
+    envvar="PREEMPTIBLE_LEASE",
     show_envvar=True,
     help="Seconds a run stays this agent's without a renewal; then it is requeued.",
 )

@@ -55,8 +55,6 @@ def test_the_run_id_follows_the_checkpoint_directory(tmp_path: Path, spawn) -> N
         ({"SLURM_JOB_ID": "/../../x"}, "SLURM_JOB_ID"),
         ({"SLURM_JOB_ID": "4242\n"}, "4242"),
         ({"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "../../x", "SLURM_JOB_ID": "8"}, "x"),
-        ({"PREEMPTIBLE_RUN_ID": "../../x"}, "run id '../../x'"),
-        ({"PREEMPTIBLE_RUN_ID": "ok\n"}, "run id 'ok\\n'"),
     ],
 )
 def test_every_id_that_becomes_a_path_is_checked(

@@ -37,6 +37,7 @@ CLEAN = {
         "GCE_METADATA_HOST",
         "AWS_EC2_METADATA_SERVICE_ENDPOINT",
         "PREEMPTIBLE_AZURE_METADATA_ENDPOINT",
+        "PREEMPTIBLE_CONTAINMENT",
     )
 }
 
@@ -223,3 +224,31 @@ def test_human_output_has_no_traceback(fake: FakeScontrol) -> None:
     )
     assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr
     assert "WARN slurm " in out.stdout and "WARN term-timeout" in out.stdout
+
+
+def test_containment_says_which_and_why() -> None:
+    from preemptible.supervisor._cgroup import probe
+
+    here = probe()
+    checks, _ = doctor({})
+    c = checks["containment"]
+    assert c["status"] == "ok", c
+    if here.kind == "cgroup":
+        want = "cgroup v2: each attempt of preemptible run gets a cgroup of its own under "
+        assert c["detail"].startswith(f"{want}{here.parent};")
+    else:
+        assert c["detail"].startswith(f"/proc guardian ({here.why}). A guardian tracks")
+        assert "systemd-run --user --scope -p Delegate=yes" in c["fix"]
+    checks, _ = doctor({"PREEMPTIBLE_CONTAINMENT": "proc"})
+    assert checks["containment"]["detail"].startswith(
+        "/proc guardian (PREEMPTIBLE_CONTAINMENT=proc). A guardian tracks"
+    )
+    checks, _ = doctor({"PREEMPTIBLE_CONTAINMENT": "cgroup"})
+    assert checks["containment"]["status"] == ("ok" if here.kind == "cgroup" else WARN)
+    checks, _ = doctor({"PREEMPTIBLE_CONTAINMENT": "docker"})
+    assert checks["containment"] == {
+        "name": "containment",
+        "status": WARN,
+        "detail": "PREEMPTIBLE_CONTAINMENT='docker' is not valid; use one of auto, cgroup, proc",
+        "fix": "set PREEMPTIBLE_CONTAINMENT=auto (or unset it)",
+    }

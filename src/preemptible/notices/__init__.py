@@ -97,6 +97,11 @@ def sources_for(platform: str) -> list[Source]:
     stop_file = env_str("PREEMPTIBLE_STOP_FILE")
     if stop_file:
         sources.append(StopFile(stop_file))
+    from ._supervised import for_this_attempt
+
+    orphaned = for_this_attempt(env_str("PREEMPTIBLE_RUN_DIR"))
+    if orphaned is not None:
+        sources.append(orphaned)  # under a supervisor: stop if it and its guardian are gone
     return sources
 
 

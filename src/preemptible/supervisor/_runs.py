@@ -18,6 +18,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from .._files import held_flocks
 from .._run import read_json_object
 from ..checkpoint._history import tail_lines as _tail
 from ..checkpoint._store import MAX_STEP
@@ -38,7 +39,7 @@ def list_runs(home: Path) -> list[dict[str, Any]]:
         entries = sorted(os.scandir(runs), key=lambda e: e.name)[:_MAX_RUNS]
     except OSError:
         return []
-    held = _held_locks()
+    held = held_flocks()
     rows = [_row(Path(e.path), held) for e in entries if e.is_dir(follow_symlinks=False)]
     return sorted(rows, key=lambda r: r["updated_at"] or 0.0, reverse=True)
 
@@ -104,28 +105,6 @@ def _newest_checkpoint(run_dir: Path) -> str | None:
         if steps:
             return str(place / f"step-{max(steps):010d}.ckpt")
     return None
-
-
-def _held_locks() -> set[tuple[int, int, int]]:
-    """(major, minor, inode) of every file with an flock on this machine."""
-    try:
-        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
-            lines = fh.read(1 << 22).splitlines()
-    except OSError:
-        return set()
-    held = set()
-    for line in lines:
-        fields = line.split()
-        if "FLOCK" not in fields or "->" in fields:  # "->": a waiter, not a holder
-            continue
-        for field in fields:
-            parts = field.split(":")
-            if len(parts) == 3:
-                try:
-                    held.add((int(parts[0], 16), int(parts[1], 16), int(parts[2])))
-                except ValueError:
-                    continue
-    return held
 
 
 def _is_held(lock: Path, held: set[tuple[int, int, int]]) -> bool:

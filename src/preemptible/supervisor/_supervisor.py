@@ -21,10 +21,16 @@ How long an attempt lasts, i.e. which processes it waits for:
   rest of its group gets ``linger`` seconds (5 s), then SIGTERM, then SIGKILL ``linger``
   seconds later: a background process the job left in its group (``tensorboard &`` in a
   wrapper script) must not keep a finished attempt open forever.
-- processes the job started outside its group (a daemon that double-forked and called
-  ``setsid()``) are re-parented to the supervisor (a child subreaper); when the attempt ends,
-  their process groups get SIGTERM, then SIGKILL ``linger`` seconds later. The guardian is
-  told about them as they appear, so a ``kill -9`` of the supervisor does not leave them.
+- processes the job started outside its group (a daemon that called ``setsid()``, torchrun's
+  workers in sessions of their own) are found in the attempt's cgroup, or through /proc
+  (``_process.py``); when the attempt ends they get SIGTERM, then SIGKILL ``linger`` seconds
+  later. The guardian tracks them on its own, so a ``kill -9`` of the supervisor does not
+  leave them; a dead guardian is replaced at once.
+
+Before its first attempt a supervisor stops what earlier attempts of the run left running
+when their supervisor and guardian were killed together (SIGTERM, so that a trainer saves,
+then SIGKILL a term timeout later): the next attempt resumes from that save instead of
+meeting a checkpoint lock that an orphan holds.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from typing import Any, NamedTuple
 from .._env import env_str
 from .._errors import ConfigError, PreemptibleError
 from .._files import open_in_place, write_text_atomic
-from .._run import read_record
+from .._run import RECORD_NAME, read_record
 from ..checkpoint._history import tail_lines as _tail
 from ..checkpoint._store import CheckpointStore
 from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
@@ -58,8 +64,10 @@ from ..notices import grace_period_from_env
 from ..stop._latch import DUPLICATE_WINDOW, KEEP_IGNORED
 from ..stop._termination import EXIT_SECONDS_ENV
 from . import _slurm
+from ._cgroup import Containment, cgroup_name, choose, remove_stale
 from ._classify import Ending, RunState, classify, exit_code_for
-from ._process import ProcessGroup, become_subreaper
+from ._guard import read_proc
+from ._process import MAX_GUARDIAN_CRASHES, EarlierAttempts, ProcessGroup, become_subreaper
 from ._record import RunRecord, _time, load_record
 
 logger = logging.getLogger("preemptible")
@@ -69,10 +77,23 @@ DEFAULT_TERM_TIMEOUT = 60.0
 MAX_RESTART_DELAY = 86400.0  # a day: longer is a typo, and select() refuses huge timeouts
 WATCH_INTERVAL = 2.0  # seconds between looks for processes that left the job's group
 LOCK_NAME = "supervisor.lock"
+LOCK_WAIT = 15.0  # seconds a guardian may take to stop the attempt of a supervisor killed
 JOURNAL_NAME = "attempts.jsonl"
 JOURNAL_TAIL_BYTES = 1 << 16  # the journal's last attempts; a line is ~300 bytes
 EXIT_HISTORY = 3  # measured exits passed on: the next attempt budgets the longest of these
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# what a nested run passes up from its last attempt's record to its parent's attempt
+PASSED_UP = (
+    "state",
+    "preempting",
+    "preempting_at",
+    "stopped_at",
+    "committed_at",
+    "signum",
+    "step",
+    "checkpoint",
+    "checkpoint_dir",
+)
 
 
 def check_run_id(run_id: str, source: str = "--run-id") -> str:
@@ -85,14 +106,26 @@ def check_run_id(run_id: str, source: str = "--run-id") -> str:
     return run_id
 
 
+def parent_run() -> str | None:
+    """The run whose attempt this process is part of (a supervisor gave it
+    ``PREEMPTIBLE_RUN_ID`` and ``PREEMPTIBLE_RUN_DIR``), or None."""
+    if env_str("PREEMPTIBLE_RUN_DIR") is None:
+        return None
+    return env_str("PREEMPTIBLE_RUN_ID")
+
+
 def default_run_id(command: list[str], checkpoint_dir: Path | None) -> tuple[str, str]:
     """The run id when none was given, and why it is that one. Stable: the same job started
     again (by hand, by a scheduler, after a crash of the supervisor) continues the same run
-    directory, attempt numbers and default checkpoints instead of starting a new history."""
-    given = env_str("PREEMPTIBLE_RUN_ID")
-    if given is not None:
-        return check_run_id(given, "PREEMPTIBLE_RUN_ID"), "from PREEMPTIBLE_RUN_ID"
-    job = _slurm.job_id()
+    directory, attempt numbers and default checkpoints instead of starting a new history.
+
+    Inside an attempt of another run (a job script that itself uses ``preemptible run``,
+    under an agent or another supervisor) the run is a run of its own: its id is derived as
+    below, together with the parent run's id, and never the SLURM job's, which the parent
+    has; the same parent run gets the same nested run again, so resumes work at both levels.
+    """
+    parent = parent_run()
+    job = _slurm.job_id() if parent is None else None
     if job is not None:
         run_id = check_run_id(f"slurm-{job}", "the SLURM job id")
         return run_id, "the SLURM job; a requeued job continues this run"
@@ -107,6 +140,9 @@ def default_run_id(command: list[str], checkpoint_dir: Path | None) -> tuple[str
             why = f"from the working directory {cwd} and the command"
     except OSError as exc:  # the working directory was removed under us
         raise ConfigError(f"cannot derive a run id ({exc.strerror or exc}); pass --run-id") from exc
+    if parent is not None:
+        key = f"{parent}\0{key}"
+        why = f"inside an attempt of run {parent!r}; {why}"
     digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:8]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).lstrip("-._")[:40] or "run"
     return f"{slug}-{digest}", why
@@ -260,6 +296,7 @@ class _Escalation:
     timeout: float = 0.0
     leader_gone: float | None = None  # when the job's main process was seen to exit
     linger: list[tuple[float, int]] = field(default_factory=list)  # (when, signal)
+    killed: bool = False  # every process of the attempt was SIGKILLed
 
     def next_at(self) -> float:
         return min([self.kill_at or math.inf, *(t for t, _ in self.linger)])
@@ -292,6 +329,8 @@ class Supervisor:
         self._pid_text: str | None = None
         self._warned: set[str] = set()
         self._exit_code: int | None = None
+        self.containment: Containment | None = None
+        self.parent = parent_run()  # a nested run: the run whose attempt started this one
 
     # -- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -371,6 +410,8 @@ class Supervisor:
         """Attempts until the run ends (the restart policy); the exit code of the last."""
         with self._session():
             self._exit_code = self._loop()
+            if self.parent is not None and self.attempts:
+                self._tell_parent()
             return self._exit_code
 
     def run_attempt(self, number: int) -> Attempt:
@@ -404,6 +445,7 @@ class Supervisor:
         become_subreaper()
         self._install()
         try:
+            self._stop_earlier_attempts()
             yield
         finally:
             self._uninstall()
@@ -423,6 +465,10 @@ class Supervisor:
                 f"cannot create the run directory {self.run_dir}: {exc.strerror or exc}; "
                 "give --home (PREEMPTIBLE_HOME) a writable directory"
             ) from exc
+        self.containment = choose()
+        if self.containment.parent is not None:
+            remove_stale(self.containment.parent)
+        logger.debug("preemptible: attempts are contained by %s", self.containment.describe())
         self._lock_fd = _lock_run(self.run_dir, self.run_id)  # last: nothing fails after it
         if self._run_id_why:
             logger.info(
@@ -430,6 +476,37 @@ class Supervisor:
                 "pass --run-id to start another",
                 self.run_id,
                 self._run_id_why,
+            )
+
+    def _stop_earlier_attempts(self) -> None:
+        """Stop what earlier attempts of this run left running (their supervisor and guardian
+        were killed together); see the module docstring."""
+        earlier = EarlierAttempts(self.run_dir, self.run_id)
+        left = earlier.alive()
+        if not left:
+            return
+        timeout, source = self.term_timeout()
+        logger.warning(
+            "preemptible: %d process(es) of an earlier attempt of run %s are still running "
+            "without their supervisor (pids %s); stopping them before the next attempt: "
+            "SIGTERM, SIGKILL in %.0f s (%s)",
+            len(left),
+            self.run_id,
+            ", ".join(map(str, sorted(left))),
+            timeout,
+            source,
+        )
+        earlier.terminate()
+        deadline = time.monotonic() + timeout
+        while earlier.alive() and not self.signals and time.monotonic() < deadline:
+            self._sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
+        if earlier.alive():
+            earlier.kill()
+        earlier.remove_cgroups()
+        if earlier.alive():
+            logger.error(
+                "preemptible: processes %s of an earlier attempt survive SIGKILL",
+                ", ".join(map(str, sorted(earlier.alive()))),
             )
 
     def _loop(self) -> int:
@@ -452,6 +529,8 @@ class Supervisor:
         """None when the run ends with this attempt; else seconds before the next one."""
         if attempt.state in (RunState.FINISHED, RunState.KILLED):
             return None
+        if attempt.state is RunState.PREEMPTED and self.parent is not None:
+            return None  # a nested run: its parent restarts or requeues, as it decides
         if attempt.state is RunState.PREEMPTED and _slurm.in_batch_job():
             _slurm.requeue()  # the requeued job continues this run (same id, same checkpoints)
             return None
@@ -498,7 +577,13 @@ class Supervisor:
         except OSError as exc:
             raise PreemptibleError(f"cannot create {attempt_dir}: {exc.strerror or exc}") from exc
         try:
-            group = ProcessGroup(self.config.command, env=env)
+            group = ProcessGroup(
+                self.config.command,
+                env=env,
+                containment=self.containment,
+                cgroup_name=cgroup_name(self.run_id, number),
+                lock_fd=self._lock_fd,
+            )
         except OSError as exc:
             with contextlib.suppress(OSError):
                 attempt_dir.rmdir()  # no attempt took place: leave no trace of one
@@ -528,8 +613,12 @@ class Supervisor:
             PREEMPTIBLE_RUN_DIR=str(attempt_dir.resolve()),
             PREEMPTIBLE_CHECKPOINT_DIR=str(self.checkpoint_dir.resolve()),
         )
-        # Not given: the handler may keep its own directory without a warning.
-        if self.config.checkpoint_dir is None:
+        # Not given: the handler may keep its own directory without a warning. A nested run
+        # that took its parent's default directory from the environment passes that on.
+        inherited = os.environ.get("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT") == "1" and (
+            str(self.checkpoint_dir) == os.environ.get("PREEMPTIBLE_CHECKPOINT_DIR")
+        )
+        if self.config.checkpoint_dir is None or (self.parent is not None and inherited):
             env["PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT"] = "1"
         else:
             env.pop("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT", None)
@@ -568,6 +657,25 @@ class Supervisor:
         while not group.reap():
             now = time.monotonic()
             self._log_signals(first)
+            replaced = group.keep_guardian()
+            if replaced is not None and replaced[2] is not None:
+                logger.warning(
+                    "preemptible: the guardian of attempt %d (pid %d) died (%s); started "
+                    "another (pid %d)",
+                    number,
+                    replaced[0],
+                    _ending_of(replaced[1]),
+                    replaced[2],
+                )
+            elif replaced is not None:
+                logger.error(
+                    "preemptible: the guardian of attempt %d cannot run here (it ended with %s "
+                    "%d times); the attempt goes on without it: a kill -9 of this supervisor "
+                    "would leave its processes running",
+                    number,
+                    _ending_of(replaced[1]),
+                    MAX_GUARDIAN_CRASHES + 1,
+                )
             self._escalate(plan, group, self.signals[first:], now)
             if now >= next_watch:
                 for pgid in sorted(group.watch()):
@@ -591,6 +699,11 @@ class Supervisor:
     ) -> None:
         """The module docstring's rules: SIGKILL a term timeout after a stop; TERM, then KILL
         what the main process left in its group when no stop was passed on."""
+        if not plan.killed and any(s.signum == signal.SIGKILL for s in mine):
+            # stop_job's SIGKILL (a lost lease, cancel --now) went to the group from another
+            # thread; here, in the main loop, it reaches the processes outside it too
+            plan.killed = True
+            group.kill_all()
         if mine and plan.kill_at is None:
             plan.timeout, source = self.term_timeout()
             plan.kill_at = now + plan.timeout
@@ -604,10 +717,11 @@ class Supervisor:
         if plan.kill_at is not None and now >= plan.kill_at:
             logger.error(
                 "preemptible: the job is still running %.0f s after the stop signal; "
-                "sending SIGKILL to its process group",
+                "sending SIGKILL to all of its processes",
                 plan.timeout,
             )
-            group.signal(signal.SIGKILL)
+            group.kill_all()
+            plan.killed = True
             plan.kill_at = math.inf
         if any(s.forwarded for s in mine):
             plan.linger.clear()  # a stop is under way: the group gets the term timeout
@@ -660,6 +774,22 @@ class Supervisor:
             stopped,
         )
         return attempt
+
+    def _tell_parent(self) -> None:
+        """A nested run ends: its last attempt's record becomes the record of the parent's
+        attempt (``PREEMPTIBLE_RUN_DIR``), so that the parent classifies what really happened
+        (a preemption, not a bare exit code) and resumes from the same checkpoints."""
+        last = self.run_dir / f"attempt-{self.attempts[-1].number}"
+        record = {k: v for k, v in read_record(last).items() if k in PASSED_UP}
+        parent_dir = Path(os.environ.get("PREEMPTIBLE_RUN_DIR", ""))
+        if not parent_dir.is_absolute() or not parent_dir.is_dir():
+            return
+        record.update(nested_run=self.run_id, pid=os.getpid(), updated_at=time.time())
+        path = parent_dir / RECORD_NAME
+        try:
+            write_text_atomic(path, json.dumps(record, indent=1), durable=True)
+        except OSError as exc:
+            self._warn_once("parent record", path, exc)
 
     def _newest_name(self) -> str:
         """The checkpoint the next attempt would resume from, for a log line."""
@@ -838,6 +968,13 @@ def _decimal(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def _ending_of(returncode: int) -> str:
+    """A Popen return code in words."""
+    if returncode < 0:
+        return Ending(signal=-returncode).describe()
+    return Ending(exit_code=returncode).describe()
+
+
 def _name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -858,6 +995,37 @@ def _check_writable(path: Path, option: str) -> None:
         ) from exc
 
 
+def _take_lock(fd: int, run_id: str) -> None:
+    """``flock`` the run, waiting up to ``LOCK_WAIT`` while the holder is a supervisor that is
+    gone: its guardian holds the lock until it has stopped that supervisor's attempt, and the
+    next attempt must not meet those processes."""
+    deadline = time.monotonic() + LOCK_WAIT
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            if not _decimal(holder) or _alive(int(holder)) or time.monotonic() >= deadline:
+                raise
+            if not told:
+                told = True
+                logger.info(
+                    "preemptible: run %s: its last supervisor (pid %s) is gone; waiting for its "
+                    "guardian to stop that attempt's processes",
+                    run_id,
+                    holder,
+                )
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie is not: its parent has just not collected it yet)."""
+    proc = read_proc(pid)
+    return proc is not None and not proc.zombie
+
+
 def _lock_run(run_dir: Path, run_id: str) -> int:
     """Hold the run's lock (an advisory ``flock``, released when the fd closes, also when the
     supervisor is killed); not inherited by the job (``O_CLOEXEC``)."""
@@ -867,9 +1035,9 @@ def _lock_run(run_dir: Path, run_id: str) -> int:
     except OSError as exc:
         raise PreemptibleError(f"cannot open {path}: {exc.strerror or exc}") from exc
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _take_lock(fd, run_id)
     except BlockingIOError as exc:
-        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         os.close(fd)
         who = f"pid {holder}" if _decimal(holder) else "another process"
         raise PreemptibleError(

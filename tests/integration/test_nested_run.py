@@ -1,0 +1,139 @@
+"""Variables set for other purposes are not options: ``PREEMPTIBLE_NOW=1`` does not make a
+cancel SIGKILL, and a ``preemptible run`` inside another run's attempt (under an agent or
+another supervisor, with ``PREEMPTIBLE_RUN_ID`` set) starts a run of its own instead of
+refusing to start. Real CLI processes, a real SQLite queue, states read back."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from preemptible.sweeps._store import open_store
+from tests.conftest import PY, Child, python_args, supervise
+
+pytestmark = pytest.mark.timeout(120)
+
+CLI = [PY, "-m", "preemptible"]
+# prints the run it is an attempt of, then exits 0
+SHOW = "import os; print('inner', os.environ['PREEMPTIBLE_RUN_ID'], flush=True)"
+
+
+def journal(run_dir: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+
+
+def run_dirs(tmp_path: Path) -> dict[str, Path]:
+    return {p.name: p for p in (tmp_path / ".preemptible" / "runs").iterdir()}
+
+
+def test_preemptible_now_in_the_environment_does_not_make_a_cancel_kill(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        json.dumps({"program": "x.py", "method": "grid", "parameters": {"a": {"value": 1}}})
+    )
+    created = spawn([*CLI, "sweep", "create", str(spec), "--db", db], cwd=tmp_path)
+    assert created.wait(60) == 0, created.output
+    sweep = created.lines[-1].strip()
+    env = {"PREEMPTIBLE_NOW": "1", "PREEMPTIBLE_SWEEP_CANCEL_NOW": "1"}
+    cancel = spawn([*CLI, "sweep", "cancel", sweep, "--db", db], cwd=tmp_path, env=env)
+    assert cancel.wait(60) == 0, cancel.output
+    assert cancel.lines[-1] == f"sweep {sweep}: cancelled", cancel.output
+    with open_store(db) as store:
+        row = store.sweep(sweep)
+    assert (row.control, row.cancel_now) == ("cancelled", False)  # agents send SIGTERM
+
+
+def test_a_nested_preemptible_run_starts_a_run_of_its_own(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    inner = " ".join([PY, "-m", "preemptible", "run", "--", PY, "-c", f'"{SHOW}"'])
+    outer = supervise(spawn, tmp_path, "--", "bash", "-c", inner)
+    assert outer.wait(60) == 0, outer.output
+    dirs = run_dirs(tmp_path)
+    assert len(dirs) == 2, dirs
+    [outer_id] = [name for name in dirs if name.startswith("bash-")]
+    [inner_id] = [name for name in dirs if name != outer_id]
+    assert f"inner {inner_id}" in outer.lines
+    assert f"inside an attempt of run '{outer_id}'" in outer.output
+    assert [a["state"] for a in journal(dirs[inner_id])] == ["FINISHED"]
+    assert [a["state"] for a in journal(dirs[outer_id])] == ["FINISHED"]
+    assert "already supervised" not in outer.output
+
+
+def test_a_nested_run_is_preempted_and_resumed_at_both_levels(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    """SIGTERM to the outer supervisor reaches the trainer through the inner one; the inner
+    run is PREEMPTED and tells its parent, which is PREEMPTED too (not CRASHED from a bare
+    143); the same command again resumes the same inner run from its checkpoint."""
+    train = python_args("light_train.py", "--ckpt", "ck", "--steps", "100000")
+    args = ["--", *CLI, "run", "--", *train]
+    outer = supervise(spawn, tmp_path, *args)
+    outer.wait_line(lambda line: line == "step 3", 60)
+    outer.signal(signal.SIGTERM)
+    assert outer.wait(60) == 143, outer.output
+    dirs = run_dirs(tmp_path)
+    [outer_id] = [name for name in dirs if name.startswith("preemptible-")]
+    [inner_id] = [name for name in dirs if name != outer_id]
+    [inner_first] = journal(dirs[inner_id])
+    [outer_first] = journal(dirs[outer_id])
+    assert inner_first["state"] == "PREEMPTED" and outer_first["state"] == "PREEMPTED"
+    record = json.loads((dirs[outer_id] / "attempt-1" / "record.json").read_text())
+    assert record["nested_run"] == inner_id and record["state"] == "stopped"
+    saved = int(record["step"])
+
+    again = supervise(spawn, tmp_path, *args)
+    again.wait_line(lambda line: re.fullmatch(r"resumed \d+", line) is not None, 60)
+    assert f"resumed {saved}" in again.lines, again.output
+    again.signal(signal.SIGTERM)
+    assert again.wait(60) == 143, again.output
+    assert set(run_dirs(tmp_path)) == {outer_id, inner_id}  # the same two runs
+
+
+def test_a_parent_run_id_is_never_a_path(tmp_path: Path, spawn: Callable[..., Child]) -> None:
+    """PREEMPTIBLE_RUN_ID is the parent's, not this run's: a hostile one is only hashed."""
+    parent = tmp_path / "parent" / "attempt-1"
+    parent.mkdir(parents=True)
+    env = {"PREEMPTIBLE_RUN_ID": "../../x", "PREEMPTIBLE_RUN_DIR": str(parent)}
+    sup = supervise(spawn, tmp_path, "--", PY, "-c", "pass", env=env)
+    assert sup.wait(30) == 0, sup.output
+    [(name, _)] = run_dirs(tmp_path).items()
+    assert re.fullmatch(r"python-[0-9a-f]{8}", name), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".preemptible", "parent"]
+    record = json.loads((parent / "record.json").read_text())  # what the parent is told
+    assert record["nested_run"] == name
+
+
+def test_a_nested_run_under_an_agent(tmp_path: Path, spawn: Callable[..., Child]) -> None:
+    """A sweep program that itself uses ``preemptible run`` (a job script written for single
+    runs): it runs, as a run of its own, and the sweep's run finishes."""
+    program = tmp_path / "job.py"
+    program.write_text(
+        "import subprocess, sys\n"
+        f"sys.exit(subprocess.call([sys.executable, '-m', 'preemptible', 'run', '--', "
+        f"sys.executable, '-c', {SHOW!r}]))\n"
+    )
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        json.dumps({"program": str(program), "method": "grid", "parameters": {"a": {"value": 1}}})
+    )
+    created = spawn([*CLI, "sweep", "create", str(spec), "--db", db], cwd=tmp_path)
+    assert created.wait(60) == 0, created.output
+    sweep = created.lines[-1].strip()
+    agent = spawn([*CLI, "agent", sweep, "--db", db, "--heartbeat", "0.5"], cwd=tmp_path)
+    assert agent.wait(60) == 0, agent.output
+    with open_store(db) as store:
+        [run] = store.runs(sweep)
+    assert run.state == "FINISHED", agent.output
+    assert "already supervised" not in agent.output
+    inner = [line for line in agent.lines if line.startswith("inner ")]
+    assert inner and inner[0] != f"inner {run.id}", agent.output

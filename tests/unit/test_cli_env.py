@@ -1,0 +1,110 @@
+"""Options come only from documented variables: no automatic ``PREEMPTIBLE_<OPTION>`` names,
+every variable an option reads is named in its command's ``--help`` and in the README, and
+nothing destructive (``--now``) or set by a supervisor for its attempts (``--run-id``,
+``--pid-file``) reads one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from preemptible.cli import main
+from tests.conftest import ROOT
+
+# Each variable an option reads, by command; a new one must be documented (README) and added.
+DOCUMENTED = {
+    "run": {
+        "--checkpoint-dir": "PREEMPTIBLE_CHECKPOINT_DIR",
+        "--max-failures": "PREEMPTIBLE_MAX_FAILURES",
+        "--max-preemptions": "PREEMPTIBLE_MAX_PREEMPTIONS",
+        "--term-timeout": "PREEMPTIBLE_TERM_TIMEOUT",
+        "--restart-delay": "PREEMPTIBLE_RESTART_DELAY",
+        "--home": "PREEMPTIBLE_HOME",
+    },
+    "agent": {
+        "--db": "PREEMPTIBLE_DB",
+        "--heartbeat": "PREEMPTIBLE_HEARTBEAT",
+        "--lease": "PREEMPTIBLE_LEASE",
+        "--home": "PREEMPTIBLE_HOME",
+    },
+    "runs": {"--home": "PREEMPTIBLE_HOME"},
+    "status": {"--db": "PREEMPTIBLE_DB"},
+    **{f"sweep {c}": {"--db": "PREEMPTIBLE_DB"} for c in ("create", "stop", "pause", "resume")},
+    "sweep cancel": {"--db": "PREEMPTIBLE_DB"},
+}
+NEVER = {("sweep cancel", "--now"), ("run", "--run-id"), ("run", "--pid-file")}
+
+
+def commands(group: click.Group = main, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
+    for name, command in sorted(group.commands.items()):
+        path = f"{prefix}{name}"
+        if isinstance(command, click.Group):
+            yield from commands(command, f"{path} ")
+        else:
+            yield path, command
+
+
+def variables(command: click.Command) -> dict[str, str]:
+    found = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and param.envvar:
+            assert isinstance(param.envvar, str), param.envvar
+            found[max(param.opts, key=len)] = param.envvar
+    return found
+
+
+def test_no_command_maps_options_to_variables_automatically() -> None:
+    for group in (main, *(c for _, c in commands() if isinstance(c, click.Group))):
+        assert not group.context_settings.get("auto_envvar_prefix"), group.name
+    for path, command in commands():
+        assert not command.context_settings.get("auto_envvar_prefix"), path
+        ctx = command.make_context(path, ["--help"], resilient_parsing=True)
+        assert ctx.auto_envvar_prefix is None, path
+
+
+def test_every_variable_is_the_documented_one_and_named_in_help() -> None:
+    readme = (ROOT / "README.md").read_text()
+    runner = CliRunner()
+    seen = {}
+    for path, command in commands():
+        found = variables(command)
+        if found:
+            seen[path] = found
+        text = runner.invoke(main, [*path.split(), "--help"], terminal_width=200).output
+        for option, var in found.items():
+            assert f"env var: {var}" in text, (path, option, text)
+            assert var in readme, f"{var} ({path} {option}) is not in the README"
+        for never_path, option in NEVER:
+            if never_path == path:
+                assert option not in found, (path, option)
+    assert seen == DOCUMENTED
+
+
+def test_an_undocumented_variable_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every name click's automatic mapping would have read, set to a value that would show:
+    each option keeps its default."""
+    for path, command in commands():
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.envvar:
+                name = param.name.upper() if param.name else ""
+                for prefix in ("PREEMPTIBLE", "PREEMPTIBLE_" + path.upper().replace(" ", "_")):
+                    monkeypatch.setenv(f"{prefix}_{name}", "1" if param.is_flag else "7")
+    cancel = dict(commands())["sweep cancel"]
+    ctx = cancel.make_context("cancel", ["SWEEP"])
+    assert ctx.params["now"] is False
+    run = dict(commands())["run"]
+    ctx = run.make_context("run", ["--", "true"])
+    assert ctx.params["run_id"] is None and ctx.params["pid_file"] is None
+    assert ctx.params["no_forward_signals"] is False
+
+
+def test_a_documented_variable_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PREEMPTIBLE_MAX_FAILURES", "4")
+    monkeypatch.setenv("PREEMPTIBLE_CHECKPOINT_DIR", str(tmp_path))
+    run = dict(commands())["run"]
+    ctx = run.make_context("run", ["--", "true"])
+    assert ctx.params["max_failures"] == 4 and ctx.params["checkpoint_dir"] == tmp_path
