@@ -5,16 +5,26 @@ reading anything, so a claim reads and updates the queue with no other writer in
 (agents on one host never take the same run). WAL lets ``status`` read while agents write.
 ``synchronous=NORMAL`` keeps the file consistent when a process dies; a power loss may undo
 the last commits, and with them the claims of agents that died in the same power loss.
+
+The file is the queue: a process that opened it keeps to that file (device and inode). One
+deleted or replaced under running agents (``rm``, a copy put in its place) is found at the next
+transaction, and every agent stops (``DatabaseGone``) instead of writing to a deleted file
+while others see a new one. A connection opened with ``create=False`` (agents, their heartbeat
+threads, ``status``, the sweep controls) never makes a new empty file: SQLite's ``mode=rw``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+from ._store import DatabaseGone
 
 logger = logging.getLogger("preemptible")
 
@@ -26,17 +36,65 @@ BUSY_TIMEOUT = 10.0
 class SqliteBackend:
     kind = "sqlite"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, create: bool = True) -> None:
         self.path = path
         self.display = f"sqlite://{path}"  # the path is absolute: sqlite:///abs
+        self.create = create
+        self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file, once opened
+
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _gone(self) -> DatabaseGone:
+        now = self._identity()
+        what = "was deleted" if now is None else "was replaced by another file"
+        return DatabaseGone(
+            f"the sweep database {self.display} {what} while in use; nothing is recreated "
+            "(put the file back, or create a new sweep with `preemptible sweep create`)"
+        )
+
+    def _missing(self) -> DatabaseGone:
+        return DatabaseGone(
+            f"no sweep database at {self.display} (deleted, or no sweep was created there: "
+            "`preemptible sweep create SPEC.yaml` makes one; or pass --db)"
+        )
+
+    def check(self) -> None:
+        """The file is still the one this process opened first."""
+        if self.identity is not None and self._identity() != self.identity:
+            raise self._gone()
 
     def connect(self) -> Any:
         import sqlite3
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(
-            str(self.path), timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
-        )
+        if self.create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        elif self.identity is None and self._identity() is None:
+            raise self._missing()
+        self.check()
+        open_mode = "rwc" if self.create and self.identity is None else "rw"
+        uri = f"file:{quote(str(self.path))}?mode={open_mode}"
+        try:
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.OperationalError:
+            if open_mode == "rw" and self._identity() is None:  # gone between the look and the open
+                raise (self._gone() if self.identity is not None else self._missing()) from None
+            raise
+        try:
+            found = self._identity()
+            if self.identity is None:
+                self.identity = found
+            elif found != self.identity:
+                raise self._gone()
+        except BaseException:
+            conn.close()
+            raise
         try:
             # SQLite runs on one host, so its wall clock is the one clock every agent sees.
             conn.create_function("preemptible_now", 0, time.time)
@@ -57,6 +115,7 @@ class SqliteBackend:
 
     @contextlib.contextmanager
     def transaction(self, conn: Any, *, write: bool) -> Iterator[Any]:
+        self.check()
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
             yield conn.cursor()
