@@ -97,6 +97,11 @@ def sources_for(platform: str) -> list[Source]:
     stop_file = env_str("PREEMPTIBLE_STOP_FILE")
     if stop_file:
         sources.append(StopFile(stop_file))
+    from ._lease import LEASE_FILE_ENV, LeaseFile
+
+    lease_file = env_str(LEASE_FILE_ENV)  # set by `preemptible agent` for each attempt
+    if lease_file:
+        sources.append(LeaseFile(lease_file))
     return sources
 
 
