@@ -277,6 +277,15 @@ class Agent:
                 claim.run_id, agent=self.id, attempt=claim.attempt, epoch=claim.epoch
             )
             return self._stopped(self._signals[0])
+        if time.monotonic() >= beat.deadline - beat.warn:  # this agent was stopped meanwhile
+            _remove([lease_file, *made])
+            self._abandon(claim)
+            logger.warning(
+                "preemptible: run %s: its lease is nearly over before it could start (was this "
+                "agent stopped?); handed back",
+                claim.run_id,
+            )
+            return None
         self._restore()  # the supervisor takes the signals while the run runs
         beat.start()
         failed: PreemptibleError | None = None

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 
 from .._checkpoint import LOCK_NAME as CHECKPOINT_LOCK
@@ -27,8 +26,6 @@ from ..supervisor._supervisor import LOCK_NAME as SUPERVISOR_LOCK
 from ..supervisor._supervisor import check_run_id
 
 logger = logging.getLogger("preemptible")
-
-_LOCKS_FRESH = 0.2  # seconds a read of /proc/locks is reused within one claim
 
 
 def _pid_namespace() -> str:
@@ -83,15 +80,7 @@ class HostView:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.identity = process_identity()
-        self._held: set[tuple[int, int, int]] = set()
-        self._read_at = -float("inf")
         self._said: dict[str, str] = {}  # run id -> the reason last logged for waiting
-
-    def _locks(self) -> set[tuple[int, int, int]]:
-        now = time.monotonic()
-        if now - self._read_at > _LOCKS_FRESH:
-            self._held, self._read_at = _held_locks(), now
-        return self._held
 
     def holder_alive(self, holder: str | None) -> bool | None:
         alive = holder_alive(holder)
@@ -108,7 +97,7 @@ class HostView:
         except ConfigError:
             return None  # not a directory name: the agent refuses the run before touching it
         run_dir = self.home / "runs" / run_id
-        held = self._locks()
+        held = _held_locks()  # read afresh: a snapshot could miss a lock just taken
         reason = None
         if _is_held(run_dir / SUPERVISOR_LOCK, held):
             reason = f"a supervisor holds {run_dir / SUPERVISOR_LOCK}{_pid_in(run_dir)}"
