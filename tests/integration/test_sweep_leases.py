@@ -24,6 +24,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,6 +113,12 @@ def stopped(child: Child) -> Iterator[None]:
         os.kill(child.pid, signal.SIGCONT)
 
 
+def outcome(db: str, run_id: str) -> tuple[Any, list[Any]]:
+    """The run as the queue has it, and its attempts."""
+    with open_store(db) as store:
+        return store.run(run_id), store.attempts(run_id)
+
+
 def lease_ended(db: str, run_id: str, margin: bool) -> bool:
     with open_store(db, create=False) as store:
         run = store.run(run_id)
@@ -141,9 +148,7 @@ def test_a_stopped_agent_s_run_that_reaches_its_end_is_finished_after_one_attemp
     pause.close()
     assert a.wait(60) == 0, a.output
     assert b.wait(60) == 0, b.output
-    with open_store(store_url) as store:
-        run = store.run(run_id)
-        attempts = store.attempts(run_id)
+    run, attempts = outcome(store_url, run_id)
     assert (run.state, run.preemptions, run.failures) == ("FINISHED", 0, 0)
     assert [(x.number, x.ending, x.exit_code) for x in attempts] == [(1, "FINISHED", 0)]
     assert final_x(tmp_path / ".preemptible", run_id) == expected(16)
@@ -176,9 +181,7 @@ def test_a_stopped_agent_s_run_stops_itself_before_the_lease_ends_and_resumes_ex
     pause.close()
     assert a.wait(60) == 0, a.output
     assert b.wait(60) == 0, b.output
-    with open_store(db) as store:
-        run = store.run(run_id)
-        attempts = store.attempts(run_id)
+    run, attempts = outcome(db, run_id)
     assert (run.state, run.preemptions, run.failures) == ("FINISHED", 1, 0)
     assert [x.ending for x in attempts] == ["PREEMPTED", "FINISHED"]
     assert attempts[0].checkpoint_step is not None and attempts[0].checkpoint_step >= 3
@@ -212,9 +215,7 @@ def test_an_agent_on_another_host_takes_over_only_after_the_stopped_holder_s_run
     pause.close()
     assert a.wait(60) == 0, a.output
     assert "not recorded here" in a.output
-    with open_store(store_url) as store:
-        run = store.run(run_id)
-        attempts = store.attempts(run_id)
+    run, attempts = outcome(store_url, run_id)
     assert (run.state, run.attempt) == ("FINISHED", 2)
     assert [(x.ending, x.closed_by) for x in attempts] == [
         ("CRASHED", LEASE_EXPIRED),
@@ -309,9 +310,7 @@ def test_a_step_of_the_host_s_wall_clock_neither_stops_nor_doubles_a_run(
     offset.write_text("-120")
     assert a.wait(90) == 0, a.output
     assert b.wait(90) == 0, b.output
-    with open_store(store_url) as store:
-        run = store.run(run_id)
-        attempts = store.attempts(run_id)
+    run, attempts = outcome(store_url, run_id)
     assert (run.state, run.preemptions, run.failures) == ("FINISHED", 0, 0)
     assert [x.ending for x in attempts] == ["FINISHED"]
     assert final_x(tmp_path / ".preemptible", run_id) == expected(24)
