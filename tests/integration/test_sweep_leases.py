@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -31,11 +30,9 @@ import pytest
 from preemptible.sweeps._store import LEASE_EXPIRED, LEASE_MARGIN, open_store
 from tests.conftest import ROOT, SCRIPTS, Child, PgServer, wait_for
 from tests.integration.test_sweep_agent import cli, create
+from tests.scripts.lease_train import expected
 
 pytestmark = pytest.mark.timeout(180)
-
-sys.path.insert(0, str(SCRIPTS))
-from lease_train import expected  # noqa: E402
 
 TRAIN = str(SCRIPTS / "lease_train.py")
 FAKE_CLOCK = SCRIPTS / "fakeclock"

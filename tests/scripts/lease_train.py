@@ -7,6 +7,7 @@ It checkpoints with ``PreemptionCheckpointHandler`` through ``save_fn`` on top o
 default configuration (``dataclasses.replace(default_config(), save_fn=...)``), so that it
 watches what an agent's run watches: signals, and the agent's lease (``lease.json``).
 
+``--lr`` is accepted and ignored (grids vary it); ``--fail`` exits 3 after the first step.
 ``--log FILE`` appends ``RUN PID MONOTONIC STEP`` for every step (O_APPEND, one write each):
 two processes of one run whose steps interleave in time are two attempts running at once.
 At the end it writes ``final.json`` (``{"x": ...}``) beside the run's checkpoint directory.
@@ -40,6 +41,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--log", default=None)
+    p.add_argument("--lr", type=float, default=0.0, help="accepted, so that a grid can vary it")
+    p.add_argument("--fail", action="store_true", help="exit 3 after the first step")
     args = p.parse_args()
     state = {"x": 1}
 
@@ -59,6 +62,8 @@ def main() -> int:
             os.write(log, f"{run} {os.getpid()} {time.monotonic():.4f} {step}\n".encode())
         print(f"step {step}", flush=True)
         preemptible.report(x=state["x"], step=step)
+        if args.fail:
+            return 3
         if args.step_sleep:
             time.sleep(args.step_sleep)  # the step's work, not a synchronisation
     final = Path(os.environ["PREEMPTIBLE_CHECKPOINT_DIR"]).parent / "final.json"
