@@ -154,7 +154,8 @@ def test_a_run_that_finds_its_lease_long_gone_exits_at_once_without_a_checkpoint
 # -- the agent's timings -----------------------------------------------------------------------
 def test_lease_times() -> None:
     assert lease_times(60, 10) == (48.0, 23.0)  # the defaults: warned 25 s after a renewal
-    assert lease_times(4, 0.5) == pytest.approx((3.2, 1.95))
+    assert lease_times(4, 0.5) == pytest.approx((3.2, 1.6))  # half the way to the deadline
+    assert lease_times(3600, 10) == (2880.0, 1440.0)  # a long lease rides out long outages
     assert lease_times(30, 10) == (24.0, 0.0)  # no time to warn: stop at the deadline
 
 

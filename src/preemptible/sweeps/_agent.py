@@ -94,11 +94,14 @@ EXIT_CRASH_LOOP = 1
 def lease_times(lease: float, heartbeat: float) -> tuple[float, float]:
     """(seconds from a renewal to the run's deadline, warning seconds before that deadline).
 
-    The deadline is ``LEASE_MARGIN`` of the lease before the lease ends; the run is warned
-    once ``WARN_AFTER_HEARTBEATS`` renewals in a row are missing: with the defaults (10 s
-    heartbeat, 60 s lease) 25 s after the last renewal, 23 s before its deadline."""
+    The deadline is ``LEASE_MARGIN`` of the lease before the lease ends. The run is told to
+    stop once ``WARN_AFTER_HEARTBEATS`` renewals in a row are missing, or half its time to the
+    deadline has passed, whichever is later: a long lease rides out a long outage and still
+    leaves half of it to save in. With the defaults (10 s, 60 s): 25 s after the last renewal,
+    23 s before its deadline."""
     deadline = lease - takeover_margin(lease)
-    return deadline, max(deadline - WARN_AFTER_HEARTBEATS * heartbeat, 0.0)
+    tell = max(WARN_AFTER_HEARTBEATS * heartbeat, deadline / 2)
+    return deadline, max(deadline - tell, 0.0)
 
 
 @dataclass(frozen=True)
@@ -433,8 +436,7 @@ class _Lease:
         config = agent.config
         self._span, self.warn = lease_times(config.lease, config.heartbeat)
         self.deadline = renewed_at + self._span  # monotonic: gone by then
-        self.lost = False  # another agent took the run over
-        self.expired = False  # the watchdog stopped the run: its lease was not renewed
+        self.expired = False  # the run was stopped for its lease (not renewed, or taken over)
         self.gone: DatabaseGone | None = None
         self._done = threading.Event()
         self._guard = threading.Lock()
@@ -510,7 +512,7 @@ class _Lease:
                     store.report(claim.run_id, latest, epoch=claim.epoch)
                     summary = latest
             except LeaseLost:
-                self.lost = True
+                self.expired = True  # ended for the lease, not for anything the run did
                 logger.error(
                     "preemptible: run %s attempt %d: another agent took the run over; killing "
                     "what is left of this attempt",
