@@ -72,7 +72,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    import preemptible._handler as handler_module
+    import preemptible.distributed._group as handler_module
     from preemptible import PreemptionCheckpointHandler, TerminationConfig
 
     dist.init_process_group("gloo")

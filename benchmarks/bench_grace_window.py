@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from _common import machine, table
 
 from preemptible import Notice
-from preemptible._termination import EXIT_PRIOR_SPREAD, Durations, StopRequests
+from preemptible.stop._termination import EXIT_PRIOR_SPREAD, Durations, StopRequests
 
 POLL = 1.0  # the watcher's poll interval (TerminationConfig's default)
 EXIT = 0.4  # measured: final commit to process gone

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from _common import machine, table
 
-from preemptible._interval import HOUR, History, SaveInterval, daly_interval
+from preemptible.checkpoint._interval import HOUR, History, SaveInterval, daly_interval
 
 RESTART = 60.0
 JITTER = 0.2

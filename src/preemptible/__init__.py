@@ -7,7 +7,6 @@ for bit. ``import preemptible`` imports no torch or other heavy library.
 
 from __future__ import annotations
 
-from ._checkpoint import Checkpoint, CheckpointStore
 from ._errors import (
     CheckpointError,
     CheckpointLoadError,
@@ -19,8 +18,9 @@ from ._errors import (
 from ._handler import PreemptionCheckpointHandler
 from ._report import report
 from ._run import RunInfo, current_run, mark_preempting
-from ._termination import Notice, TerminationConfig
+from .checkpoint._store import Checkpoint, CheckpointStore
 from .notices import detect_platform
+from .stop._termination import Notice, TerminationConfig
 
 __version__ = "0.1.0"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ._env import env_float
 from ._errors import ConfigError
-from ._signals import DEFAULT_SIGNALS, KEEP_IGNORED
+from .stop._latch import DEFAULT_SIGNALS, KEEP_IGNORED
 
 OK, WARN, INFO = "ok", "warn", "info"
 SHELLS = {"sh", "bash", "dash", "zsh", "ash", "ksh"}
@@ -514,7 +514,7 @@ def diagnose() -> list[Check]:
 
 
 def _save_interval(platform: str) -> Check:
-    from ._interval import SaveInterval
+    from .checkpoint._interval import SaveInterval
 
     try:
         chosen = SaveInterval(platform=platform).describe()

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._checkpoint import write_text_atomic
 from ._errors import ConfigError
+from ._files import write_text_atomic
 from ._run import current_run, read_json_object
 
 logger = logging.getLogger("preemptible")

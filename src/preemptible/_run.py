@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._checkpoint import write_text_atomic
+from ._files import write_text_atomic
 
 logger = logging.getLogger("preemptible")
 

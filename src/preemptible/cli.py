@@ -520,45 +520,9 @@ def status(
 ) -> None:
     """The sweeps in the database, or one sweep's runs (state, attempts, checkpoint step,
     metric, agent@host, heartbeat age, duration)."""
-    import json
+    from .sweeps._status import show_status
 
-    from rich.console import Console
-
-    from .sweeps._status import plot_timeline, render, render_sweeps, snapshot, sweeps_snapshot
-    from .sweeps._store import open_store
-
-    if sweep_id is None and plot is not None:
-        _fail("--plot needs a SWEEP_ID")
-    # into a pipe or a file rich would assume 80 columns and squeeze the parameters away
-    console = Console(width=None if sys.stdout.isatty() else 200)
     try:
-        with open_store(db, create=False) as store:
-
-            def look() -> Any:
-                if sweep_id is None:
-                    rows = sweeps_snapshot(store)
-                    return rows, render_sweeps(rows)
-                doc = snapshot(store, sweep_id)
-                return doc, render(doc)
-
-            data, view = look()
-            if plot is not None:
-                plot_timeline(data, plot)
-                click.echo(f"timeline: {plot}", err=True)
-            if as_json:
-                click.echo(json.dumps(data, indent=1))
-                return
-            if watch is None:
-                console.print(view)
-                return
-            from rich.live import Live
-
-            with Live(view, console=console, refresh_per_second=4) as live:
-                try:
-                    while True:
-                        time.sleep(watch)
-                        live.update(look()[1])
-                except KeyboardInterrupt:
-                    pass
+        show_status(db, sweep_id, as_json=as_json, watch_every=watch, plot=plot)
     except PreemptibleError as exc:
         _fail(str(exc))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from preemptible._checkpoint import CheckpointStore
+from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import python_args, wait_for
 
 pytestmark = pytest.mark.timeout(180)

@@ -236,7 +236,7 @@ def test_the_measured_exit_of_an_attempt_is_budgeted_for_the_next(
 EXIT_CHILD = """
 import resource, sys
 import torch  # its modules and objects: what every training program keeps to the end
-from preemptible._termination import exit_process
+from preemptible.stop._termination import exit_process
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(usage.ru_utime + usage.ru_stime, flush=True)
 (exit_process if sys.argv[1] == "ours" else sys.exit)(3)
@@ -268,7 +268,7 @@ def test_the_default_exit_skips_the_collections_over_the_heap_at_shutdown() -> N
 
 CAUGHT_CHILD = """
 import gc, json
-from preemptible._termination import exit_process
+from preemptible.stop._termination import exit_process
 try:
     exit_process(5)
 except SystemExit as exc:

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from preemptible._checkpoint import CheckpointStore
-from preemptible._state import read_payload
+from preemptible.checkpoint._state import read_payload
+from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import PY, SCRIPTS, Child, attempts, read_pid, supervise, wait_for
 from tests.integration.test_slurm import job_field, sbatch, slurm  # noqa: F401 (fixtures)
 
@@ -31,14 +31,16 @@ SCRIPT = str(SCRIPTS / "ddp_train.py")
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 STEPS = 24
 STOPPED = re.compile(
-    r"^rank (\d+): preemptible: stopped at step (\d+) on (\S+);.* exiting with (\d+)$"
+    r"^rank (\d+): preemptible: (?:rank \d+: )?stopped at step (\d+) on (\S+);"
+    r".* exiting with (\d+)$"
 )
-SAVED = re.compile(r"^rank (\d+): preemptible: saved \S+ \(step (\d+),")
+SAVED = re.compile(r"^rank (\d+): preemptible: (?:rank \d+: )?saved \S+ \(step (\d+),")
 # Ranks that share one stream (under torchrun, srun) can write into each other's lines: a
 # print is two writes (text, newline), so another rank's line may land between them. Search
 # the whole output for these, unanchored.
 STOPPED_IN = re.compile(
-    r"rank (\d+): preemptible: stopped at step (\d+) on (\S+);[^\n]* exiting with (\d+)"
+    r"rank (\d+): preemptible: (?:rank \d+: )?stopped at step (\d+) on (\S+);"
+    r"[^\n]* exiting with (\d+)"
 )
 STEP_IN = re.compile(r"rank 0 step (\d+)")
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from preemptible import CheckpointStore
-from preemptible._checkpoint import LOCK_NAME
+from preemptible.checkpoint._store import LOCK_NAME
 from tests.conftest import python_args, wait_for
 
 SCALE = float(os.environ.get("PREEMPTIBLE_STRESS_SCALE", "1"))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from preemptible._signals import DUPLICATE_WINDOW
+from preemptible.stop._latch import DUPLICATE_WINDOW
 from tests.conftest import Child, attempts, python_args, supervise, wait_for
 from tests.wandb_records import summary
 
@@ -84,6 +84,38 @@ def test_interrupt_then_resume_is_bit_exact(
 
 
 @pytest.mark.timeout(300)
+def test_a_finished_resumed_fit_run_again_trains_nothing_and_says_so(
+    references: dict[str, Path], tmp_path: Path, spawn
+) -> None:
+    """The README's recipe run once more after the resumed fit finished: resume.ckpt holds the
+    finished fit (not the stop's), so Lightning trains 0 batches; the weights stay those of the
+    uninterrupted fit and no ModelCheckpoint/epoch-end work runs again."""
+    first = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--exit-code", "0"))
+    first.wait_line(batch_line(1, 6), timeout=120)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0, first.output
+    second = spawn(fit_args(tmp_path, "--resume"))
+    assert second.wait(180) == 0, second.output
+    assert "batch 2 11" in second.lines
+    assert same_weights(references["plain"], tmp_path / "o.pt")
+    again = spawn(fit_args(tmp_path, "--resume"))
+    assert again.wait(180) == 0, again.output
+    assert [line for line in again.lines if line.startswith("batch ")] == [], again.output
+    assert "resume.ckpt is of a finished run; nothing left to train" in again.output
+    assert same_weights(references["plain"], tmp_path / "o.pt")
+
+
+def test_the_default_exit_code_tells_a_scheduler_the_fit_was_stopped(tmp_path: Path, spawn) -> None:
+    """Without exit_code= the process exits 128 + signum (a retry loop, SLURM or Kubernetes
+    reads it as a stop, not as done), and the supervisor agrees."""
+    child = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--exit-code", "default"))
+    child.wait_line(batch_line(0, 3), timeout=120)
+    child.signal(signal.SIGUSR1)
+    assert child.wait(60) == 128 + signal.SIGUSR1, child.output
+    assert (tmp_path / "resume.ckpt").exists()
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["plain", "val"])
 def test_a_stop_on_the_last_batch_then_one_in_the_next_epoch_resumes_exactly(
     kind: str, references: dict[str, Path], tmp_path: Path, spawn
@@ -114,7 +146,7 @@ def test_contract_on_ctrl_c_to_the_group(tmp_path: Path, spawn) -> None:
     out = child.output
     assert "INFO Added GracefulInterrupt callback" in out
     assert f"saving {tmp_path}/resume.ckpt" in out
-    assert "fit interrupted; exiting with 0" in out
+    assert re.search(r"preemptible: stopped at step \d+ on SIGINT; .*; exiting with 0", out)
     assert "later train-end hook ran" not in out
     assert "KeyboardInterrupt" not in out
 
@@ -164,6 +196,11 @@ def test_exit_code_option_and_run_record(tmp_path: Path, spawn) -> None:
     assert sup.wait(60) == 143, sup.output  # the fit exits 0, the record says preempted
     [a] = attempts(tmp_path)
     assert a["state"] == "PREEMPTED" and a["ending"] == "exit 0"
+    # the callback's record says where it saves and what to resume from, as the handler's
+    [record] = [json.loads(p.read_text()) for p in tmp_path.rglob("attempt-1/record.json")]
+    assert record["checkpoint_dir"] == str(tmp_path.resolve())
+    assert record["resume_from"] == str((tmp_path / "resume.ckpt").resolve())
+    assert record["state"] == "stopped"
     child = spawn(fit_args(tmp_path / "b", "--step-sleep", "0.05", "--exit-code", "signal"))
     child.wait_line(batch_line(0, 4), timeout=120)
     child.signal(signal.SIGTERM)
@@ -186,7 +223,7 @@ def test_slurm_usr1_under_preemptible_run_checkpoints_with_the_default_signals(
     [a] = attempts(tmp_path)
     assert a["state"] == "PREEMPTED" and a["ending"] == "exit 0", a
     assert "preemptible: SIGUSR1: saving" in sup.output
-    assert "fit interrupted; exiting with 0" in sup.output
+    assert re.search(r"stopped at step \d+ on \S+; .*; exiting with 0", sup.output)
     assert "later train-end hook ran" not in sup.output
     resumed = spawn(fit_args(tmp_path, "--resume"))
     assert resumed.wait(180) == 0, resumed.output
@@ -256,8 +293,10 @@ def _record(*args, **kwargs):
 
 logging.setLogRecordFactory(_record)
 """
-SAVE = re.compile(r"\[pid (\d+)\] preemptible: [\w-]+: saving \S+ at global step (\d+)")
-EXIT = re.compile(r"\[pid (\d+)\] preemptible: fit interrupted; exiting with 0")
+SAVE = re.compile(r"\[pid (\d+)\] preemptible: (?:rank \d: )?[\w-]+: saving \S+ at step (\d+)")
+EXIT = re.compile(
+    r"\[pid (\d+)\] preemptible: (?:rank \d: )?stopped at step \d+ on \S+; .*; exiting with 0"
+)
 
 
 def stops_by_rank(output: str, pids: dict[str, int]) -> dict[str, int]:
@@ -297,12 +336,18 @@ def test_ddp_signal_to_one_rank_stops_both_at_the_same_batch(tmp_path: Path, spa
         child.wait_line(lambda line: "batch 0 4" in line, timeout=120)
         os.kill(pids[str(target)], signal.SIGTERM)
         assert child.wait(120) == 0, child.output
+        # every line of a multi-rank run names its rank: which one got the signal, who stopped
+        assert f"preemptible: rank {target}: received SIGTERM" in child.output, child.output
+        for rank in (0, 1):
+            assert re.search(rf"preemptible: rank {rank}: stopped at step", child.output)
         steps = stops_by_rank(child.output, pids)
         assert steps["0"] == steps["1"], f"ranks stopped at different steps: {steps}"
         assert (d / "resume.ckpt").exists()
 
 
-INSURANCE = re.compile(r"\[pid (\d+)\] preemptible: insurance checkpoint \S+ at global step (\d+)")
+INSURANCE = re.compile(
+    r"\[pid (\d+)\] preemptible: (?:rank \d: )?insurance checkpoint \S+ at step (\d+)"
+)
 STOP_FILE_PER_RANK = """
 import os
 _rank = os.environ.get("LOCAL_RANK", "0")

@@ -77,7 +77,7 @@ class Setup:
 
 SETUPS = {
     "plain": Setup("plain", resumed="preemptible: resumed from ckpt/step-{step:010d}"),
-    "lightning": Setup("lightning_fit", stop_exit=0, checkpoint="ckpt/resume.ckpt"),
+    "lightning": Setup("lightning_fit", stop_exit=143, checkpoint="ckpt/resume.ckpt"),
     "bare": Setup("bare"),  # nothing defined: for blocks that need no names
 }
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible._checkpoint import write_text_atomic as write_atomic
+from preemptible._files import write_text_atomic as write_atomic
 from tests.conftest import PY, attempts, python_args, supervise
 
 pytestmark = pytest.mark.timeout(90)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from preemptible._signals import DUPLICATE_WINDOW
+from preemptible.stop._latch import DUPLICATE_WINDOW
 from tests.conftest import PY, attempts, group_members, python_args, read_pid, supervise, wait_for
 
 pytestmark = pytest.mark.timeout(180)

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -711,6 +712,128 @@ def test_bad_urls_are_refused_in_one_line_without_the_password(tmp_path: Path) -
         StoreError, match=re.escape(f"cannot use the sweep database sqlite://{unwritable}/x/")
     ):
         open_store(f"sqlite://{unwritable}/x/sweeps.db")
+
+
+def test_a_driver_message_keeps_its_words_whatever_the_password(pg_server: PgServer) -> None:
+    """The scrubber once replaced every 2-letter piece of the password: a password "ab/ss"
+    turned "permission denied" into "permi***ion denied" (and so hinted at the password)."""
+    import uuid
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    pg_server.admin(f'CREATE DATABASE "{name}"')
+    with contextlib.suppress(Exception):
+        pg_server.admin("CREATE ROLE preemptible_nocreate LOGIN")  # trusted: any password
+    url = pg_server.database_url(name).replace("postgres@", "preemptible_nocreate:ab%2Fss@", 1)
+    try:
+        with pytest.raises(StoreError) as raised:
+            open_store(url, retry_timeout=5)  # it may not create the queue's tables
+    finally:
+        pg_server.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    message = str(raised.value)
+    assert "permission denied for schema public" in message, message
+    assert "preemptible_nocreate:***@" in message and "ab%2Fss" not in message
+
+
+def status_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREEMPTIBLE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "preemptible", "status", *args, "--db", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PREEMPTIBLE_DB_RETRY_TIMEOUT": "5"},
+    )
+
+
+def test_status_reads_a_database_it_may_not_write(pg_server: PgServer) -> None:
+    """A standby, or a role whose transactions are read-only: status reads as it is (it used to
+    fail migrating the schema, which is current); a writer still gets one clear line. (SQLite:
+    test_sweep_status.py mounts the file system read-only.)"""
+    import uuid
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    pg_server.admin(f'CREATE DATABASE "{name}"')
+    try:
+        with open_store(pg_server.database_url(name)) as store:
+            sweep = new_sweep(store)
+            store.add_runs(sweep, [{"x": 1}, {"x": 2}])
+        url = pg_server.database_url(name) + "?options=-c%20default_transaction_read_only%3Don"
+        table = status_cli(url, sweep)
+        assert table.returncode == 0, table.stderr
+        assert f"{sweep}-1" in table.stdout and "2 PENDING" in table.stdout
+        assert len(json.loads(status_cli(url, sweep, "--json").stdout)["runs"]) == 2
+        assert sweep in status_cli(url).stdout
+        with pytest.raises(StoreError, match="read-only transaction"):
+            open_store(url, retry_timeout=5)
+    finally:
+        pg_server.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_watch_marks_a_stale_table_while_the_server_refuses_and_recovers(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    """``status --watch`` in a terminal: the database stops taking connections (its backends
+    cut off), the last table is shown under "database unreachable since ..."; connections come
+    back and the next table is current (a run added meanwhile shows)."""
+    import pty
+    import signal
+    import uuid
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    pg_server.admin(f'CREATE DATABASE "{name}"')
+    url = pg_server.database_url(name)
+    master, slave = pty.openpty()
+    proc = None
+    chunks: list[bytes] = []
+    try:
+        with open_store(url) as store:
+            sweep = new_sweep(store)
+            store.add_runs(sweep, [{"x": 1}])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREEMPTIBLE_")}
+        env.update(COLUMNS="160", LINES="40", TERM="xterm", PREEMPTIBLE_DB_RETRY_TIMEOUT="1")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "preemptible", "status", sweep, "--watch", "0.3", "--db", url],
+            stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True,
+        )  # fmt: skip
+        os.close(slave)
+        slave = -1
+
+        def read() -> None:
+            with contextlib.suppress(OSError):  # EIO once the child is gone
+                while data := os.read(master, 65536):
+                    chunks.append(data)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+
+        def output() -> str:
+            return b"".join(chunks).decode("utf-8", "replace")
+
+        wait_for(lambda: f"{sweep}-0" in output(), 60, "the first table")
+        pg_server.admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        pg_server.admin(
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+        )
+        wait_for(lambda: "database unreachable since" in output(), 60, "the marker")
+        assert "showing the last table" in output()
+        pg_server.admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        with open_store(url) as store:
+            store.add_runs(sweep, [{"x": 2}])
+        wait_for(lambda: f"{sweep}-1" in output(), 60, "a current table")
+        text = output()
+        header = text.rfind(f"sweep {sweep}", 0, text.rfind(f"{sweep}-1"))
+        assert header > 0 and "unreachable" not in text[header - 200 : header], text[header - 400 :]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, output()
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+        pg_server.admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        pg_server.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # -- many agents ------------------------------------------------------------------------------

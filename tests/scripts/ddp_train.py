@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -31,16 +32,17 @@ import preemptible
 def slow_down_writes(seconds: float) -> None:
     """Each checkpoint file is held ``seconds`` between its write and its commit (rename), so a
     test can kill a rank while a checkpoint exists only under its temporary name."""
-    import preemptible._handler as handler_module
+    import preemptible.checkpoint._savers as one_process
+    import preemptible.distributed._savers as ranks
 
-    write = handler_module.write_payload
+    write = one_process.write_payload
 
     def slow(payload, path):  # type: ignore[no-untyped-def]
         write(payload, path)
         print(f"rank {dist.get_rank()} wrote step {payload['step']}", flush=True)
         time.sleep(seconds)
 
-    handler_module.write_payload = slow
+    one_process.write_payload = ranks.write_payload = slow  # where the savers write payloads
 
 
 def notice_when(path: Path, grace: float):  # type: ignore[no-untyped-def]
@@ -88,9 +90,8 @@ def main() -> int:
     # every rank's saves, so they are shown from every rank, and no other DEBUG line
     lib = logging.getLogger("preemptible")
     lib.setLevel(logging.DEBUG)
-    lib.addFilter(
-        lambda r: r.levelno > logging.DEBUG or r.getMessage().startswith("preemptible: saved")
-    )
+    saved = re.compile(r"preemptible: (rank \d+: )?saved")
+    lib.addFilter(lambda r: r.levelno > logging.DEBUG or saved.match(r.getMessage()) is not None)
     torch.set_num_threads(1)
     torch.manual_seed(0)  # the same initial weights on every rank
     gen = torch.Generator().manual_seed(1234)

@@ -150,6 +150,8 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--devices", type=int, default=1)
+    # the harness keeps the published callback's contract (0) unless told otherwise; "default"
+    # passes no exit_code (the callback's own default, 128 + signum), "signal" passes None
     p.add_argument("--exit-code", default="0")
     p.add_argument("--val", action="store_true")
     p.add_argument("--val-size", type=int, default=16, help="validation samples (8 a batch)")
@@ -211,8 +213,11 @@ def main() -> int:
         os.environ["WANDB_MODE"] = "offline"
         tracker = WandbTracker(wandb.init(project="fit", dir=args.save_dir))
 
-    exit_code = None if args.exit_code == "signal" else int(args.exit_code)
-    callback = GracefulInterruptCallback(args.save_dir, tracker, exit_code=exit_code)
+    if args.exit_code == "default":
+        callback = GracefulInterruptCallback(args.save_dir, tracker)
+    else:
+        exit_code = None if args.exit_code == "signal" else int(args.exit_code)
+        callback = GracefulInterruptCallback(args.save_dir, tracker, exit_code=exit_code)
     mc = None
     if args.model_checkpoint is not None:
         mc = ModelCheckpoint(

@@ -78,9 +78,10 @@ def say(line: str) -> None:
 
 def _slow_down_writes(seconds: float) -> None:
     """Every checkpoint write (in whichever thread writes it) takes ``seconds`` longer."""
-    import preemptible._handler as handler_module
+    import preemptible.checkpoint._savers as one_process
+    import preemptible.distributed._savers as ranks
 
-    write = handler_module.write_payload
+    write = one_process.write_payload
 
     def slow(payload, path):  # type: ignore[no-untyped-def]
         say(f"writing step {payload['step']}")
@@ -88,7 +89,7 @@ def _slow_down_writes(seconds: float) -> None:
         write(payload, path)
         say(f"written step {payload['step']}")
 
-    handler_module.write_payload = slow
+    one_process.write_payload = ranks.write_payload = slow  # where the savers write payloads
 
 
 def _linger(where: str, seconds: float) -> None:

@@ -21,15 +21,11 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from preemptible._controller import Decision
-from preemptible._distributed import (
-    AgreementError,
-    StopAgreement,
-    default_store,
-    fallback_store,
-)
 from preemptible._errors import ConfigError
-from preemptible._termination import Notice
+from preemptible.distributed._agreement import StopAgreement
+from preemptible.distributed._group import AgreementError, default_store, fallback_store
+from preemptible.stop._controller import Decision
+from preemptible.stop._termination import Notice
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from preemptible import PreemptionCheckpointHandler, TerminationConfig
-from preemptible._async import AsyncSaver
-from preemptible._checkpoint import CheckpointStore
-from preemptible._state import write_payload
+from preemptible.checkpoint._async import AsyncSaver
+from preemptible.checkpoint._state import write_payload
+from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -127,12 +127,13 @@ def test_every_background_checkpoint_holds_its_own_step(tmp_path: Path) -> None:
         save_every_steps=1,
         async_save=True,
     )
-    assert handler._async is not None
+    writer = handler._session.saver.inner.async_saver  # the kit's background writer
+    assert writer is not None
     staged = []
     for step in handler.steps(12):
         with torch.no_grad():
             model.weight.fill_(float(step))
-        staged.append(handler._async.snapshot.nbytes)
+        staged.append(writer.snapshot.nbytes)
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     assert staged[-1] >= nbytes  # the model (and the RNG state) in staging buffers
     files = {c.step: c.path for c in CheckpointStore(tmp_path).committed()}

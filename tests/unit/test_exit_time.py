@@ -12,7 +12,7 @@ import pytest
 from preemptible import TerminationConfig
 from preemptible._errors import ConfigError
 from preemptible._run import RECORD_NAME, read_record, update_record
-from preemptible._termination import exit_process
+from preemptible.stop._termination import exit_process
 from preemptible.supervisor import Supervisor, SupervisorConfig
 from preemptible.supervisor._supervisor import JOURNAL_NAME, exit_seconds, measured_exits
 

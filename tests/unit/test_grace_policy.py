@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from preemptible import ConfigError, Notice, TerminationConfig
-from preemptible._termination import (
+from preemptible.stop._termination import (
     DECISION_MARGIN,
     EXIT_PRIOR_SPREAD,
     EXIT_TIME,

@@ -563,3 +563,41 @@ def test_periodic_saves_in_seconds_in_a_loop_of_ones_own(tmp_path: Path) -> None
             h.step = step + 1
             assert not h.should_stop
     assert 2 <= len(h.store.committed()) <= 10
+
+
+def test_a_finished_resumed_run_run_again_trains_nothing_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stop's checkpoint must not outlive the run's end: the resumed run commits its last
+    step, so the same command run once more trains no step (and says why)."""
+    config = TerminationConfig(exit_fn=Exits())
+    state = model_state()
+    for step in PreemptionCheckpointHandler(tmp_path, state, termination_config=config).steps(8):
+        train_step(state)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+    resumed = PreemptionCheckpointHandler(tmp_path, model_state(), termination_config=config)
+    assert list(resumed.steps(8)) == [3, 4, 5, 6, 7]
+    assert [c.step for c in resumed.store.committed()] == [8, 3]
+    again = PreemptionCheckpointHandler(tmp_path, model_state(), termination_config=config)
+    with caplog.at_level(logging.INFO, logger="preemptible"):
+        assert list(again.steps(8)) == []
+    assert "step-0000000008.ckpt is of a finished run; nothing left to train" in caplog.text
+    assert_restored()
+
+
+def test_a_save_at_the_resumed_step_after_training_warns_once(tmp_path: Path, caplog) -> None:
+    """A loop of one's own that never moves handler.step on would save every checkpoint as
+    the step it resumed from: said once, not at every save."""
+    h = PreemptionCheckpointHandler(tmp_path, model_state(), termination_config=TerminationConfig())
+    h.save(step=5)
+    h.close()
+    again = PreemptionCheckpointHandler(
+        tmp_path, model_state(), termination_config=TerminationConfig()
+    )
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        assert again.resume() == 5
+        again.save()
+        again.save()
+    again.close()
+    assert caplog.text.count("the step this run resumed from") == 1

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from preemptible import ConfigError, PreemptionCheckpointHandler
-from preemptible._checkpoint import LOCK_NAME
 from preemptible._env import env_int
+from preemptible.checkpoint._store import LOCK_NAME
 from tests.conftest import PY
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from preemptible import ConfigError
-from preemptible._interval import (
+from preemptible.checkpoint._interval import (
     HOUR,
     PRIORS,
     History,
@@ -337,7 +337,7 @@ def test_fifos_are_not_read(tmp_path: Path) -> None:
 def test_only_the_tail_of_a_huge_journal_is_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import preemptible._interval as interval_module
+    import preemptible.checkpoint._history as interval_module
 
     monkeypatch.setattr(interval_module, "JOURNAL_MAX_BYTES", 1000)
     old = [line(n, "CRASHED", 1.0) for n in range(1, 200)]
@@ -352,7 +352,7 @@ def test_only_the_tail_of_a_huge_journal_is_read(
 
 def test_importing_it_is_light() -> None:
     code = (
-        "import sys, preemptible._interval; "
+        "import sys, preemptible.checkpoint._interval; "
         "bad = [m for m in ('torch', 'numpy', 'preemptible.supervisor') "
         "if m in sys.modules]; print(bad)"
     )

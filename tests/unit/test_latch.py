@@ -11,7 +11,7 @@ from types import FrameType
 import pytest
 
 from preemptible import ConfigError, Notice
-from preemptible._signals import SignalLatch, normalize_signals
+from preemptible.stop._latch import SignalLatch, normalize_signals
 
 
 def previous_handler(signum: int, frame: FrameType | None) -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from preemptible import ConfigError
-from preemptible._termination import StopRequests
 from preemptible.notices import sources_for
 from preemptible.notices._http import BadAnswer
 from preemptible.notices._lease import LEASE_FILE_ENV, LeaseFile, boot_id, write_lease
+from preemptible.stop._termination import StopRequests
 from preemptible.sweeps._agent import AgentConfig, lease_times
 from preemptible.sweeps._lease import HostView, holder_alive, process_identity
 from tests.conftest import SCRIPTS, wait_for

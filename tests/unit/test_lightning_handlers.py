@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from preemptible._signals import DEFAULT_SIGNALS
 from preemptible.lightning import GracefulInterruptCallback
+from preemptible.stop._latch import DEFAULT_SIGNALS
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -98,7 +98,7 @@ def test_restored_after_an_exception(tmp_path: Path) -> None:
 def test_restored_after_an_interrupt(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as info:
         fit(Model(signal_at=3), str(tmp_path))  # type: ignore[arg-type]
-    assert info.value.code == 0
+    assert info.value.code == 143  # 128 + SIGTERM, the default since the kit
     assert (tmp_path / "resume.ckpt").exists()
     assert_restored()  # Lightning's own restore after the fit must not bring ours back
 
@@ -149,7 +149,7 @@ def test_fit_in_a_thread_installs_nothing_and_the_next_main_thread_fit_does(
     # the same callback, now in the main thread: installs, stops on SIGTERM, saves, restores
     with pytest.raises(SystemExit) as info:
         fit(Model(signal_at=3), tmp_path, callback)
-    assert info.value.code == 0
+    assert info.value.code == 143
     assert (tmp_path / "resume.ckpt").exists()
     assert received == [signal.SIGTERM], "the main-thread fit's signal reached the old handler"
     assert_restored(mine)
@@ -184,16 +184,38 @@ def test_a_failed_upload_skips_finalization_and_is_not_raised(
     assert_restored()
 
 
+class Unsaveable(Model):
+    def on_save_checkpoint(self, checkpoint):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+
 def test_a_failed_save_still_uploads_and_finalizes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")  # save_dir/resume.ckpt cannot be created under a file
     tracker = FlakyTracker(None)
     with caplog.at_level(logging.ERROR, logger="preemptible"), pytest.raises(SystemExit):
-        fit(Model(signal_at=2), blocker, tracker=tracker)
+        fit(Unsaveable(signal_at=2), tmp_path, tracker=tracker)
     assert tracker.calls == [("upload", False), ("finalize", "preempted")]
-    assert "saving" in caplog.text and "failed" in caplog.text
+    assert "saving" in caplog.text and "No space left on device" in caplog.text
+    assert not (tmp_path / "resume.ckpt").exists()
+
+
+def test_a_save_dir_that_cannot_be_made_fails_the_fit_before_it_trains(tmp_path: Path) -> None:
+    from preemptible import CheckpointSaveError
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")  # save_dir/resume.ckpt cannot be created under a file
+    trained: list[int] = []
+
+    class Counting(Model):
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            trained.append(batch_idx)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(CheckpointSaveError, match="not-a-dir cannot be created"):
+        fit(Counting(), blocker)
+    assert trained == []
+    assert_restored()
 
 
 def test_default_signals_include_slurms_usr1_over_lightnings_auto_requeue(
@@ -242,7 +264,7 @@ def test_default_signals_include_slurms_usr1_over_lightnings_auto_requeue(
     assert trainer.global_step == 3  # the batch the signal arrived in finished, no other
     assert (tmp_path / "ckpt" / "resume.ckpt").exists()
     assert list(tmp_path.rglob("hpc_ckpt_*")) == []
-    latch = callback._ctl.latch  # type: ignore[union-attr]
+    latch = callback._session.latch  # type: ignore[union-attr]
     assert sorted(seen) == sorted(DEFAULT_SIGNALS)
     assert all(latch.handles(h) for h in seen.values()), seen
     assert_restored()

@@ -20,12 +20,12 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader, TensorDataset
 
 from preemptible import Notice, TerminationConfig
-from preemptible._checkpoint import host_tag
-from preemptible._controller import Decision
-from preemptible._distributed import StopAgreement
 from preemptible._errors import ConfigError
-from preemptible._signals import DEFAULT_SIGNALS
+from preemptible._files import host_tag
+from preemptible.distributed._agreement import StopAgreement
 from preemptible.lightning import GracefulInterruptCallback
+from preemptible.stop._controller import Decision
+from preemptible.stop._latch import DEFAULT_SIGNALS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -115,7 +115,7 @@ def test_sigterm_in_the_sanity_check_is_ours_not_lightnings(tmp_path: Path) -> N
     codes: list[int] = []
     callback = GracefulInterruptCallback(tmp_path, termination_config=returning(codes))
     trainer = fit(Model(signal_in_sanity=True), callback, sanity=2)
-    assert codes == [0]
+    assert codes == [143]
     assert trainer.received_sigterm is False  # Lightning never saw it
     assert trainer.global_step == 0  # nothing trained after the stop
     saved = torch.load(tmp_path / "resume.ckpt", weights_only=False)
@@ -129,7 +129,7 @@ def test_a_handler_installed_before_fit_is_named_not_called_and_restored(
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="preemptible"), pytest.raises(SystemExit) as e:
         fit(Model(signal_at=2), GracefulInterruptCallback(tmp_path))
-    assert e.value.code == 0
+    assert e.value.code == 143
     name = f"{__name__}.users_handler"
     assert f"the SIGTERM handler installed before fit() ({name}) is not called" in caplog.text
     assert f"the SIGINT handler installed before fit() ({name})" in caplog.text
@@ -166,10 +166,11 @@ def test_a_failed_write_keeps_the_previous_resume_ckpt(
     callback = GracefulInterruptCallback(tmp_path, termination_config=returning(codes))
     with caplog.at_level(logging.ERROR, logger="preemptible"):
         fit(Model(signal_at=5), callback, plugins=[FailingWrite()])
-    assert codes == [0, 0]
+    assert codes == [143, 143]
     assert "No space left on device" in caplog.text
     assert ckpt.read_bytes() == committed
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["resume.ckpt"]  # no temporary left
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [".preemptible.lock", "resume.ckpt"]  # no temporary left
 
 
 def test_temporaries_of_dead_writers_on_this_host_are_removed(tmp_path: Path) -> None:
@@ -216,7 +217,7 @@ def test_validation_batches_count_as_steps_for_the_grace_policy(tmp_path: Path) 
     # away: the policy must budget for one, or the final save can miss the deadline.
     callback = GracefulInterruptCallback(tmp_path)
     fit(SlowValidation(), callback, val=True, limit_val_batches=2)
-    assert callback._ctl is not None and callback._ctl.step_times.max() >= 0.2
+    assert callback._session is not None and callback._session.step_times.max() >= 0.2
 
 
 def test_bad_termination_config_is_one_clear_error(tmp_path: Path) -> None:

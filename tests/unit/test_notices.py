@@ -203,7 +203,7 @@ def test_composite_logs_each_failing_source_once(
 
 @pytest.mark.parametrize("kind", ["gce", "ec2", "azure"])
 def test_watcher_thread_sees_a_notice_within_one_poll(kind: str, server: MetadataServer) -> None:
-    from preemptible._termination import Notice, Watcher
+    from preemptible.stop._termination import Notice, Watcher
     from tests.conftest import wait_for
 
     source = {

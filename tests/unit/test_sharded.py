@@ -7,6 +7,7 @@ import random
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -142,7 +143,7 @@ def test_the_loop_trains_on_while_a_sharded_checkpoint_is_written_in_the_backgro
     """The writer of step 3 is held until the loop has started 3 more steps: a synchronous
     save could not return, and the checkpoint still holds the weights of step 3, not later
     ones."""
-    import preemptible._handler as handler_module
+    import preemptible.distributed._savers as handler_module
 
     trained_on = threading.Event()
     write_rng = handler_module.write_rank_rng
@@ -159,7 +160,7 @@ def test_the_loop_trains_on_while_a_sharded_checkpoint_is_written_in_the_backgro
     for step in h.steps(7):
         if step == 3:
             at_save = {k: v.clone() for k, v in model.state_dict().items()}  # type: ignore[attr-defined]
-            assert h._async is not None and h._async.in_flight == 3
+            assert writer(h).in_flight == 3
         if step == 5:  # steps 3, 4 and 5 ran while step 3 was being written
             trained_on.set()
         x = torch.randn(5, 4)
@@ -181,7 +182,7 @@ def test_the_loop_trains_on_while_a_sharded_checkpoint_is_written_in_the_backgro
 def test_a_sharded_background_save_that_fails_is_reported_and_keeps_the_previous_one(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import preemptible._handler as handler_module
+    import preemptible.distributed._savers as handler_module
 
     write_rng = handler_module.write_rank_rng
 
@@ -213,17 +214,20 @@ def test_a_skipped_save_point_waits_an_interval_before_the_next_one(
     torch.distributed, an agreement round each)."""
     import time
 
-    import preemptible._handler as handler_module
+    import preemptible.distributed._savers as handler_module
 
     released = threading.Event()
+    import preemptible.checkpoint._savers as payload_module
+
+    module = handler_module if sharded else payload_module
     name = "write_rank_rng" if sharded else "write_payload"
-    original = getattr(handler_module, name)
+    original = getattr(module, name)
 
     def held(*args: object) -> None:
         assert released.wait(30)
         original(*args)
 
-    monkeypatch.setattr(handler_module, name, held)
+    monkeypatch.setattr(module, name, held)
     state = make_state(0)
     h = PreemptionCheckpointHandler(
         tmp_path / "ckpt",
@@ -243,3 +247,10 @@ def test_a_skipped_save_point_waits_an_interval_before_the_next_one(
     released.set()
     skipped = caplog.text.count("skipped: the one of step")
     assert 1 <= skipped <= 5, caplog.text  # ~0.5 s held / 0.2 s interval; not one per step
+
+
+def writer(h: PreemptionCheckpointHandler) -> Any:
+    """The handler's background writer (internal: the kit's state saver holds it)."""
+    async_saver = h._session.saver.inner.async_saver  # type: ignore[attr-defined]
+    assert async_saver is not None
+    return async_saver

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from preemptible import CheckpointLoadError, ConfigError, PreemptionCheckpointHandler
-from preemptible._checkpoint import LOCK_NAME
-from preemptible._state import apply_payload, build_payload, check_state, read_payload
+from preemptible.checkpoint._state import apply_payload, build_payload, check_state, read_payload
+from preemptible.checkpoint._store import LOCK_NAME
 
 
 def checkpoints(directory: Path) -> list[str]:

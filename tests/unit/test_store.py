@@ -21,7 +21,8 @@ from preemptible import (
     CheckpointStore,
     ConfigError,
 )
-from preemptible._checkpoint import FOREIGN_TEMP_MAX_AGE, LOCK_NAME, host_tag
+from preemptible._files import host_tag
+from preemptible.checkpoint._store import FOREIGN_TEMP_MAX_AGE, LOCK_NAME
 
 
 def write_text(text: str):

@@ -5,6 +5,7 @@ bad value from one run never stops the sweep."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -26,6 +27,8 @@ from rich.console import Console
 
 from preemptible import ConfigError, PreemptibleError
 from preemptible.sweeps import _agent
+from preemptible.sweeps._fields import decode_object
+from preemptible.sweeps._redact import Scrubber, url_secrets
 from preemptible.sweeps._sample import propose
 from preemptible.sweeps._spec import load_spec, parse_spec
 from preemptible.sweeps._status import render, render_sweeps, snapshot, sweeps_snapshot
@@ -244,6 +247,32 @@ def test_status_says_one_line_without_the_password(tmp_path: Path, url: str) -> 
     out = cli("status", "--db", url, cwd=tmp_path)
     line = one_line_exit_2(out)
     assert "s3cr" not in line + out.stdout, line
+
+
+@pytest.mark.parametrize(
+    ("url", "message", "scrubbed"),
+    [
+        # 2-letter pieces of the password stay: "permission" is not a secret
+        ("postgresql://alice:ab%2Fss@h/db", "permission denied: ab/ss", "permission denied: ***"),
+        ("postgresql://alice:mission@h/db", "permission denied", "permission denied"),
+        ("postgresql://alice:mission@h/db", 'password "mission" refused', 'password "***" refused'),
+        ("postgresql://alice:p%40ss%20w0rd@h/db", "got p%40ss+w0rd, p@ss w0rd", "got ***, ***"),
+        ("postgresql://alice@h/db?password=s3cr&etc=1", 'bad option "etc"', 'bad option "***"'),
+        ("host=h password='s3 cret' dbname=x", "missing = after cret", "missing = after ***"),
+        ("postgresql://alice:xy@h/db", "proxy xy refused", "proxy xy refused"),  # too short
+    ],
+)  # fmt: skip
+def test_the_scrubber_hides_whole_secrets_and_nothing_else(
+    url: str, message: str, scrubbed: str
+) -> None:
+    assert Scrubber(url, redact_url(url))(message) == scrubbed
+    assert Scrubber(url, redact_url(url))(f"at {url}") == f"at {redact_url(url)}"
+
+
+def test_no_secret_scrubbed_is_shorter_than_three_characters() -> None:
+    found = url_secrets("postgresql://alice:a/b:cd/efg%2Fss@h/db?sslpassword=x&y=z")
+    assert found and min(map(len, found)) >= 3, found
+    assert "efg" in found and "ss" not in found and "cd" not in found
 
 
 # -- 2. a metric too large for a float ---------------------------------------------------------
@@ -594,3 +623,208 @@ def test_control_characters_are_shown_escaped(store: Store) -> None:
 def test_the_agent_log_of_parameters_is_escaped() -> None:
     described = _agent._describe({"x": "\x1b[2J", "y": 1})
     assert "\x1b" not in described and "\\x1b" in described
+
+
+# -- 9. text that is not JSON in the queue's JSON fields ------------------------------------
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "not JSON (Expecting value at line 1, column 1)"),
+        ("{not json", "not JSON (Expecting property name enclosed in double quotes at line 1"),
+        ('{"a": 1} trailing', "not JSON (Extra data at line 1, column 10)"),
+        ('{"a": "\x01"}', "not JSON (Invalid control character at line 1, column 8)"),
+        ("[1, 2]", "JSON but not an object (a list)"),
+        ('"text"', "JSON but not an object (a text)"),
+        ("null", "JSON but not an object (null)"),
+        ('{"lr": NaN}', "not usable JSON (NaN, which JSON has no place for)"),
+        ('{"lr": -Infinity}', "not usable JSON (-Infinity, which JSON has no place for)"),
+        ('{"n": ' + "9" * 5000 + "}", "not usable JSON (a number too long)"),
+        ("[" * 100_000, "nested too deeply"),
+        (b"{}", "not text but bytes"),
+        (7, "not text but int"),
+    ],
+)
+def test_each_kind_of_unreadable_field_is_named_without_its_text(text: object, why: str) -> None:
+    value, reason = decode_object(text)
+    assert value is None and reason is not None and reason.startswith(why), reason
+    assert decode_object(' {"a": [1, 2.5e3]} \n') == ({"a": [1, 2500.0]}, None)
+    assert decode_object(None) == (None, None)
+
+
+def plant(url: str, sql: str, *args: object) -> None:
+    """Write into the queue behind the store's back (a hand edit, another tool, a bad disk)."""
+    if url.startswith("sqlite:"):
+        with contextlib.closing(sqlite3.connect(url.split("://", 1)[1])) as db, db:
+            db.execute(sql, args)
+        return
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.replace("?", "%s"), args)  # type: ignore[arg-type]
+
+
+def garbage_sweep(url: str, params_text: str, summary_text: str) -> tuple[str, list[str]]:
+    """Three runs, finished with a metric; run 1's params and run 2's summary are garbage."""
+    with open_store(url, retry_timeout=5) as s:
+        sweep = s.create_sweep(SPEC, name="g", run_cap=None, max_failures=0, max_preemptions=1)
+        ids = s.add_runs(sweep, [{"lr": 0.01}, {"lr": 0.02}, {"lr": 0.03}])
+        for loss in (0.5, 0.25, 0.125):
+            c = s.claim(sweep, agent="a", host="h", lease=60, propose=None)
+            assert c is not None
+            s.finish(c.run_id, agent="a", attempt=c.attempt, ending="FINISHED", exit_code=0,
+                     duration=1.0, checkpoint_step=3, summary={"loss": loss})  # fmt: skip
+    plant(url, "UPDATE preemptible_runs SET params = ? WHERE id = ?", params_text, ids[1])
+    plant(url, "UPDATE preemptible_runs SET summary = ? WHERE id = ?", summary_text, ids[2])
+    return sweep, ids
+
+
+def warnings_of(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "unreadable" in line]
+
+
+def test_a_field_that_is_not_json_is_shown_unreadable_by_every_status(
+    store_url: str, tmp_path: Path
+) -> None:
+    sweep, ids = garbage_sweep(store_url, "[1, 2]", "{not json")
+    table = cli("status", sweep, "--db", store_url, cwd=tmp_path)
+    assert table.returncode == 0 and "Traceback" not in table.stderr, table.stderr
+    assert len(warnings_of(table.stderr)) == 2, table.stderr  # one line per field
+    for run, field, why in ((ids[1], "params", "JSON but not"), (ids[2], "summary", "not JSON")):
+        (line,) = [w for w in warnings_of(table.stderr) if f"run {run}: its {field}" in w]
+        assert why in line and "[1, 2]" not in line and "not json" not in line, line
+    rows = {c[0]: c for c in (ln.split("│") for ln in table.stdout.splitlines()) if len(c) > 5}
+    assert "(unreadable)" in rows[f"{ids[1]} "][1] and "?" in rows[f"{ids[2]} "][5]
+    assert "lr=0.01" in rows[f"{ids[0]} "][1]  # the others as usual
+    assert f"best {ids[1]} loss=0.25" in table.stdout  # its summary is fine: still the best
+
+    out = cli("status", sweep, "--db", store_url, "--json", cwd=tmp_path)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    doc = json.loads(out.stdout)
+    got = [(r["params"], r["unreadable"], r["metric"]) for r in doc["runs"]]
+    assert got == [
+        ({"lr": 0.01}, [], 0.5),
+        (None, ["params"], 0.25),
+        ({"lr": 0.03}, ["summary"], None),
+    ]
+    assert len(warnings_of(out.stderr)) == 2, out.stderr
+
+    listing = cli("status", "--db", store_url, cwd=tmp_path)
+    assert listing.returncode == 0 and sweep in listing.stdout, listing.stderr
+    assert "Traceback" not in listing.stderr
+
+
+def test_a_spec_that_is_not_json_is_one_line_for_the_agent_and_unreadable_in_status(
+    store_url: str, tmp_path: Path
+) -> None:
+    sweep, _ = garbage_sweep(store_url, '{"lr": 0.02}', '{"loss": 0.125}')
+    plant(store_url, "UPDATE preemptible_sweeps SET spec = ? WHERE id = ?", "{oops", sweep)
+    line = one_line_exit_2(cli("agent", sweep, "--db", store_url, cwd=tmp_path))
+    assert f"sweep {sweep}: its spec in the sweep database is not JSON" in line, line
+    outs = [cli(*a, "--db", store_url, cwd=tmp_path) for a in (["status", sweep], ["status"])]
+    outs.append(cli("status", sweep, "--db", store_url, "--json", cwd=tmp_path))
+    for out in outs:
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        assert [w for w in warnings_of(out.stderr) if f"sweep {sweep}: its spec" in w], out.stderr
+    assert "spec (unreadable)" in outs[0].stdout and "(unreadable)" in outs[1].stdout
+    doc = json.loads(outs[2].stdout)
+    assert doc["sweep"]["unreadable"] == ["spec"] and doc["sweep"]["metric"] is None
+
+
+def test_a_claim_fails_the_run_whose_params_are_not_json_and_takes_the_next(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with open_store(store_url, retry_timeout=5) as s:
+        sweep = s.create_sweep(SPEC, name=None, run_cap=None, max_failures=3, max_preemptions=1)
+        ids = s.add_runs(sweep, [{"lr": 0.01}, {"lr": 0.02}, {"lr": 0.03}])
+        plant(store_url, "UPDATE preemptible_runs SET params = ? WHERE id = ?", "[oops", ids[0])
+        plant(store_url, "UPDATE preemptible_runs SET params = ? WHERE id = ?", "7", ids[1])
+        with caplog.at_level(logging.ERROR, logger="preemptible"):
+            c = s.claim(sweep, agent="a", host="h", lease=60, propose=None)
+        assert c is not None and (c.run_id, c.params) == (ids[2], {"lr": 0.03})
+        assert [(r.state, r.attempt, r.unreadable) for r in s.runs(sweep)] == [
+            ("FAILED", 0, ("params",)),
+            ("FAILED", 0, ("params",)),
+            ("RUNNING", 1, ()),
+        ]  # failed at once (a retry cannot help), with no attempt: it never ran
+        assert [o.params for o in s.history(sweep)] == [{"lr": 0.03}]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert f"run {ids[0]}: its params in the sweep database are not JSON" in lines[0]
+    assert f"run {ids[1]}: its params in the sweep database are JSON but not an object" in lines[1]
+    assert all("oops" not in line and "it cannot run: FAILED" in line for line in lines)
+
+
+def test_the_agent_skips_a_run_whose_params_are_not_json(tmp_path: Path) -> None:
+    (tmp_path / "ok.py").write_text("pass\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("program: ok.py\nmethod: grid\nparameters:\n  x: {values: [1, 2, 3]}\n")
+    db = f"sqlite://{tmp_path}/s.db"
+    created = cli("sweep", "create", str(spec), "--db", db, cwd=tmp_path)
+    assert created.returncode == 0, created.stderr
+    sweep = created.stdout.split()[-1]
+    plant(db, "UPDATE preemptible_runs SET params = ? WHERE id = ?", "{x: 2", f"{sweep}-1")
+    out = cli("agent", sweep, "--db", db, "--heartbeat", "0.2", "--lease", "5", cwd=tmp_path)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"run {sweep}-1: its params in the sweep database are not JSON" in out.stderr
+    with open_store(db) as s:
+        assert [r.state for r in s.runs(sweep)] == ["FINISHED", "FAILED", "FINISHED"]
+
+
+# -- 10. a spec path that names another file --------------------------------------------------
+SECRET_FILES = {
+    "shadow": "root:$6$S3CRETsalt$S3CRETHASH:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n",
+    "shadow-twice": "root:S3CRET:1:::\nroot:S3CRET:1:::\n",  # a duplicate key, to YAML
+    "env": "AWS_SECRET_ACCESS_KEY=S3CRETS3CRET\n",
+    "ini": "password: S3CRET\ntoken: S3CRET\n",
+    "pem": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbS3CRET\n-----END OPENSSH PRIVATE KEY-----\n",
+    "number": "4242424242\n",
+    "alias": "x: *S3CRETalias\n",
+    "tag": "x: !S3CRETtag 1\n",
+    "handle": "x: !S3CRET!y 1\n",
+    "escape": 'x: "S3CRET\\q"\n',
+    "anchors": "x: &S3CRET 1\ny: &S3CRET 2\n",
+    "control": "S3CRET\x01\n",
+    "list": "- S3CRET\n- S3CRET2\n",
+    "dup.json": '{"S3CRET": 1, "S3CRET": 2}',
+    "bad.json": '{"S3CRET": S3CRET}',
+    "list.json": '["S3CRET"]',
+}
+
+
+@pytest.mark.parametrize("name", list(SECRET_FILES))
+def test_a_spec_that_is_another_file_is_never_quoted(tmp_path: Path, name: str) -> None:
+    secret = tmp_path / "private" / name
+    secret.parent.mkdir()
+    secret.write_text(SECRET_FILES[name])
+    link = tmp_path / ("spec.json" if name.endswith(".json") else "spec.yaml")
+    link.symlink_to(secret)
+    with pytest.raises(ConfigError) as info:
+        load_spec(link)
+    message = str(info.value)
+    assert message.startswith(f"{link}: ") and "\n" not in message, message
+    said = message[len(f"{link}: ") :]
+    for piece in ("S3CRET", "4242", "root", "AWS", "password", "BEGIN"):
+        assert piece not in said, message
+
+
+def test_sweep_create_of_a_link_to_a_private_file_names_only_the_file(tmp_path: Path) -> None:
+    (tmp_path / "shadow").write_text(SECRET_FILES["shadow"])
+    (tmp_path / "s.yaml").symlink_to(tmp_path / "shadow")
+    line = one_line_exit_2(cli("sweep", "create", "s.yaml", "--db", "sqlite:s.db", cwd=tmp_path))
+    assert line.startswith("preemptible: s.yaml: a spec is a mapping of keys"), line
+    assert "none of them" in line and "S3CRET" not in line and "root:" not in line
+
+
+def test_a_spec_with_mistakes_is_still_quoted(tmp_path: Path) -> None:
+    """A document with a key of a spec is the user's spec: its keys and values are named."""
+    cases = {
+        "method: grid\nmethod: random\n": "duplicate key 'method' (line 2, column 1)",
+        "method: hyperband\nparameters: {x: {value: 1}}\n": "method: 'hyperband' is not valid",
+        "method: grid\nrun_caps: 3\n": "run_caps: not a sweep key",
+        "method: grid\nparameters: {x: *nope}\n": "found undefined alias (line 2",
+    }
+    for text, expected in cases.items():
+        path = tmp_path / "s.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            load_spec(path)

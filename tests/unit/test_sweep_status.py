@@ -7,16 +7,25 @@ clock the test sets, so every time, age and duration in the document is known ex
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
+import shlex
+import shutil
+import sqlite3
 import struct
+import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
+from rich.text import Text
 
 from preemptible import ConfigError
 from preemptible.sweeps import _store_sqlite
@@ -28,9 +37,12 @@ from preemptible.sweeps._status import (
     render_sweeps,
     snapshot,
     sweeps_snapshot,
+    table_snapshot,
     timeline_figure,
+    watch,
+    write_json,
 )
-from preemptible.sweeps._store import Claim, Store, open_store
+from preemptible.sweeps._store import Claim, Store, StoreError, open_store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -183,15 +195,17 @@ def test_snapshot_is_the_exact_document(store: Store, clock: Clock) -> None:
         },
         "best": {"run_id": f"{sweep}-1", "metric": 0.25},
         "created_at": 1000.0,
+        "unreadable": [],
     }
     runs = doc["runs"]
     assert [list(r) for r in runs] == [
         [
             *("run_id", "index", "params", "state", "attempts", "preemptions", "failures"),
             *("checkpoint_step", "metric", "summary", "agent", "host", "heartbeat_age"),
-            *("duration", "attempt_log"),
+            *("duration", "attempt_log", "unreadable"),
         ]
     ] * 5
+    assert [r["unreadable"] for r in runs] == [[]] * 5
     short = [
         {k: r[k] for k in list(r)[:14] if k not in ("run_id", "params", "summary")} for r in runs
     ]
@@ -529,3 +543,197 @@ def test_timeline_without_matplotlib_names_the_extra(
     with pytest.raises(ConfigError, match=r"needs matplotlib; pip install 'preemptible\[plot\]'"):
         plot_timeline(doc, tmp_path / "t.png")
     assert not (tmp_path / "t.png").exists()
+
+
+# -- a database on a read-only file system ----------------------------------------------------
+def _unshare() -> list[str] | None:
+    """How to get a mount namespace of our own (to mount a directory read-only), or None."""
+    for command in (["unshare", "-m"], ["unshare", "-rm"]):
+        try:
+            if subprocess.run([*command, "true"], capture_output=True, timeout=30).returncode == 0:
+                return command
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return None
+
+
+def status_read_only(folder: Path, *commands: list[str]) -> list[str]:
+    """Run ``preemptible status ...`` for each of ``commands`` with ``folder`` mounted
+    read-only (in a mount namespace of its own); their outputs."""
+    unshare = _unshare()
+    if unshare is None:
+        pytest.skip("no mount namespace here (unshare -m): cannot mount a folder read-only")
+    runs = " && echo ===== && ".join(
+        shlex.join([sys.executable, "-m", "preemptible", "status", *c]) for c in commands
+    )
+    script = f"mount --bind {folder} {folder} && mount -o remount,ro,bind {folder} && {runs}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREEMPTIBLE_")}
+    out = subprocess.run(
+        [*unshare, "sh", "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    return out.stdout.split("=====\n")
+
+
+@pytest.mark.parametrize("layout", ["closed", "agents-writing", "wal-left-behind"])
+def test_status_reads_a_database_on_a_read_only_file_system(tmp_path: Path, layout: str) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    db = folder / "sweeps.db"
+    with open_store(f"sqlite://{db}") as s:
+        sweep = s.create_sweep(SPEC, name="ro", run_cap=None, max_failures=0, max_preemptions=1)
+        s.add_runs(sweep, [{"lr": 0.1}, {"lr": 0.2}])
+        c = claim(s, sweep, "a1", "h1")
+        finish(s, c, "a1", "FINISHED", **ended(0, 2.0, 5, {"loss": 0.5}))
+    writer = None
+    if layout != "closed":  # a commit that is only in the WAL (an agent still has it open)
+        writer = sqlite3.connect(db, isolation_level=None)
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute(
+            "UPDATE preemptible_runs SET summary = ? WHERE id = ?", ('{"loss": 0.25}', c.run_id)
+        )
+    if layout == "wal-left-behind":  # the agents' machine died: -wal is there, -shm is not
+        left = tmp_path / "left"
+        left.mkdir()
+        for suffix in ("", "-wal"):
+            shutil.copyfile(f"{db}{suffix}", f"{left / 'sweeps.db'}{suffix}")
+        folder, db = left, left / "sweeps.db"
+    before = sorted(p.name for p in folder.iterdir())
+    url = f"sqlite://{db}"
+    table, as_json, listing = status_read_only(
+        folder, [sweep, "--db", url], [sweep, "--json", "--db", url], ["--db", url]
+    )
+    loss = "0.5" if layout == "closed" else "0.25"
+    assert f"best {c.run_id} loss={loss}" in table and "1 PENDING, 1 FINISHED" in table, table
+    assert [r["metric"] for r in json.loads(as_json)["runs"]] == [float(loss), None]
+    assert sweep in listing
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing written
+    if writer is not None:
+        writer.close()
+
+
+# -- narrow terminals and big sweeps ----------------------------------------------------------
+@pytest.mark.parametrize("width", [30, 40, 49, 60, 80])
+def test_the_state_of_every_run_is_shown_however_narrow_the_terminal(
+    store: Store, clock: Clock, width: int
+) -> None:
+    sweep = busy_sweep(store, clock)
+    doc = snapshot(store, sweep, now=1400.0)
+    console = Console(record=True, width=width)
+    console.print(render(doc, now=1400.0, width=width))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= width, text
+    states = [line for line in text.splitlines() if f"{sweep}-" in line and "│" in line]
+    assert [s for s in ("FINISHED", "FINISHED", "FAILED", "RUNNING", "PENDING") if s] == [
+        next(w for w in ("FINISHED", "FAILED", "RUNNING", "PENDING") if w in line)
+        for line in states
+    ], text
+    listing = Console(record=True, width=width)
+    listing.print(render_sweeps(sweeps_snapshot(store), width=width))
+    assert "1 PENDING" in listing.export_text() or "1 PENDING," in listing.export_text()
+
+
+def test_a_big_sweep_shows_the_runs_worth_seeing_and_counts_the_others(
+    store: Store, clock: Clock
+) -> None:
+    sweep = store.create_sweep(SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=5)
+    store.add_runs(sweep, [{"lr": i / 100} for i in range(40)])
+    # 0-29 finished (29 the best), 30-33 failed, 34-35 requeued, 36-37 running, 38-39 pending
+    taken = [claim(store, sweep, f"a{i}", "h") for i in range(38)]
+    for i, c in enumerate(taken[:36]):
+        clock.now = 1100.0 + i
+        if i < 30:
+            finish(store, c, f"a{i}", "FINISHED", **ended(0, 1.0, None, {"loss": 1.0 - i / 100}))
+        elif i < 34:
+            finish(store, c, f"a{i}", "FAILED", **ended(1, 1.0, None))
+        else:
+            finish(store, c, f"a{i}", "PREEMPTED", **ended(143, 1.0, 3))
+    doc = table_snapshot(store, sweep, now=2000.0, limit=10)
+    shown = [r["index"] for r in doc["runs"]]
+    assert shown == sorted(shown) and len(shown) == 10
+    assert {36, 37, 29, 33, 32, 31} <= set(shown)  # running, the best, the latest failed
+    assert {34, 35} & set(shown)  # requeued
+    assert doc["sweep"]["counts"]["FINISHED"] == 30 and doc["hidden"]["runs"] == 30
+    hidden = doc["hidden"]["counts"]
+    assert sum(hidden.values()) == 30 and hidden["RUNNING"] == 0
+    text = show(render(doc, now=2000.0))
+    assert "30 more runs not shown: " in text and "--json lists every run" in text
+    full = table_snapshot(store, sweep, now=2000.0, limit=40)
+    assert "hidden" not in full and full["runs"] == snapshot(store, sweep, now=2000.0)["runs"]
+
+
+def test_json_streams_the_same_document_as_the_snapshot(store: Store, clock: Clock) -> None:
+    sweep = busy_sweep(store, clock)
+    out = io.StringIO()
+    write_json(store, sweep, out, now=1400.0)
+    text = out.getvalue()
+    assert json.loads(text) == snapshot(store, sweep, now=1400.0)
+    assert len(text.splitlines()) == 2 + 5 + 1  # the sweep, "runs": [, a line per run, ]}
+
+
+# -- --watch while the database is away -------------------------------------------------------
+def test_watch_marks_the_last_table_while_the_database_is_away_and_recovers() -> None:
+    frames: list[str] = []
+    released = threading.Event()
+    answers: list[Any] = [
+        "table 1",
+        "hang",
+        StoreError("the sweep database x is unreachable"),
+        "table 2",
+    ]
+
+    def look() -> Text:
+        answer = answers.pop(0)
+        if answer == "hang":  # a database that does not answer (a network cut)
+            assert released.wait(30)
+            answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return Text(answer)
+
+    def show(view: Any) -> None:
+        frames.append(show_text(view))
+        if "no answer" in frames[-1]:
+            released.set()  # the marker is up: now the look fails
+
+    watch(look, 0.01, show, stale_after=0.2, rounds=3)
+    assert frames[0] == "table 1"
+    stale, failed, back = frames[1:]
+    since = re.search(r"database unreachable since (\d\d:\d\d:\d\d), showing the last table \(of "
+                      r"\d\d:\d\d:\d\d\)", stale)  # fmt: skip
+    assert since is not None and "no answer for 0.2 s" in stale and stale.endswith("table 1"), stale
+    assert f"unreachable since {since.group(1)}" in failed and "x is unreachable" in failed
+    assert failed.endswith("table 1")
+    assert back == "table 2"  # recovered: no marker
+
+
+def show_text(view: Any) -> str:
+    console = Console(record=True, width=200)
+    console.print(view)
+    return console.export_text().strip()
+
+
+def test_watch_raises_a_bug_in_the_look() -> None:
+    def look() -> Text:
+        raise ZeroDivisionError("a bug")
+
+    with pytest.raises(ZeroDivisionError):
+        watch(look, 0.01, lambda view: None, rounds=1)
+
+
+def test_json_stays_json_when_a_stored_number_overflows(
+    store: Store, clock: Clock, tmp_path: Path
+) -> None:
+    sweep = store.create_sweep(SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1)
+    (run_id,) = store.add_runs(sweep, [{"lr": 0.1}])
+    with contextlib.closing(sqlite3.connect(tmp_path / "db" / "sweeps.db")) as db, db:
+        db.execute("UPDATE preemptible_runs SET params = ? WHERE id = ?", ('{"lr": 1e999}', run_id))
+    out = io.StringIO()
+    write_json(store, sweep, out)
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    (run,) = json.loads(out.getvalue(), parse_constant=refuse)["runs"]
+    assert run["params"] == {"lr": None}

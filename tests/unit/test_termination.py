@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from preemptible import ConfigError, Notice, TerminationConfig
-from preemptible._termination import (
+from preemptible.stop._termination import (
     DECISION_MARGIN,
     EXIT_PRIOR_SPREAD,
     EXIT_TIME,

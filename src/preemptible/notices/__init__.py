@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._env import env_choice, env_float, env_str
-from .._termination import TerminationConfig
+from ..stop._termination import TerminationConfig
 
 if TYPE_CHECKING:
     from ._sources import Source

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._termination import Notice
+from ..stop._termination import Notice
 from ._http import BadAnswer
 
 logger = logging.getLogger("preemptible")
@@ -63,7 +63,7 @@ def write_lease(
     """Write (atomically) that the lease of this attempt ends at ``deadline`` (monotonic):
     the run must be gone by then. ``warn``: seconds before it that the run is told to stop;
     ``margin``: seconds past it after which the run may already belong to someone else."""
-    from .._checkpoint import write_text_atomic
+    from .._files import write_text_atomic
 
     left = deadline - time.monotonic()
     doc = {

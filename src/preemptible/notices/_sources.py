@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from .._env import env_float, env_str
 from .._errors import ConfigError
-from .._termination import Notice
+from ..stop._termination import Notice
 from ._http import BadAnswer, Endpoint, parse_endpoint, request
 
 logger = logging.getLogger("preemptible")

@@ -35,6 +35,8 @@ class RunRecord:
     step: int | None = None
     checkpoint: str | None = None
     checkpoint_dir: str | None = None
+    resume_from: str | None = None  # the newest checkpoint the job committed (any name)
+    resume_step: int | None = None
 
     @property
     def stopped_early(self) -> bool:
@@ -54,6 +56,8 @@ class RunRecord:
             step=_int(data.get("step"), 0, 2**63 - 1),
             checkpoint=_text(data.get("checkpoint")),
             checkpoint_dir=_text(data.get("checkpoint_dir")),
+            resume_from=_text(data.get("resume_from")),
+            resume_step=_int(data.get("resume_step"), 0, 2**63 - 1),
         )
 
 

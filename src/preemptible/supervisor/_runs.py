@@ -18,9 +18,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .._checkpoint import MAX_STEP
-from .._interval import _tail
 from .._run import read_json_object
+from ..checkpoint._history import tail_lines as _tail
+from ..checkpoint._store import MAX_STEP
 from ._classify import RunState
 from ._record import _int, _time, load_record
 from ._supervisor import JOURNAL_NAME, JOURNAL_TAIL_BYTES, LOCK_NAME

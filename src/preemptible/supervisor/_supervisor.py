@@ -47,15 +47,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
-from .._checkpoint import CheckpointStore, open_in_place, write_text_atomic
 from .._env import env_str
 from .._errors import ConfigError, PreemptibleError
-from .._interval import _tail
+from .._files import open_in_place, write_text_atomic
 from .._run import read_record
-from .._signals import DUPLICATE_WINDOW, KEEP_IGNORED
-from .._termination import EXIT_SECONDS_ENV
+from ..checkpoint._history import tail_lines as _tail
+from ..checkpoint._store import CheckpointStore
 from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
 from ..notices import grace_period_from_env
+from ..stop._latch import DUPLICATE_WINDOW, KEEP_IGNORED
+from ..stop._termination import EXIT_SECONDS_ENV
 from . import _slurm
 from ._classify import Ending, RunState, classify, exit_code_for
 from ._process import ProcessGroup, become_subreaper
@@ -281,6 +282,7 @@ class Supervisor:
         self.checkpoint_dir = config.checkpoint_dir or self.run_dir / "checkpoints"
         # where the job really saves (its record's checkpoint_dir); resumes come from here
         self.resume_dir = self.checkpoint_dir
+        self._named_resume: tuple[int, Path] | None = None  # (step, path) the record named
         self.signals: list[Received] = []  # received since the supervisor started
         self.requested: list[Received] = []  # of those, the stops asked for by stop_job()
         self.attempts: list[Attempt] = []
@@ -549,14 +551,26 @@ class Supervisor:
             # the worst of the last few: one fast exit must not shrink the budget of the next
             env[EXIT_SECONDS_ENV] = f"{max(exits):.3f}"
         try:
-            latest = CheckpointStore(self.resume_dir).latest()
+            latest = self._resume_target()
         except OSError as exc:
             raise PreemptibleError(
                 f"cannot read the checkpoint directory {self.resume_dir}: {exc.strerror or exc}"
             ) from exc
         if latest is not None:
-            env["PREEMPTIBLE_RESUME_FROM"] = str(latest.path.resolve())
+            env["PREEMPTIBLE_RESUME_FROM"] = str(latest.resolve())
         return env
+
+    def _resume_target(self) -> Path | None:
+        """The checkpoint the next attempt resumes from: the newest ``step-N.ckpt`` of the
+        resume directory, or the one the job's record names (a framework's own name, such as
+        Lightning's ``resume.ckpt``) when it is newer."""
+        latest = CheckpointStore(self.resume_dir).latest()
+        named = self._named_resume
+        if named is not None and not (named[1].is_file() or named[1].is_dir()):
+            named = None
+        if named is not None and (latest is None or named[0] > latest.step):
+            return named[1]
+        return None if latest is None else latest.path
 
     def _supervise(self, number: int, group: ProcessGroup, first: int) -> float:
         """Wait for the attempt's whole group; escalate, watch for escapees, beat. Returns
@@ -662,14 +676,19 @@ class Supervisor:
     def _newest_name(self) -> str:
         """The checkpoint the next attempt would resume from, for a log line."""
         try:
-            latest = CheckpointStore(self.resume_dir).latest()
+            latest = self._resume_target()
         except (OSError, PreemptibleError):
             return "unknown"
-        return "none" if latest is None else latest.path.name
+        return "none" if latest is None else latest.name
 
     def _follow_checkpoints(self, record: RunRecord) -> None:
         """Resume from where the job says it saves (its handler may have a directory of its
-        own), when that is an existing directory; else keep the supervisor's."""
+        own), when that is an existing directory; else keep the supervisor's. The newest
+        checkpoint it names counts when it lies in that directory."""
+        if record.resume_from is not None and record.checkpoint_dir is not None:
+            named = Path(record.resume_from)
+            if named.is_absolute() and named.parent == Path(record.checkpoint_dir):
+                self._named_resume = (record.resume_step or 0, named)
         if record.checkpoint_dir is None:
             return
         where = Path(record.checkpoint_dir)

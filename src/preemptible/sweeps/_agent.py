@@ -55,10 +55,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .._checkpoint import CheckpointStore
 from .._errors import ConfigError, PreemptibleError
 from .._report import read_summary
 from .._run import read_record
+from ..checkpoint._store import CheckpointStore
 from ..notices._lease import LEASE_FILE_ENV, LEASE_FILE_NAME, write_lease
 from ._command import build_command
 from ._lease import HostView

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._checkpoint import write_text_atomic
 from .._env import env_str
 from .._errors import ConfigError
+from .._files import write_text_atomic
 
 if TYPE_CHECKING:
     from ._spec import SweepSpec

@@ -17,8 +17,8 @@ import logging
 import os
 from pathlib import Path
 
-from .._checkpoint import LOCK_NAME as CHECKPOINT_LOCK
 from .._errors import ConfigError
+from ..checkpoint._store import LOCK_NAME as CHECKPOINT_LOCK
 from ..notices._lease import boot_id
 from ..supervisor._record import load_record
 from ..supervisor._runs import _held_locks, _is_held

@@ -13,6 +13,11 @@ Every problem is one ``ConfigError`` line that names the key path, e.g.
 ``spec.yaml: parameters.lr.distribution: 'lognormal' is not valid; valid: constant, ...``.
 The input is checked to be plain JSON data first (YAML can also give dates, sets and binary),
 so that ``raw`` can be stored in the queue and parsed again to the same spec by every agent.
+
+An error never quotes a file that is not a spec: the path given may be any file (a link to
+``/etc/shadow``, a key file), so until the document has parsed as a mapping a message names
+only the file, the line and column, and what kind of thing was found; a parser's message is
+stripped of the text it quotes. Values are quoted only from a document that is a mapping.
 """
 
 from __future__ import annotations
@@ -240,14 +245,22 @@ def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
     except OSError as exc:
         raise ConfigError(f"{source}: cannot be read ({exc.strerror or exc})") from None
     data: object
-    if file.suffix.lower() == ".json":
+    # keys written twice are reported once the document is known to be a spec: a key of
+    # another file can be anything (the first line of /etc/shadow is one, to YAML)
+    duplicates: list[tuple[object, str]] = []
+    kind = "JSON" if file.suffix.lower() == ".json" else "YAML"
+    if kind == "JSON":
+
+        def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for key, value in items:
+                if key in out:
+                    duplicates.append((key, ""))
+                out[key] = value
+            return out
+
         try:
-            data = json.loads(text, object_pairs_hook=_unique_pairs)
-        except _DuplicateKey as exc:
-            raise ConfigError(
-                f"{source}: not valid JSON: duplicate key {_short(exc.key)}; each key may appear "
-                "once in a mapping"
-            ) from None
+            data = json.loads(text, object_pairs_hook=pairs)
         except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"{source}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
@@ -257,23 +270,41 @@ def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
                 f"{source}: not usable JSON: {_flat(str(exc) or 'nested too deeply')}"
             ) from None
     else:
+        loader: _UniqueKeyLoader | None = None
         try:
-            data = yaml.load(text, Loader=_UniqueKeyLoader)
+            loader = _UniqueKeyLoader(text)  # its reader refuses control characters at once
+            data = loader.get_single_data()
+            duplicates = loader.duplicates
         except yaml.MarkedYAMLError as exc:
-            where = ""
-            if exc.problem_mark is not None:
-                where = f" (line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1})"
+            problem = _unquoted(exc.problem or exc.context or "syntax error")
+            where = _at(exc.problem_mark)
+            raise ConfigError(f"{source}: not valid YAML: {problem}{where}") from None
+        except yaml.reader.ReaderError as exc:  # a control character, an invalid code point
             raise ConfigError(
-                f"{source}: not valid YAML: {_flat(exc.problem or exc.context or 'syntax error')}"
-                f"{where}"
+                f"{source}: not valid YAML: {exc.reason} (character {exc.position + 1})"
             ) from None
-        except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        except (yaml.YAMLError, ValueError) as exc:
             raise ConfigError(
-                f"{source}: not valid YAML: {_flat(str(exc) or 'nested too deeply')}"
+                f"{source}: not valid YAML: {_unquoted(str(exc)) or 'a value it cannot read'}"
             ) from None
+        except RecursionError:
+            raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
+        finally:
+            if loader is not None:
+                loader.dispose()
     if data is None:
         raise ConfigError(f"{source}: is empty; a spec needs at least method and parameters")
+    if duplicates and _is_spec(data):
+        key, where = duplicates[0]
+        raise ConfigError(
+            f"{source}: not valid {kind}: duplicate key {_short(key)}{where}; each key may appear "
+            "once in a mapping"
+        )
     return parse_spec(data, source=source)
+
+
+def _at(mark: yaml.Mark | None) -> str:
+    return "" if mark is None else f" (line {mark.line + 1}, column {mark.column + 1})"
 
 
 def _read(file: Path, source: str) -> bytes:
@@ -307,25 +338,15 @@ def _file_kind(mode: int) -> str:
     return "not a file"
 
 
-class _DuplicateKey(ValueError):
-    def __init__(self, key: object) -> None:
-        super().__init__(f"duplicate key {key!r}")
-        self.key = key
-
-
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.safe_load``, except that a key written twice in one mapping is an error (YAML
-    says keys are unique; PyYAML keeps the last). Keys brought in by a merge (``<<: *base``)
-    may still be overridden: only the keys written in the mapping itself are compared."""
+    """``yaml.safe_load``, except that a key written twice in one mapping is recorded in
+    ``duplicates`` (YAML says keys are unique; PyYAML keeps the last). Keys brought in by a
+    merge (``<<: *base``) may still be overridden: only the keys written in the mapping itself
+    are compared."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.duplicates: list[tuple[object, str]] = []
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
@@ -339,12 +360,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 except TypeError:  # an unhashable key: SafeLoader says so itself
                     continue
                 if duplicate:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping",
-                        node.start_mark,
-                        f"duplicate key {_short(key)}; each key may appear once in a mapping",
-                        key_node.start_mark,
-                    )
+                    self.duplicates.append((key, _at(key_node.start_mark)))
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
 
@@ -371,7 +387,10 @@ def _fail(path: str, problem: str) -> NoReturn:
 
 def _parse(data: object) -> SweepSpec:
     if not isinstance(data, Mapping):
-        _fail("", f"a spec is a mapping of keys ({', '.join(TOP_KEYS)}), not {_what(data)}")
+        # its kind only: a file that is not a mapping is not a spec, and not to be quoted
+        _fail("", f"a spec is a mapping of keys ({', '.join(TOP_KEYS)}), not {_kind(data)}")
+    if not _is_spec(data):  # nor is a mapping without one key of a spec: its keys are not named
+        _fail("", f"a spec is a mapping of keys ({', '.join(TOP_KEYS)}); this one has none of them")
     raw = cast(dict[str, Any], _plain(data, "", 0, [0]))
     for key in raw:
         if key not in TOP_KEYS and key not in WANDB_IGNORED:
@@ -817,6 +836,44 @@ def canonical(value: Any) -> str:
 def _decimal(x: float) -> Decimal:
     """The number as written (its shortest repr), so 0.3 / 0.1 is exactly 3."""
     return Decimal(repr(x)) if isinstance(x, float) else Decimal(x)
+
+
+def _is_spec(data: object) -> bool:
+    """A mapping with at least one key of a sweep spec: a spec, maybe with mistakes, whose
+    keys and values may be quoted in errors."""
+    return isinstance(data, Mapping) and any(
+        isinstance(key, str) and (key in TOP_KEYS or key in WANDB_IGNORED) for key in data
+    )
+
+
+def _kind(value: object) -> str:
+    """What ``value`` is, without any of it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, str):
+        return "a text"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+# A parser's message quotes what it found: 'an alias', "a tag", a character. Kept: the names
+# of YAML's tokens ('<block end>') and a single character that is not a letter or a digit
+# ('\t', ':'); anything else could be a piece of a file that is not a spec.
+_QUOTED = re.compile(r"""\s?(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
+_HARMLESS = re.compile(r"<[a-z ]+>|[^\w\s]|\\(?:[a-z]|x[0-9a-f]{2}|u[0-9a-f]{4})")
+
+
+def _unquoted(text: str) -> str:
+    def keep(match: re.Match[str]) -> str:
+        quoted = match.group(0)
+        return quoted if _HARMLESS.fullmatch(quoted.strip()[1:-1]) else ""
+
+    return _flat(_QUOTED.sub(keep, text))
 
 
 def _what(value: object) -> str:

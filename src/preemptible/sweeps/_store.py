@@ -24,10 +24,16 @@ Agents on one machine or many share one database. The guarantees:
   each is idempotent, so a retry after a lost acknowledgement changes nothing twice.
 * The URL's password is never shown: every message uses ``redact_url`` (which hides all
   between ``://`` and the last ``@`` but a plain user name, and all after a ``password=``-like
-  parameter), and a driver's message is scrubbed of the URL and of every secret in it.
+  parameter), and a driver's message is scrubbed of the URL and of every whole secret in it
+  (``_redact``).
 * One run's bad value never stops the sweep: a reported metric that is not a finite number
   (``clean_summary``) or a checkpoint step beyond 64 bits (``clean_step``) is dropped with a
-  warning, and a value stored before is read back as missing.
+  warning, and a value stored before is read back as missing. A JSON field that cannot be
+  read back (``_fields``: text that is not JSON, written by hand or by another tool) is read
+  as missing and named in the row's ``unreadable``; a pending run whose parameters cannot be
+  read is FAILED when it would be claimed; only an unreadable spec stops its sweep's agents.
+* ``open_store(reader=True)`` (``status``) reads a database it may not write (a read-only
+  file system or role, a standby) without migrating it, when its schema is current.
 
 Run states after an attempt (``finish``), following ``preemptible run``'s restart policy:
 FINISHED ends the run. PREEMPTED (and a lost lease) goes back to PENDING while the run has
@@ -51,16 +57,17 @@ import random
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol, TypeVar
-from urllib.parse import unquote, unquote_plus, urlsplit
 
 from .._env import env_float, env_str
 from .._errors import ConfigError, PreemptibleError
+from ._fields import decode_object, field_error, strict_object
+from ._redact import redact_url, userinfo_problem
 from ._sample import Observation  # what ``propose`` reads: (params, metric, finished)
 
 logger = logging.getLogger("preemptible")
@@ -153,6 +160,7 @@ class SweepRow:
     seed: int
     runs_created: int
     created_at: float
+    unreadable: tuple[str, ...] = ()  # "spec" when it cannot be read back (spec is then {})
 
 
 @dataclass(frozen=True)
@@ -172,6 +180,8 @@ class RunRow:
     summary: dict[str, Any] | None
     created_at: float
     updated_at: float
+    # the JSON fields that cannot be read back (_fields): params is then {}, summary None
+    unreadable: tuple[str, ...] = ()
     epoch: int = 0  # of the newest claim (kept after the run is handed back)
 
 
@@ -229,128 +239,7 @@ class Backend(Protocol):
     def scrub(self, text: str) -> str: ...
 
 
-# -- URLs ------------------------------------------------------------------------------------
-# A parameter whose %-decoded name matches this holds a secret (password=, sslpassword=, a
-# token); passfile= names a file, which is fine to show.
-_SECRET_KEY = re.compile(r"pass|secret|token", re.IGNORECASE)
-_PUBLIC_KEYS = ("passfile",)
-# ``key=`` or ``key =`` at the start, after a URL's ``?``/``&``/``;`` or after white space
-_KEY = re.compile(r"(?:^|(?<=[?&;\s]))([^\s=?&;]+)\s*=")
-_PLAIN_USER = re.compile(r"[^/?#@\[\]=&;\s]*")
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
-_PIECES = re.compile(r"[/?#@:&=;,'\"\s]+")
-_MIN_PIECE = 2  # shorter pieces of a secret are not worth scrubbing everywhere
-
-
-def _secret_key(name: str) -> bool:
-    key = unquote(name).strip().lower()
-    return key not in _PUBLIC_KEYS and bool(_SECRET_KEY.search(key))
-
-
-def _first_secret_key(text: str) -> re.Match[str] | None:
-    for match in _KEY.finditer(text):
-        if _secret_key(match.group(1)):
-            return match
-    return None
-
-
-def _split_userinfo(url: str) -> tuple[str, str | None, str]:
-    """(head, userinfo, rest): the user part is everything between ``://`` (or a bare
-    ``scheme:``) and the LAST ``@``, whatever it contains: a password with an unencoded
-    ``/``, ``?``, ``#`` or ``@`` is still taken for one. None when there is no ``@``."""
-    if "://" in url:
-        scheme, body = url.split("://", 1)
-        head = f"{scheme}://"
-    else:
-        match = _SCHEME.match(url)
-        split = match.end() + 1 if match and url[match.end() : match.end() + 1] == ":" else 0
-        head, body = url[:split], url[split:]
-    at = body.rfind("@")
-    if at < 0:
-        return head, None, body
-    return head, body[:at], body[at + 1 :]
-
-
-def redact_url(url: str) -> str:
-    """``url`` with every secret hidden: the password (whatever lies between the ``:`` after
-    the user name and the LAST ``@``; all of it when the user name is not plain) and all that
-    follows a ``password=``, ``sslpassword=`` or similar parameter (URL query or libpq
-    ``key=value`` text: a value with an unencoded ``&`` or space may run on). The rest as
-    written; a URL that does not parse at all is shown as its scheme only."""
-    if "://" in url:
-        scheme = url.split("://", 1)[0]
-        try:
-            urlsplit(url)
-        except ValueError:  # unparsable: show none of it
-            return f"{scheme if _SCHEME.fullmatch(scheme) else '***'}://***"
-    spans: list[tuple[int, int]] = []  # [start, end) of ``url`` shown as ***
-    head, userinfo, _ = _split_userinfo(url)
-    if userinfo is not None:
-        start, end = len(head), len(head) + len(userinfo)
-        user, colon, _ = userinfo.partition(":")
-        if _PLAIN_USER.fullmatch(user):
-            start += len(user) + len(colon)
-        if colon or start < end:
-            spans.append((start, end))
-    match = _first_secret_key(url)
-    if match is not None:
-        spans.append((match.end(), len(url)))
-    merged: list[list[int]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    shown: list[str] = []
-    at = 0
-    for start, end in merged:
-        shown += [url[at:start], "***"]
-        at = end
-    shown.append(url[at:])
-    return "".join(shown)
-
-
-def url_secrets(url: str) -> list[str]:
-    """Every secret of ``url`` as written, %-decoded, and in pieces (a driver that splits the
-    URL otherwise than meant may quote any piece): longest first, for scrubbing messages."""
-    regions: list[str] = []
-    _, userinfo, _ = _split_userinfo(url)
-    if userinfo is not None and ":" in userinfo:
-        regions.append(userinfo.split(":", 1)[1])
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    if password:
-        regions.append(password)
-    for match in _KEY.finditer(url):
-        if _secret_key(match.group(1)):
-            tail = url[match.end() :].lstrip()
-            regions.append(tail)
-            regions.append(re.split(r"[&;\s]", tail, maxsplit=1)[0])
-    found: set[str] = set()
-    for region in regions:
-        for form in (region, unquote(region), unquote_plus(region)):
-            found.add(form)
-            found.update(p for p in _PIECES.split(form) if len(p) >= _MIN_PIECE)
-    found.discard("")
-    return sorted(found, key=lambda s: (-len(s), s))
-
-
-def userinfo_problem(url: str) -> str | None:
-    """Why a postgresql:// URL cannot mean what its writer meant (one line), or None: a user
-    or password with an unencoded ``@``, ``/``, ``?`` or ``#`` is split elsewhere by libpq,
-    which would then quote pieces of the password in its errors."""
-    _, userinfo, _ = _split_userinfo(url)
-    found = [c for c in "@/?#" if userinfo is not None and c in userinfo]
-    if not found:
-        return None
-    chars = " and ".join(f"'{c}'" for c in found)
-    codes = " and ".join(f"%{ord(c):02X}" for c in found)
-    return (
-        f"the user or password contains {chars}; write {'it' if len(found) == 1 else 'them'} "
-        f"as {codes} (all up to the last '@' is read as the user and password)"
-    )
+# -- URLs: redaction and scrubbing live in _redact -------------------------------------------
 
 
 def open_store(
@@ -358,13 +247,17 @@ def open_store(
     *,
     root: Path | None = None,
     retry_timeout: float | None = None,
+    reader: bool = False,
     create: bool = True,
 ) -> Store:
     """Open (and create or migrate) the sweep database. ``url`` None: ``$PREEMPTIBLE_DB``, else
     ``<root or cwd>/.preemptible/sweeps.db``. ``retry_timeout``: seconds each operation keeps
     retrying an unreachable or locked database (``$PREEMPTIBLE_DB_RETRY_TIMEOUT``, 300).
-    ``create=False``: an SQLite file that does not exist is an error (``DatabaseGone``), not a
-    new empty queue: agents, ``status`` and the sweep controls only use a queue that exists."""
+    ``reader``: the caller only reads (``status``): a database it cannot write (a read-only
+    file system or role, a PostgreSQL standby) is read as it is when its schema is current.
+    ``create=False`` (and any reader): an SQLite file that does not exist is an error
+    (``DatabaseGone``), not a new empty queue: agents, ``status`` and the sweep controls only
+    use a queue that exists."""
     if not url:
         url = env_str("PREEMPTIBLE_DB")
     if retry_timeout is None:
@@ -373,14 +266,16 @@ def open_store(
     elif not (math.isfinite(retry_timeout) and retry_timeout >= 0):
         raise ConfigError(f"retry_timeout={retry_timeout!r} is not valid; use seconds >= 0")
     base = root if root is not None else Path.cwd()
-    return Store(_backend(url, base, create), retry_timeout=retry_timeout)
+    backend = _backend(url, base, reader, create)
+    return Store(backend, retry_timeout=retry_timeout, reader=reader)
 
 
-def _backend(url: str | None, base: Path, create: bool = True) -> Backend:
+def _backend(url: str | None, base: Path, reader: bool = False, create: bool = True) -> Backend:
     from ._store_sqlite import SqliteBackend
 
     if url is None:
-        return SqliteBackend((base / ".preemptible" / "sweeps.db").absolute(), create=create)
+        path = (base / ".preemptible" / "sweeps.db").absolute()
+        return SqliteBackend(path, reader=reader, create=create)
     if url.startswith("sqlite:"):
         rest = url[len("sqlite:") :]
         if rest.startswith("//"):
@@ -390,7 +285,7 @@ def _backend(url: str | None, base: Path, create: bool = True) -> Backend:
         if not rest or rest.endswith("/"):
             raise ConfigError(f"database URL {redact_url(url)!r} names no file; use {_VALID_URLS}")
         path = Path("/" + rest.lstrip("/")) if rest.startswith("/") else base / rest
-        return SqliteBackend(path.absolute(), create=create)
+        return SqliteBackend(path.absolute(), reader=reader, create=create)
     if url.startswith(("postgresql://", "postgres://")):
         shown = redact_url(url)
         problem = userinfo_problem(url)
@@ -468,6 +363,14 @@ class _Tx:
         columns = [d[0] for d in self._cur.description]
         return [dict(zip(columns, row, strict=True)) for row in self._cur.fetchall()]
 
+    def iter(self, query: str, /, **params: Any) -> Iterator[tuple[Any, ...]]:
+        """The rows of ``query`` as tuples in its column order, a batch at a time (a sweep of
+        100,000 runs is never one list of Python rows); read them all before the next query
+        of this transaction."""
+        self.execute(self._queries[query], params)
+        while rows := self._cur.fetchmany(2000):
+            yield from rows
+
     def one(self, query: str, /, **params: Any) -> dict[str, Any] | None:
         rows = self.all(query, **params)
         return rows[0] if rows else None
@@ -481,8 +384,9 @@ def _json(value: Any, what: str) -> str:
         raise ConfigError(f"{what} is not JSON-serializable ({exc}); use plain values") from None
 
 
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+def _loads(text: object) -> Any:
+    """A stored JSON object, or None when it is NULL or cannot be read back (_fields)."""
+    return decode_object(text)[0]
 
 
 def _check_int(
@@ -648,7 +552,12 @@ class Store:
     """The sweep queue in one database (``open_store``). Methods are transactions, retried."""
 
     def __init__(
-        self, backend: Backend, *, retry_timeout: float, health: _Health | None = None
+        self,
+        backend: Backend,
+        *,
+        retry_timeout: float,
+        reader: bool = False,
+        health: _Health | None = None,
     ) -> None:
         self._backend = backend
         self._queries = {k: backend.convert(v) for k, v in _load_queries(backend.kind).items()}
@@ -661,7 +570,7 @@ class Store:
         # database's clock read its "now", so a lease it set cannot end sooner than this + lease
         self.last_try_at = time.monotonic()
         try:
-            self._migrate()
+            self._migrate(reader=reader)
         except BaseException:
             self.close()
             raise
@@ -759,10 +668,30 @@ class Store:
             return True
         return type(exc).__module__.startswith(("sqlite3", "psycopg"))
 
-    def _migrate(self) -> None:
+    def _migrate(self, *, reader: bool = False) -> None:
         """Apply the migrations this database lacks, one migrator at a time (SQLite: the write
-        lock; PostgreSQL: an advisory lock), so agents opening a new database together agree."""
+        lock; PostgreSQL: an advisory lock), so agents opening a new database together agree.
+        A ``reader`` that may not write reads a database whose schema is current as it is."""
         wanted = migrations(self.kind)
+        if reader:
+            try:
+                self._migrate()
+            except StoreError as refused:
+                try:
+                    have = self._transact(
+                        lambda tx: {r["version"] for r in tx.all("schema_versions")}, write=False
+                    )
+                except PreemptibleError:
+                    raise refused from None
+                if have and max(have) > wanted[-1][0]:
+                    raise  # a newer schema: "upgrade preemptible"
+                if not have.issuperset(v for v, _ in wanted):
+                    raise StoreError(
+                        f"{refused}; it has schema version {max(have, default=0)} and this "
+                        f"preemptible reads version {wanted[-1][0]}: migrate it once where it "
+                        "can be written (any preemptible command does)"
+                    ) from None
+            return
 
         def apply(tx: _Tx) -> None:
             tx.run("migration_lock")
@@ -831,7 +760,8 @@ class Store:
 
     def sweeps(self) -> list[SweepRow]:
         return self._transact(
-            lambda tx: [self._sweep_row(r) for r in tx.all("list_sweeps")], write=False
+            lambda tx: [self._sweep_row(r, strict=False) for r in tx.all("list_sweeps")],
+            write=False,
         )
 
     def _sweep(self, tx: _Tx, sweep_id: str) -> SweepRow:
@@ -847,11 +777,16 @@ class Store:
         return ConfigError(f"no run {run_id!r} in {self.display}")
 
     @staticmethod
-    def _sweep_row(r: dict[str, Any]) -> SweepRow:
+    def _sweep_row(r: dict[str, Any], *, strict: bool = True) -> SweepRow:
+        """The sweep; its spec must be readable (``strict``: an agent cannot run the sweep
+        without it, UnreadableField), else it is {} and named in ``unreadable``."""
+        spec, why = decode_object(r["spec"])
+        if why is not None and strict:
+            raise field_error(f"sweep {r['id']}", "spec", why)
         return SweepRow(
             id=r["id"],
             name=r["name"],
-            spec=json.loads(r["spec"]),
+            spec=spec or {},
             control=r["control"],
             cancel_now=bool(r["cancel_now"]),
             run_cap=r["run_cap"],
@@ -860,6 +795,7 @@ class Store:
             seed=r["seed"],
             runs_created=r["runs_created"],
             created_at=r["created_at"],
+            unreadable=() if why is None else ("spec",),
         )
 
     def set_control(self, sweep_id: str, control: ControlName, *, now: bool = False) -> None:
@@ -1006,11 +942,22 @@ class Store:
 
     @staticmethod
     def _pick(tx: _Tx, sweep_id: str, local: Local | None) -> dict[str, Any] | None:
-        """The first pending run in line that can start here."""
-        for row in tx.all("pick_pending", sweep_id=sweep_id, n=PENDING_LOOKAHEAD):
-            if local is None or local.blocked(row["id"]) is None:
-                return row
-        return None
+        """The first pending run in line that can start here and whose parameters can be read
+        back; one that cannot be read (text that is not a JSON object) could never run: it ends
+        FAILED, with the reason logged. One whose locks a process holds here is passed over."""
+        while True:
+            failed = False
+            for row in tx.all("pick_pending", sweep_id=sweep_id, n=PENDING_LOOKAHEAD):
+                _, why = decode_object(row["params"])
+                if why is not None or row["params"] is None:
+                    tx.run("fail_unreadable_run", id=row["id"])
+                    reason = field_error(f"run {row['id']}", "params", why or "missing (NULL)")
+                    logger.error("preemptible: %s; it cannot run: FAILED", reason)
+                    failed = True
+                elif local is None or local.blocked(row["id"]) is None:
+                    return row
+            if not failed:  # every run in line is blocked here, or there is none
+                return None
 
     def _claim(self, tx: _Tx, run_id: str) -> Claim:
         row = tx.one("claim_row", id=run_id)
@@ -1023,7 +970,7 @@ class Store:
             run_id=r["id"],
             sweep_id=r["sweep_id"],
             index=r["run_index"],
-            params=json.loads(r["params"]),
+            params=strict_object(r["params"], f"run {r['id']}", "params"),
             attempt=r["attempt"],
             checkpoint_dir=r["checkpoint_dir"],
             preemptions=r["preemptions"],
@@ -1348,6 +1295,12 @@ class Store:
         self._transact(store)
 
     # -- reading ----------------------------------------------------------------------------
+    def read(self, fn: Callable[[_Tx], T]) -> T:
+        """``fn`` in one read transaction, retried as every call is: until it returns, ``fn``
+        must do nothing it cannot do twice (``status`` writes its output only after, or
+        refuses to go on once it has started writing)."""
+        return self._transact(fn, write=False)
+
     def runs(self, sweep_id: str) -> list[RunRow]:
         def read(tx: _Tx) -> list[RunRow]:
             self._sweep(tx, sweep_id)
@@ -1366,11 +1319,13 @@ class Store:
 
     @staticmethod
     def _run_row(r: dict[str, Any]) -> RunRow:
+        params, _ = decode_object(r["params"])  # NOT NULL: None means unreadable
+        summary, summary_why = decode_object(r["summary"])
         return RunRow(
             id=r["id"],
             sweep_id=r["sweep_id"],
             index=r["run_index"],
-            params=json.loads(r["params"]),
+            params=params or {},
             state=r["state"],
             attempt=r["attempt"],
             preemptions=r["preemptions"],
@@ -1379,9 +1334,11 @@ class Store:
             lease_host=r["lease_host"],
             lease_expires=r["lease_expires"],
             checkpoint_dir=r["checkpoint_dir"],
-            summary=_loads(r["summary"]),
+            summary=summary,
             created_at=r["created_at"],
             updated_at=r["updated_at"],
+            unreadable=(("params",) if params is None else ())
+            + (("summary",) if summary_why else ()),
             epoch=r["lease_epoch"],
         )
 
@@ -1420,11 +1377,11 @@ class Store:
     @staticmethod
     def _history(tx: _Tx, sweep_id: str, spec: Mapping[str, Any]) -> list[Observation]:
         name = _metric_name(spec)
-        return [
-            Observation(
-                json.loads(r["params"]),
-                _metric(_loads(r["summary"]), name),
-                r["state"] == "FINISHED",
-            )
-            for r in tx.all("history", sweep_id=sweep_id)
-        ]
+        seen = []
+        for r in tx.all("history", sweep_id=sweep_id):
+            params = _loads(r["params"])
+            if params is None:  # unreadable: it can tell a sampler nothing (claims fail it)
+                continue
+            metric = _metric(_loads(r["summary"]), name)
+            seen.append(Observation(params, metric, r["state"] == "FINISHED"))
+        return seen

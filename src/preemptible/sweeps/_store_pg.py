@@ -3,9 +3,8 @@
 Each operation is one transaction on an autocommit connection. A dropped connection (a server
 restart, a network cut) is closed and opened again by the store's retry loop; errors the
 server gives at once for a wrong password or a missing database are not retried. The URL's
-password is kept here only to connect and to scrub it out of any message: a message shown
-has the URL itself replaced by its redacted form, then every secret ``url_secrets`` finds in
-it (each as written, %-decoded, and in pieces) replaced by ``***``.
+password is kept here only to connect and to scrub it out of any message (``Scrubber``: the
+URL becomes its redacted form, each whole secret in it ``***``).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ._store import url_secrets
+from ._redact import Scrubber
 
 # A server that answers these will answer them again: waiting does not help.
 _PERMANENT = (
@@ -38,7 +37,7 @@ class PostgresBackend:
 
     def __init__(self, url: str, display: str) -> None:
         self._url = url
-        self._secrets = url_secrets(url)
+        self._scrub = Scrubber(url, display)
         self.display = display
 
     def connect(self) -> Any:
@@ -56,6 +55,10 @@ class PostgresBackend:
     @contextlib.contextmanager
     def transaction(self, conn: Any, *, write: bool) -> Iterator[Any]:
         with conn.transaction(), conn.cursor() as cur:
+            if not write:
+                # a reader's queries (status reads counts, then rows) see one snapshot; READ
+                # ONLY also lets them run on a standby or as a role that may only read
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             yield cur
 
     def transient(self, exc: BaseException) -> bool:
@@ -75,7 +78,4 @@ class PostgresBackend:
         return _PARAM.sub(r"%(\1)s", sql.replace("%", "%%"))
 
     def scrub(self, text: str) -> str:
-        text = text.replace(self._url, self.display)
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+        return self._scrub(text)

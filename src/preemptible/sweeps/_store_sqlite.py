@@ -6,18 +6,28 @@ reading anything, so a claim reads and updates the queue with no other writer in
 ``synchronous=NORMAL`` keeps the file consistent when a process dies; a power loss may undo
 the last commits, and with them the claims of agents that died in the same power loss.
 
+A reader (``status``) of a file it cannot write (a read-only file system, another user's
+file or directory) opens it read-only. WAL needs the ``-shm`` index: where it exists the file
+is opened ``mode=ro`` (and sees the agents' latest commits); where it does not and cannot be
+made, nobody has the database open, so it is either complete in the main file (opened
+``immutable=1``) or, when a ``-wal`` file was left behind, read from a private copy of both.
+
 The file is the queue: a process that opened it keeps to that file (device and inode). One
 deleted or replaced under running agents (``rm``, a copy put in its place) is found at the next
 transaction, and every agent stops (``DatabaseGone``) instead of writing to a deleted file
-while others see a new one. A connection opened with ``create=False`` (agents, their heartbeat
-threads, ``status``, the sweep controls) never makes a new empty file: SQLite's ``mode=rw``.
+while others see a new one. A connection opened with ``create=False`` or as a reader (agents,
+their heartbeat threads, ``status``, the sweep controls) never makes a new empty file:
+SQLite's ``mode=rw``.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,10 +46,11 @@ BUSY_TIMEOUT = 10.0
 class SqliteBackend:
     kind = "sqlite"
 
-    def __init__(self, path: Path, *, create: bool = True) -> None:
+    def __init__(self, path: Path, *, reader: bool = False, create: bool = True) -> None:
         self.path = path
         self.display = f"sqlite://{path}"  # the path is absolute: sqlite:///abs
-        self.create = create
+        self.reader = reader
+        self.create = create and not reader
         self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file, once opened
 
     def _identity(self) -> tuple[int, int] | None:
@@ -71,21 +82,33 @@ class SqliteBackend:
     def connect(self) -> Any:
         import sqlite3
 
-        if self.create:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        elif self.identity is None and self._identity() is None:
+        if not self.create and self.identity is None and self._identity() is None:
             raise self._missing()
         self.check()
-        open_mode = "rwc" if self.create and self.identity is None else "rw"
-        uri = f"file:{quote(str(self.path))}?mode={open_mode}"
-        try:
-            conn = sqlite3.connect(
-                uri, uri=True, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.OperationalError:
-            if open_mode == "rw" and self._identity() is None:  # gone between the look and the open
-                raise (self._gone() if self.identity is not None else self._missing()) from None
-            raise
+        if self.reader and self.path.is_file() and not self._writable():
+            conn = self._connect_read_only()
+        else:
+            if self.create:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            open_mode = "rwc" if self.create and self.identity is None else "rw"
+            uri = f"file:{quote(str(self.path))}?mode={open_mode}"
+            try:
+                conn = sqlite3.connect(
+                    uri,
+                    uri=True,
+                    timeout=BUSY_TIMEOUT,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+            except sqlite3.OperationalError:
+                if open_mode == "rw" and self._identity() is None:  # gone since the look
+                    raise (self._gone() if self.identity is not None else self._missing()) from None
+                raise
+            try:
+                self._settings(conn)
+            except BaseException:
+                conn.close()
+                raise
         try:
             found = self._identity()
             if self.identity is None:
@@ -95,23 +118,57 @@ class SqliteBackend:
         except BaseException:
             conn.close()
             raise
-        try:
-            # SQLite runs on one host, so its wall clock is the one clock every agent sees.
-            conn.create_function("preemptible_now", 0, time.time)
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                logger.warning(
-                    "preemptible: %s stays in journal mode %s (no WAL on this file system?); "
-                    "readers will wait for writers",
-                    self.display,
-                    mode,
-                )
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-        except BaseException:
-            conn.close()
-            raise
         return conn
+
+    def _settings(self, conn: Any) -> None:
+        # SQLite runs on one host, so its wall clock is the one clock every agent sees.
+        conn.create_function("preemptible_now", 0, time.time)
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            logger.warning(
+                "preemptible: %s stays in journal mode %s (no WAL on this file system?); "
+                "readers will wait for writers",
+                self.display,
+                mode,
+            )
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+
+    def _writable(self) -> bool:
+        """Whether this process may write the database: the file, and the directory where
+        SQLite makes its -wal, -shm and journal files (EROFS counts as not writable)."""
+        return os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK)
+
+    def _connect_read_only(self) -> Any:
+        import sqlite3
+
+        shm, wal = Path(f"{self.path}-shm"), Path(f"{self.path}-wal")
+        target, mode = self.path, "mode=ro"
+        if not shm.exists():
+            if wal.exists() and wal.stat().st_size > 0:
+                target, mode = self._private_copy(wal), "mode=rw"
+            else:
+                mode = "immutable=1"
+        logger.debug("preemptible: %s is not writable here; reading it (%s)", self.display, mode)
+        conn = sqlite3.connect(
+            f"file:{quote(str(target))}?{mode}",
+            uri=True,
+            timeout=BUSY_TIMEOUT,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        conn.create_function("preemptible_now", 0, time.time)
+        return conn
+
+    def _private_copy(self, wal: Path) -> Path:
+        """The database and the -wal file left behind by its last writer, copied where this
+        process may write, so that SQLite can read the commits in the WAL; removed at exit."""
+        folder = tempfile.mkdtemp(prefix="preemptible-readonly-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        copy = Path(folder) / self.path.name
+        shutil.copyfile(self.path, copy)
+        shutil.copyfile(wal, f"{copy}-wal")
+        return copy
 
     @contextlib.contextmanager
     def transaction(self, conn: Any, *, write: bool) -> Iterator[Any]:

@@ -161,6 +161,37 @@ FROM preemptible_attempts WHERE run_id = :run_id ORDER BY number
 SELECT params, state, summary FROM preemptible_runs
 WHERE sweep_id = :sweep_id ORDER BY run_index
 
+-- name: status_scan
+-- what `status` reads of every run of a sweep to count states, find the best finished run and
+-- pick the rows worth showing; the summary only where it can be the best
+SELECT id, run_index, state, attempt, updated_at,
+       CASE WHEN state = 'FINISHED' THEN summary END AS summary
+FROM preemptible_runs WHERE sweep_id = :sweep_id ORDER BY run_index
+
+-- name: status_runs
+-- every run of a sweep with its attempts: a row per attempt (a run without one: one row)
+SELECT r.id, r.run_index, r.params, r.state, r.attempt, r.preemptions, r.failures,
+       r.lease_owner, r.lease_host, r.summary, r.updated_at, a.number, a.agent, a.host,
+       a.started_at, a.ended_at, a.ending, a.exit_code, a.duration, a.checkpoint_step,
+       a.closed_by
+FROM preemptible_runs r LEFT JOIN preemptible_attempts a ON a.run_id = r.id
+WHERE r.sweep_id = :sweep_id
+ORDER BY r.run_index, a.number
+
+-- name: status_run
+SELECT r.id, r.run_index, r.params, r.state, r.attempt, r.preemptions, r.failures,
+       r.lease_owner, r.lease_host, r.summary, r.updated_at, a.number, a.agent, a.host,
+       a.started_at, a.ended_at, a.ending, a.exit_code, a.duration, a.checkpoint_step,
+       a.closed_by
+FROM preemptible_runs r LEFT JOIN preemptible_attempts a ON a.run_id = r.id
+WHERE r.id = :id
+ORDER BY a.number
+
+-- name: fail_unreadable_run
+-- a pending run whose params cannot be read back (sweeps/_fields.py) can never run
+UPDATE preemptible_runs SET state = 'FAILED', failures = failures + 1, updated_at = preemptible_now()
+WHERE id = :id AND state = 'PENDING'
+
 -- name: schema_versions
 SELECT version FROM preemptible_schema ORDER BY version
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ._errors import CheckpointError, CheckpointLoadError, ConfigError, PreemptibleError
+from .._errors import CheckpointError, CheckpointLoadError, ConfigError, PreemptibleError
 
 logger = logging.getLogger("preemptible")
 

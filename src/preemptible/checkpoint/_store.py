@@ -24,10 +24,8 @@ import fcntl
 import logging
 import os
 import re
-import shutil
 import socket
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from ._errors import CheckpointLoadError, CheckpointLockError, CheckpointSaveError, ConfigError
+from .._errors import CheckpointLoadError, CheckpointLockError, CheckpointSaveError, ConfigError
+from .._files import (
+    fsync_dir,
+    fsync_path,
+    host_tag,
+    open_in_place,
+    pid_alive,
+    remove_path,
+)
 
 logger = logging.getLogger("preemptible")
 
@@ -44,7 +50,10 @@ T = TypeVar("T")
 _FINAL = re.compile(r"^step-(\d+)\.ckpt$")
 # .tmp-step-<N>.ckpt.<host>.<pid>.<hex>; older versions wrote no <host> (the pid is local).
 _TEMP = re.compile(r"^\.tmp-step-(\d+)\.ckpt\.(?:([A-Za-z0-9-]+)\.)?(\d+)\.[0-9a-f]+$")
-_OLD = re.compile(r"^\.old-(step-\d+\.ckpt)\.[0-9a-f]+$")
+# .tmp-<name>.<host>.<pid>.<hex> of a checkpoint committed under a name of its own (resume.ckpt,
+# checkpoint-500): the host has no dots, so the name is what comes before the last three parts
+_NAMED_TEMP = re.compile(r"^\.tmp-(.+)\.([A-Za-z0-9-]+)\.(\d+)\.[0-9a-f]{8}$")
+_OLD = re.compile(r"^\.old-(.+)\.[0-9a-f]+$")
 
 MAX_STEP = 2**63 - 1
 """The largest step a checkpoint name may carry (what databases and trackers store)."""
@@ -61,9 +70,6 @@ Whether a writer on another host is alive cannot be known from here, and a live 
 touches its temporary at least once per file it writes; an hour without any write means the
 writer is gone (also allows for clock skew between hosts and the file server)."""
 
-_PID_LIMIT = 4_194_304  # Linux's PID_MAX_LIMIT: no process on this host has a pid this high
-_HOST_CHARS = re.compile(r"[^A-Za-z0-9-]")
-_HOST_MAX = 63
 
 _locked_here: set[tuple[int, int]] = set()  # (st_dev, st_ino) of lock files this process holds
 _locked_here_guard = threading.Lock()
@@ -77,100 +83,6 @@ class Checkpoint:
 
 def checkpoint_name(step: int) -> str:
     return f"step-{step:010d}.ckpt"
-
-
-def host_tag() -> str:
-    """This host's name as it appears in temporary names: [A-Za-z0-9-] only, at most 63."""
-    return _HOST_CHARS.sub("-", socket.gethostname())[:_HOST_MAX] or "unknown"
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file, or a directory tree and every file in it."""
-    if path.is_dir():
-        for root, _dirs, files in os.walk(path):
-            for name in files:
-                _fsync_fd_of(Path(root) / name, os.O_RDONLY)
-            _fsync_fd_of(Path(root), os.O_RDONLY | os.O_DIRECTORY)
-    else:
-        _fsync_fd_of(path, os.O_RDONLY)
-
-
-def fsync_dir(path: Path) -> None:
-    _fsync_fd_of(path, os.O_RDONLY | os.O_DIRECTORY)
-
-
-def write_text_atomic(path: Path, text: str, *, durable: bool = False) -> None:
-    """Replace ``path`` whole with ``text``. The temporary has an unpredictable name
-    (``mkstemp``) in the same directory, so nobody can plant a symlink where it is written, and
-    ``os.replace`` swaps the name itself, never writing through a link. ``durable``: fsync the
-    file before the rename and the directory after it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(text)
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if durable:
-        fsync_dir(path.parent)
-
-
-def open_in_place(path: Path, flags: int) -> int:
-    """``os.open`` (mode 0644 when created) for a file written in place (a lock, a journal):
-    never through a symbolic link, and never into a file that has other names (a hard link
-    to a checkpoint), either of which would make a write land outside its directory."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            link = "a symbolic link; it is not written through"
-            raise OSError(exc.errno, link, str(path)) from None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "a file with other names"
-        raise OSError(errno.EPERM, f"{what}; it is not written in", str(path))
-    return fd
-
-
-def _fsync_fd_of(path: Path, flags: int) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(path: Path) -> None:
-    """Best effort: used on error paths, where the original error is the one to report."""
-    try:
-        is_dir = stat.S_ISDIR(path.lstat().st_mode)
-    except OSError:  # gone, or its directory no longer searchable
-        return
-    if is_dir:
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            path.unlink()
-
-
-def _pid_alive(pid: int) -> bool:
-    if not 0 < pid < _PID_LIMIT:  # os.kill(0, ...) is our own group; huge ones overflow
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _newest_mtime(path: Path) -> float:
@@ -324,9 +236,10 @@ class CheckpointStore:
         )
 
     # -- writing ---------------------------------------------------------------------------
-    def temporary(self, step: int) -> Path:
-        """A fresh temporary name for a checkpoint of ``step`` (nothing is created)."""
-        name = checkpoint_name(step)
+    def temporary(self, step: int | str) -> Path:
+        """A fresh temporary name for a checkpoint of ``step``, or one committed under the name
+        ``step`` (a str); nothing is created."""
+        name = step if isinstance(step, str) else checkpoint_name(step)
         return self.directory / f".tmp-{name}.{host_tag()}.{os.getpid()}.{os.urandom(4).hex()}"
 
     def save(self, step: int, write: Callable[[Path], None], *, tmp: Path | None = None) -> Path:
@@ -334,9 +247,20 @@ class CheckpointStore:
         directory), then it is synced, renamed into place, and older ones are pruned.
         ``tmp``: a name from ``temporary(step)`` that other writers already use (a sharded
         checkpoint whose ranks write into it); removed as any temporary when the save fails."""
-        final = self.directory / checkpoint_name(step)
+        final = self.commit(checkpoint_name(step), write, tmp=tmp)
+        self.prune(step, keep_path=final)
+        return final
+
+    def commit(self, name: str, write: Callable[[Path], None], *, tmp: Path | None = None) -> Path:
+        """Commit what ``write(tmp_path)`` creates under ``name`` in this directory, by the
+        protocol of every checkpoint (temporary in the same directory, fsync, rename, fsync of
+        the directory); an existing ``name`` is replaced only once the new one is complete.
+        Nothing is pruned: a name of one's own (``resume.ckpt``) is not a ``step-N.ckpt``."""
+        if name in ("", ".", "..") or "/" in name or name.startswith(".tmp-"):
+            raise ConfigError(f"checkpoint name {name!r} is not valid; use a plain file name")
+        final = self.directory / name
         if tmp is None:
-            tmp = self.temporary(step)
+            tmp = self.temporary(name)
         try:
             write(tmp)
             if not tmp.exists():
@@ -345,7 +269,7 @@ class CheckpointStore:
             self._commit(tmp, final)
             fsync_dir(self.directory)
         except BaseException as exc:
-            _remove(tmp)
+            remove_path(tmp)
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -354,7 +278,6 @@ class CheckpointStore:
                 "the previous checkpoints are intact",
                 final,
             ) from exc
-        self.prune(step, keep_path=final)
         return final
 
     def _commit(self, tmp: Path, final: Path) -> None:
@@ -363,7 +286,7 @@ class CheckpointStore:
             aside = final.with_name(f".old-{final.name}.{os.urandom(4).hex()}")
             os.rename(final, aside)
             os.rename(tmp, final)
-            _remove(aside)
+            remove_path(aside)
         else:
             os.replace(tmp, final)
 
@@ -395,7 +318,7 @@ class CheckpointStore:
                 kept += 1
                 continue
             try:
-                _remove(ckpt.path)
+                remove_path(ckpt.path)
             except OSError as exc:  # pragma: no cover - best effort
                 logger.warning("preemptible: could not prune %s: %s", ckpt.path, exc)
 
@@ -409,22 +332,23 @@ class CheckpointStore:
         me = host_tag()
         now = time.time()
         for entry in self._entries():
-            if m := _TEMP.match(entry.name):
+            m = _TEMP.match(entry.name) or _NAMED_TEMP.match(entry.name)
+            if m:
                 host, pid = m.group(2), int(m.group(3))
                 if host is None or host == me:
-                    stale = not _pid_alive(pid)
+                    stale = not pid_alive(pid)
                 else:
                     try:
                         stale = now - _newest_mtime(entry) > FOREIGN_TEMP_MAX_AGE
                     except OSError:  # gone meanwhile: its writer committed or cleaned it
                         stale = False
                 if stale:
-                    _remove(entry)
+                    remove_path(entry)
                     removed.append(entry)
             elif old := _OLD.match(entry.name):
                 final = self.directory / old.group(1)
                 if final.exists():
-                    _remove(entry)
+                    remove_path(entry)
                     removed.append(entry)
                 else:  # killed between the two renames of _commit: the old one is still good
                     try:

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import _run
-from ._signals import SignalLatch, patch_dataloader_workers
+from .. import _run
+from ._latch import SignalLatch, patch_dataloader_workers
 from ._termination import Durations, Notice, StopRequests, TerminationConfig, Watcher
 
 logger = logging.getLogger("preemptible")

@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._checkpoint import CheckpointStore
-from ._errors import CheckpointSaveError, ConfigError
+from .._errors import CheckpointSaveError, ConfigError
+from ._store import CheckpointStore
 
 logger = logging.getLogger("preemptible")
 

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
+from .._logs import prefix
 from ._termination import Notice
 
 logger = logging.getLogger("preemptible")
@@ -75,7 +76,7 @@ def signal_name(signum: int) -> str:
 
 def normalize_signals(signals: Iterable[int | str] | None) -> tuple[signal.Signals, ...]:
     """Accept signal numbers, ``signal.Signals`` members or names like "TERM" / "SIGTERM"."""
-    from ._errors import ConfigError
+    from .._errors import ConfigError
 
     if signals is None:
         return DEFAULT_SIGNALS
@@ -254,14 +255,14 @@ class SignalLatch:
             return
         if self._exit_code is not None:
             _raw_stderr(
-                f"preemptible: received {signal_name(signum)} after the checkpoint was "
+                f"{prefix()}received {signal_name(signum)} after the checkpoint was "
                 f"committed; exiting now with {self._exit_code}\n"
             )
             os._exit(self._exit_code)
         if now - received[0][1] < DUPLICATE_WINDOW:
             return  # the same stop delivered twice; logged by log_pending()
         _raw_stderr(
-            f"preemptible: received {signal_name(signum)} again; exiting now without saving "
+            f"{prefix()}received {signal_name(signum)} again; exiting now without saving "
             "(the previous checkpoint stays valid)\n"
         )
         os._exit(1)

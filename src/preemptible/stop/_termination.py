@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ._env import env_float
-from ._errors import ConfigError
+from .._env import env_float
+from .._errors import ConfigError
 
 logger = logging.getLogger("preemptible")
 

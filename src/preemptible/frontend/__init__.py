@@ -1,0 +1,81 @@
+"""The front-end kit: what every front end of preemptible is built on.
+
+A front end (``PreemptionCheckpointHandler``, the Lightning callback, one for a framework of
+your own) tells the kit two things: *where its boundaries are* and *how to save*. It creates a
+``StopSession`` with a ``Saver``, calls ``start()``, then ``at_boundary(Phase.STEP, step=...)``
+after every training step (``Phase.EVALUATION`` after an evaluation batch, ``Phase.END`` when
+training is over) and ``finished()`` when it ends. The session owns everything else, once:
+the signal latch and platform notices, the grace policy (insurance checkpoints, the last safe
+step), periodic saves, the agreement of every rank under torch.distributed, the directory lock,
+the run record, the tracker's one finalization, the exit code and the exit.
+
+Savers:
+
+- ``StateSaver(directory, state, ...)``: a mapping of objects with ``state_dict()`` and plain
+  values (or ``save_fn``) in ``step-N.ckpt``; it becomes a ``PayloadSaver``, ``SaveFnSaver``,
+  ``RankZeroSaver`` or ``ShardedSaver`` once the session knows the ranks, in the background
+  with ``background=True``;
+- ``NamedSaver(directory, name, write)``: a checkpoint the framework writes itself under a name
+  of its own (``resume.ckpt``, ``checkpoint-{step}``);
+- your own: subclass ``BaseSaver`` and implement ``write(step, context)`` with
+  ``self.store.save(step, ...)`` or ``self.store.commit(name, ...)``.
+
+Every checkpoint goes through ``CheckpointStore``'s commit: a temporary in the same directory,
+fsync, rename, fsync of the directory.
+"""
+
+from __future__ import annotations
+
+from .._errors import (
+    CheckpointError,
+    CheckpointLoadError,
+    CheckpointLockError,
+    CheckpointSaveError,
+    ConfigError,
+    PreemptibleError,
+)
+from ..checkpoint._savers import BaseSaver, NamedSaver, PayloadSaver, Saved, SaveFnSaver, Saver
+from ..checkpoint._state import capture_rng, restore_rng
+from ..checkpoint._store import Checkpoint, CheckpointStore
+from ..distributed._savers import RankZeroSaver, ShardedSaver
+from ..stop._latch import DEFAULT_SIGNALS, SignalLatch, normalize_signals, signal_name
+from ..stop._termination import Durations, Notice, TerminationConfig
+from ._config import checkpoint_directory, is_rank_zero, termination_config_of
+from ._periodic import Periodic
+from ._session import Phase, StopSession
+from ._state_saver import StateSaver
+
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "BaseSaver",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointLoadError",
+    "CheckpointLockError",
+    "CheckpointSaveError",
+    "CheckpointStore",
+    "ConfigError",
+    "Durations",
+    "NamedSaver",
+    "Notice",
+    "PayloadSaver",
+    "Periodic",
+    "Phase",
+    "PreemptibleError",
+    "RankZeroSaver",
+    "SaveFnSaver",
+    "Saved",
+    "Saver",
+    "ShardedSaver",
+    "SignalLatch",
+    "StateSaver",
+    "StopSession",
+    "TerminationConfig",
+    "capture_rng",
+    "checkpoint_directory",
+    "is_rank_zero",
+    "normalize_signals",
+    "restore_rng",
+    "signal_name",
+    "termination_config_of",
+]

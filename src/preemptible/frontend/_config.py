@@ -1,0 +1,70 @@
+"""What a front end is given and the kit checks once: the termination config, the checkpoint
+directory (the front end's own or the supervisor's), whether this process is rank 0."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .._env import env_str
+from .._errors import ConfigError
+from ..stop._termination import TerminationConfig
+
+logger = logging.getLogger("preemptible")
+
+_warned_dirs = False
+
+
+def termination_config_of(config: TerminationConfig | None) -> TerminationConfig:
+    """``config``, or the detected platform's watchers and grace period when None."""
+    if config is None:
+        from ..notices import default_config
+
+        return default_config()
+    if not isinstance(config, TerminationConfig):
+        raise ConfigError(
+            f"termination_config must be a TerminationConfig, not {type(config).__name__}"
+        )
+    return config
+
+
+def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path:
+    """The front end's own directory, else the supervisor's (``PREEMPTIBLE_CHECKPOINT_DIR``);
+    warn once when they differ."""
+    global _warned_dirs
+    from_env = env_str("PREEMPTIBLE_CHECKPOINT_DIR")
+    if given is None:
+        if from_env is None:
+            raise ConfigError(
+                "no checkpoint directory: pass checkpoint_dir, or run under "
+                "`preemptible run`, which sets PREEMPTIBLE_CHECKPOINT_DIR"
+            )
+        return Path(from_env)
+    path = Path(given)
+    if from_env is not None and Path(from_env).resolve() != path.resolve():
+        defaulted = env_str("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT") == "1"
+        if not defaulted and not _warned_dirs:
+            _warned_dirs = True
+            logger.warning(
+                "preemptible: checkpoints go to %s (the handler's checkpoint_dir), not to %s "
+                "(preemptible run's --checkpoint-dir); pass checkpoint_dir=None to use the "
+                "supervisor's, or give both the same directory",
+                path,
+                from_env,
+            )
+    return path
+
+
+def is_rank_zero() -> bool:
+    """Rank 0 of an initialized torch.distributed group, or not distributed at all."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()) == 0
+    except Exception:  # pragma: no cover - a half-initialized group
+        pass
+    rank = os.environ.get("RANK")
+    return not (rank and rank.isdecimal() and int(rank) != 0)

@@ -1,0 +1,503 @@
+"""The stop session: one object per run of a front end that owns the whole stop path.
+
+A front end (the plain handler, the Lightning callback, one of your own) knows two things:
+where its boundaries are and how its framework saves (a ``Saver``). It calls
+``at_boundary(phase)`` at each boundary and ``finished()`` when training ends. Everything else
+happens here, once:
+
+- the signal latch and the platform watcher (``StopController``), the grace policy's decision
+  at each boundary (continue, insurance checkpoint, stop), periodic saves;
+- under torch.distributed: rank detection, the agreement on the step every rank acts at (no
+  collective per step), the meeting at the end of training, leaving together;
+- the saver's commits, their timing (the grace policy's and the save interval's input), the run
+  record (where checkpoints go, the newest one to resume from, ``finished``, ``save_s``), the
+  directory lock and stale temporaries, tracker finalize-once;
+- the exit: the code (128 + signum, 143 for a notice, or the front end's fixed code), holding
+  it against late signals, ``exit_fn``.
+
+Boundaries are counted in *positions*: the front end's own count of finished training steps
+(``step`` by default). A checkpoint is "of here" when it was committed at the current position,
+so a stop right after an insurance checkpoint does not write a second one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .. import _run
+from .._errors import CheckpointSaveError, PreemptibleError
+from .._logs import announce, set_rank
+from ..checkpoint._savers import Saver
+from ..distributed._agreement import StopAgreement, agreement_of
+from ..distributed._group import Ranks
+from ..stop._controller import Decision, StopController
+from ..stop._latch import normalize_signals, patch_dataloader_workers
+from ..stop._termination import Durations, Notice, TerminationConfig
+from ._config import is_rank_zero, termination_config_of
+from ._periodic import Periodic
+from ._saves import Saves
+
+logger = logging.getLogger("preemptible")
+
+
+class Phase(enum.Enum):
+    """Where a boundary is."""
+
+    STEP = "step"
+    """After a training step: periodic saves, insurance checkpoints, stops."""
+    EVALUATION = "evaluation"
+    """After an evaluation batch: a stop is acted on (one process; under torch.distributed the
+    ranks are not in step during an evaluation, so the next training step stops them)."""
+    END = "end"
+    """Training is over: a stop asked for since the last step is acted on (under
+    torch.distributed every rank learns whether any rank was asked)."""
+
+
+class StopSession:
+    """The stop path of one run of a front end. See the module docstring.
+
+    ``saver``: how checkpoints are written and found. ``termination_config``, ``signals``,
+    ``tracker``: as for ``PreemptionCheckpointHandler``. ``periodic``: periodic saves.
+    ``exit_code``: the code a stop exits with (None: 128 + signum, 143 for a notice).
+    ``save_failed``: called when the final save raises; returns a path to upload anyway (else
+    the stop records ``save_failed`` and raises). ``after_tracker`` and ``before_exit``: the
+    front end's own last words (silence a framework's loggers; flush).
+    """
+
+    def __init__(
+        self,
+        saver: Saver,
+        *,
+        termination_config: TerminationConfig | None = None,
+        signals: Iterable[int | str] | None = None,
+        tracker: Any | None = None,
+        periodic: Periodic | None = None,
+        exit_code: int | None = None,
+        save_failed: Callable[[Exception], Path | None] | None = None,
+        after_tracker: Callable[[], None] | None = None,
+        before_exit: Callable[[], None] | None = None,
+    ) -> None:
+        self.config = termination_config_of(termination_config)
+        self.saver = saver
+        self.store = saver.store
+        self.periodic = periodic
+        self.exit_code = exit_code
+        self.controller = StopController(self.config, normalize_signals(signals), tracker=tracker)
+        self.latch = self.controller.latch
+        self._save_failed = save_failed
+        self._after_tracker = after_tracker
+        self._before_exit = before_exit
+        self.ranks: Ranks | None = None
+        self.agreement: StopAgreement | None = None
+        self.step = 0  # what a checkpoint and the record say
+        self.resume_path: Path | None = None
+        self.stopping = False  # the stop's save is under way or done
+        self.stopped = False
+        self.saves = Saves(saver, periodic, self.controller.save_times, lambda: self.is_zero)
+        self._at = 0  # the current position
+        self._boundary = 0  # the position of the last step boundary
+        self._left_at: float | None = None  # when the last boundary was left (monotonic)
+        self._want_save = False  # rank 0: a periodic save in seconds is due (agreed first)
+        self._agreed_stop: Notice | None = None
+        self._announced = False
+        self._resumed = False
+        self._locked = False
+        self._background = False
+
+    # -- life cycle ------------------------------------------------------------------------
+    def start(self, *, handle_signals: bool = True) -> bool:
+        """Detect the ranks, attach the saver, lock the directory (rank 0), remove stale
+        temporaries, install the signal handlers and start the watcher; record where
+        checkpoints go. False when the handlers could not be installed (off the main thread).
+        ``handle_signals=False``: neither handlers nor watcher (a process that is not the one
+        the front end was made in: its signals are not ours)."""
+        try:
+            self.ranks = Ranks.detect()
+            if self.ranks is not None:
+                self.agreement = agreement_of(self.ranks)
+                set_rank(self.ranks.rank)
+            self.saver.attach(self.ranks)
+            self._background = bool(self.saver.background)  # collect only what can finish
+            if self.is_zero:  # under torch.distributed the ranks share rank 0's directory
+                self.store.lock()
+                self._locked = True
+                self.store.clean_stale_temporaries()
+            installed = self.controller.start() if handle_signals else False
+        except BaseException:
+            self.close()
+            raise
+        if self.is_zero:  # the run record has one writer
+            # where this attempt really saves, for the supervisor's next PREEMPTIBLE_RESUME_FROM
+            _run.update_record(checkpoint_dir=str(self.store.directory.resolve()))
+        return installed
+
+    def close(self) -> None:
+        """Finish any background save, restore the signal handlers (unless the exit of a
+        committed stop is under way), stop the watcher, release the directory; idempotent."""
+        self.saver.close()
+        self.controller.close()
+        if self.agreement is not None:
+            self.agreement.close()
+        if self._locked:
+            self.store.unlock()
+            self._locked = False
+
+    def begin(self) -> None:
+        """Training (re)starts here: resume unless done, guard DataLoader workers (torch may
+        have been imported since ``start``)."""
+        if not self._resumed:
+            self.resume()
+        if self.latch.installed:
+            patch_dataloader_workers()
+
+    def resume(self) -> int:
+        """Restore the newest checkpoint that loads (``PREEMPTIBLE_RESUME_FROM`` counted);
+        return the step to start from (0 without one). Collective under torch.distributed."""
+        found = self.saver.resume(_run.current_run().resume_from)
+        self._resumed = True
+        if found is not None:
+            step, path = found
+            self.note_saved(path, step=step, resumed=True)
+            announce("preemptible: resumed from %s at step %d", path, step)
+        self._left_at = self.saves.last_end = time.monotonic()
+        if self.periodic is not None and self.periodic.by_time and not self._announced:
+            self._announced = True
+            announce("preemptible: periodic saves %s", self.periodic.describe())
+        return self.step
+
+    def note_saved(
+        self, path: Path, *, step: int, position: int | None = None, resumed: bool = False
+    ) -> None:
+        """A checkpoint of this position exists already (the one the framework resumed
+        from): a stop here does not write another. ``resumed``: this run continues from it."""
+        self.step = step
+        self._at = self._boundary = step if position is None else position
+        self.saves.note(path, self._at)
+        if resumed:
+            self.resume_path, self.saves.resumed_at = path, self._at
+
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def is_zero(self) -> bool:
+        return self.ranks.is_zero if self.ranks is not None else is_rank_zero()
+
+    @property
+    def pending(self) -> bool:
+        """Whether any stop request or warning arrived (one truth test)."""
+        return self.controller.pending
+
+    @property
+    def notices(self) -> list[Notice]:
+        return self.controller.requests.notices
+
+    @property
+    def step_times(self) -> Durations:
+        return self.controller.step_times
+
+    @property
+    def save_times(self) -> Durations:
+        return self.controller.save_times
+
+    @property
+    def stall_times(self) -> Durations:
+        """What the training loop waited for each save (a background save: the copy)."""
+        return self.saves.stall_times
+
+    @property
+    def saved_here(self) -> bool:
+        """A checkpoint of the current position is committed."""
+        return self.saves.of(self._at) is not None
+
+    # -- boundaries ------------------------------------------------------------------------
+    def at_boundary(
+        self,
+        phase: Phase = Phase.STEP,
+        *,
+        step: int | None = None,
+        position: int | None = None,
+        context: Any = None,
+        seconds: float | None = None,
+        total: int | None = None,
+        act: bool = True,
+    ) -> bool:
+        """A boundary of ``phase`` at ``step`` (``position``: the front end's own count, by
+        default the step). ``seconds``: how long the step took (default: since the last
+        boundary). ``total``: the last step (its save point is always due). ``context`` goes to
+        the saver. ``act=False``: only time it. True when the run stopped here (an ``exit_fn``
+        that returned)."""
+        # the per-step path: a few attribute reads, two clock reads, no call that is not needed
+        if step is not None:
+            self.step = step
+        pos = self._at = self.step if position is None else position
+        if phase is Phase.STEP:
+            if pos != self._boundary:
+                self._advance(pos, seconds, total, context)
+        elif seconds is not None:
+            self.step_times.add(seconds)
+        stopped = False
+        if act and not self.stopped:
+            if self._background:
+                self.saves.collect()
+            if phase is Phase.END:
+                stopped = self._at_end(context)
+            elif self.agreement is not None:
+                stopped = phase is Phase.STEP and self._agree(act=True, context=context)
+            elif self.controller.requests:
+                stopped = self._decide(context)
+        self._left_at = time.monotonic()
+        return stopped
+
+    def should_stop(
+        self, *, step: int | None = None, position: int | None = None, context: Any = None
+    ) -> bool:
+        """Whether to stop here, without acting on it (a loop of one's own, which then calls
+        ``stop()``). A call after the position moved on is a step boundary: it times the step
+        and takes a periodic save that is due. Under torch.distributed every call is a
+        boundary of the agreement: call it once per step on every rank."""
+        pos = self._where(step, position)
+        if pos != self._boundary:
+            self._advance(pos, None, None, context)
+        self._left_at = time.monotonic()
+        if self.agreement is None:
+            if not self.pending:
+                return False
+            self.latch.log_pending()
+            return self.controller.must_stop_now()
+        if self._agreed_stop is not None:
+            return True
+        return self._agree(act=False, context=context)
+
+    def stop(
+        self,
+        *,
+        step: int | None = None,
+        position: int | None = None,
+        context: Any = None,
+        source: str = "stop()",
+        detail: str = "the program asked to stop",
+    ) -> None:
+        """Stop here: commit a checkpoint (unless one of here exists), record, exit. Under
+        torch.distributed every rank calls it at the same step (or when ``should_stop``)."""
+        if self.stopped:
+            raise PreemptibleError("this run has already stopped; create a new one")
+        self._where(step, position)
+        if self._agreed_stop is None:  # not the stop all ranks agreed on: this rank asks
+            self.controller.request_stop(source, detail)
+            agreement = self.agreement
+            if agreement is not None and not self._agree(
+                act=False, context=context, local=Decision.STOP
+            ):
+                raise PreemptibleError(
+                    f"rank {agreement.rank}: under torch.distributed call stop() on every rank "
+                    "at the same step, or when should_stop is True; another rank was already "
+                    "past this step"
+                )
+        self._stop(context, self._agreed_stop)
+
+    def save(self, *, step: int | None = None, context: Any = None) -> Path:
+        """Commit a checkpoint now (collective under torch.distributed)."""
+        self._where(step, None)
+        return self._save(context)
+
+    def finished(
+        self,
+        *,
+        step: int | None = None,
+        position: int | None = None,
+        context: Any = None,
+        tell_tracker: bool = True,
+    ) -> None:
+        """Training ended without a stop: record it, tell the tracker (``tell_tracker=False``:
+        the program goes on with the tracker's run). When this run resumed or saved before its
+        end, the end is committed too, so that running the same command again trains nothing
+        (collective under torch.distributed)."""
+        pos = self._where(step, position)
+        if self.stopped:
+            return
+        started, resumed_at = self.saves.started, self.saves.resumed_at
+        if started is not None and started < pos:
+            self._save(context)
+        elif resumed_at is not None and pos == resumed_at:
+            announce(
+                "preemptible: %s is of a finished run; nothing left to train", self.resume_path
+            )
+        if self.is_zero:
+            _run.update_record(state="finished", step=self.step)
+        if tell_tracker:
+            self.controller.tell_tracker("finished")
+
+    def failed(self) -> None:
+        """Training raised: the tracker is told (once)."""
+        self.controller.tell_tracker("failed")
+
+    # -- internals -------------------------------------------------------------------------
+    def _where(self, step: int | None, position: int | None) -> int:
+        if step is not None:
+            self.step = step
+        self._at = self.step if position is None else position
+        return self._at
+
+    def _advance(self, pos: int, seconds: float | None, total: int | None, context: Any) -> None:
+        """A step boundary at ``pos``: time the steps since the last one, save if due."""
+        since, left = self._boundary, self._left_at
+        self._boundary = pos
+        if pos <= since or left is None or self.stopped:
+            return  # the same boundary, or the loop went back (a step set by hand)
+        now = time.monotonic()
+        self.step_times.add((now - left) / (pos - since) if seconds is None else seconds)
+        if self._background:
+            self.saves.collect()
+        if self.periodic is not None and self.saves.of(pos) is None:  # not saved here already
+            self._save_if_due(pos, since, total, context)
+
+    def _save_if_due(self, pos: int, since: int, total: int | None, context: Any) -> None:
+        periodic = self.periodic
+        if periodic is None or not self.saves.due(pos, since, total):
+            return
+        if periodic.by_time and self.ranks is not None and pos != total:
+            # a clock is not the same on every rank: rank 0 asks, all save where agreed
+            self._want_save = self.ranks.is_zero
+        elif self.saver.background and pos != total:
+            self.saves.in_background(self.step, pos, context)
+        else:
+            self._save(context)
+
+    def _decide(self, context: Any) -> bool:
+        """One process, a request pending: continue, insurance, or stop here."""
+        decision = self.controller.decide(saved_here=self.saved_here)
+        if decision is Decision.CONTINUE:
+            return False
+        if decision is Decision.INSURANCE:
+            self._insurance(context)
+            if not self.controller.must_stop_now():
+                return False
+        self._stop(context, None)
+        return True
+
+    def _at_end(self, context: Any) -> bool:
+        ctl = self.controller
+        if self.agreement is not None:
+            agreed = self.agreement.at_end(ctl.requests.first_stop())
+            if agreed is None:
+                return False
+            self._stop(context, agreed)
+            return True
+        if ctl.requests.first_stop() is None:
+            return False
+        self.latch.log_pending()
+        self._stop(context, None)
+        return True
+
+    def _agree(self, *, act: bool, context: Any, local: Decision | None = None) -> bool:
+        """A boundary under torch.distributed: every rank saves and stops where all agree.
+        ``act``: stop here when agreed; else remember it (``should_stop``). ``local``: what
+        this rank asks for regardless of its requests (``stop()``). True when the agreed stop
+        is here."""
+        ag = self.agreement
+        assert ag is not None
+        ctl = self.controller
+        if local is None and not ctl.pending and not self._want_save and ag.quiet():
+            return False  # the common case: two attribute writes and two truth tests
+        while True:
+            wanted = local or Decision.CONTINUE
+            if ctl.pending and wanted is Decision.CONTINUE:
+                if act:
+                    wanted = ctl.decide(saved_here=self.saved_here)
+                else:
+                    self.latch.log_pending()
+                    wanted = Decision.STOP if ctl.must_stop_now() else Decision.CONTINUE
+            periodic = wanted is Decision.CONTINUE and self._want_save
+            if periodic:
+                wanted = Decision.INSURANCE
+            agreed = ag.decide(wanted, ctl.requests.first_stop(), periodic=periodic)
+            if agreed.decision is Decision.CONTINUE:
+                return False
+            if agreed.decision is Decision.INSURANCE:
+                self._want_save = False  # any agreed checkpoint here is rank 0's periodic one
+                if agreed.periodic and self.saver.background:
+                    self.saves.in_background(self.step, self._at, context)  # every rank knows
+                elif agreed.periodic:
+                    try:
+                        self._save(context)
+                    except CheckpointSaveError as exc:
+                        logger.error("preemptible: checkpoint at the agreed step failed: %s", exc)
+                else:
+                    self._insurance(context, reuse=True)
+                continue  # the same boundary: a stop may be due right after the save
+            self._agreed_stop = agreed.notice
+            if act:
+                self._stop(context, agreed.notice)
+            return True
+
+    def _insurance(self, context: Any, *, reuse: bool = False) -> None:
+        """A checkpoint now, training goes on (a notice with time to spare). A failure is
+        logged, never raised: the final save may still work."""
+        try:
+            path = self._save(context, reuse=reuse)
+        except Exception as exc:
+            logger.error(
+                "preemptible: insurance checkpoint failed: %s: %s", type(exc).__name__, exc
+            )
+            return
+        logger.warning(
+            "preemptible: insurance checkpoint %s at step %d; training goes on", path, self.step
+        )
+
+    def _save(self, context: Any, *, reuse: bool = False) -> Path:
+        return self.saves.save(self.step, self._at, context, reuse=reuse)
+
+    def _stop(self, context: Any, agreed: Notice | None) -> None:
+        """Save (unless saved here), record, tell the tracker, exit. ``agreed``: the stop every
+        rank agreed on: its code is every rank's exit code, whichever rank's signal came first."""
+        self.saver.wait()  # a save in flight of this very position is the final one
+        self.saves.collect()
+        ranks, ctl = self.ranks, self.controller
+        self.stopping = True
+        saved = self.saves.of(self._at) if ranks is None else None
+        first = agreed or ctl.requests.first_stop()
+        logger.warning(
+            "preemptible: %s: %s %s at step %d, then stopping",
+            first.source if first is not None else "stop",
+            "saving" if saved is None else "already saved",
+            self.saver.target(self.step) if saved is None else saved,
+            self.step,
+        )
+        notice, path = ctl.finish(
+            step=self.step,
+            save=lambda: self._save(context, reuse=ranks is not None),
+            saved=saved,
+            save_failed=self._save_failed,
+            after_tracker=self._after_tracker,
+            record=self.is_zero,
+            notice=agreed,  # the record and the tracker tell the agreed stop's story
+        )
+        code = self.exit_code if self.exit_code is not None else notice.exit_code
+        logger.warning(
+            "preemptible: stopped at step %d on %s; checkpoint %s; exiting with %d",
+            self.step,
+            notice.source,
+            path,
+            code,
+        )
+        self.stopped = True
+        # From here a late signal (a supervisor's escalation, a second notice, SLURM) exits
+        # with ``code`` instead of killing a process that has already saved.
+        self.latch.hold_for_exit(code)
+        if ranks is not None:
+            ranks.leave_together()
+        if self._before_exit is not None:
+            self._before_exit()
+        self.close()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        exit_fn = self.config.exit_fn or sys.exit
+        exit_fn(code)
+        # an exit_fn that returns (a notebook, a test): the run goes on without our handlers
+        self.latch.restore()

@@ -1,0 +1,159 @@
+"""The package's layers, read from its import graph (every import, function-local ones too).
+
+The stop path is stacked: base modules < stop (latch, termination, controller) < notices and
+trackers < checkpoint (store, state, savers) < distributed (group, agreement, sharded) < the
+front-end kit (``preemptible.frontend``) < front ends (the handler, Lightning, the next ones).
+A module imports only its own layer's package or lower ones, and a front end only the kit's
+public names (and the trackers'): what a new front end needs, the kit must offer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import preemptible
+import preemptible.frontend
+import preemptible.trackers
+
+SRC = Path(preemptible.__file__).parent
+
+LAYERS = {
+    "_errors": 0,
+    "_env": 0,
+    "_files": 0,
+    "_logs": 0,
+    "_run": 0,
+    "stop": 1,
+    "notices": 2,
+    "trackers": 2,
+    "checkpoint": 3,
+    "distributed": 4,
+    "frontend": 5,
+    "_handler": 6,
+    "lightning": 6,
+}
+FRONT_ENDS = ("_handler", "lightning")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module imported, names) of every import in ``path``, relative ones resolved."""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            names = [alias.name for alias in node.names]
+            if node.level and not node.module:  # from . import x: modules of the package
+                found += [(f"{target}.{name}", []) for name in names]
+            else:
+                found.append((target, names))
+    return found
+
+
+def top(module: str) -> str | None:
+    """The layer key of a preemptible module (None for anything else)."""
+    parts = module.split(".")
+    if parts[0] != "preemptible" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def stop_path_modules() -> list[Path]:
+    return [p for p in sorted(SRC.rglob("*.py")) if top(module_name(p)) in LAYERS]
+
+
+@pytest.mark.parametrize("path", stop_path_modules(), ids=lambda p: module_name(p))
+def test_a_module_of_the_stop_path_imports_nothing_above_its_layer(path: Path) -> None:
+    own = top(module_name(path))
+    assert own is not None
+    for target, _names in imports(path):
+        other = top(target)
+        if other is None or other == own:
+            continue
+        assert other in LAYERS, f"{module_name(path)} imports {target}, outside the stop path"
+        assert LAYERS[other] < LAYERS[own] or (LAYERS[other] == LAYERS[own] and LAYERS[own] == 0), (
+            f"{module_name(path)} (layer {LAYERS[own]}) imports {target} (layer {LAYERS[other]})"
+        )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in stop_path_modules() if top(module_name(p)) in FRONT_ENDS],
+    ids=lambda p: module_name(p),
+)
+def test_a_front_end_imports_only_the_kits_public_names(path: Path) -> None:
+    own = module_name(path).split(".")[:2]
+    public = {
+        "preemptible.frontend": set(preemptible.frontend.__all__),
+        "preemptible.trackers": set(preemptible.trackers.__all__),
+    }
+    for target, names in imports(path):
+        if top(target) is None or target.split(".")[:2] == own:
+            continue
+        assert target in public, f"{module_name(path)} imports {target}: use preemptible.frontend"
+        assert set(names) <= public[target], (
+            f"{module_name(path)} imports {sorted(set(names) - public[target])} from {target}, "
+            "which it does not export"
+        )
+
+
+CHECKPOINT_WRITERS = {
+    "preemptible._files",  # the atomic replacement every file of preemptible goes through
+    "preemptible.checkpoint._store",  # the commit protocol
+    "preemptible.checkpoint._savers",
+    "preemptible.distributed._savers",
+}
+
+
+def test_only_the_savers_open_checkpoint_temporaries_or_rename_files() -> None:
+    """A checkpoint temporary (``store.temporary``), a commit (``store.commit``) or a rename
+    (``os.rename``/``os.replace``) outside the savers would be a second commit protocol."""
+    allowed_renames = {"preemptible.sweeps._status"}  # its plot, written whole and renamed
+    for path in sorted(SRC.rglob("*.py")):
+        name = module_name(path)
+        if name in CHECKPOINT_WRITERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            func = node.func
+            owner = func.value.id if isinstance(func.value, ast.Name) else None
+            if func.attr in ("temporary", "commit") and owner != "conn":
+                pytest.fail(f"{name}:{node.lineno} calls .{func.attr}(): only savers do")
+            if owner == "os" and func.attr in ("rename", "replace"):
+                assert name in allowed_renames, f"{name}:{node.lineno} renames with os.{func.attr}"
+
+
+def test_the_kit_exports_what_it_documents() -> None:
+    for name in preemptible.frontend.__all__:
+        assert hasattr(preemptible.frontend, name), name
+    public = {n for n in vars(preemptible.frontend) if not n.startswith("_")}
+    modules = {n for n in public if type(getattr(preemptible.frontend, n)).__name__ == "module"}
+    assert public - modules - {"annotations"} == set(preemptible.frontend.__all__)
+
+
+def test_no_module_of_the_stop_path_is_too_long_to_read_in_one_sitting() -> None:
+    long = {
+        module_name(p): n
+        for p in stop_path_modules()
+        if (n := len(p.read_text().splitlines())) > 510
+    }
+    assert long == {}, long
