@@ -945,9 +945,11 @@ class Store:
         """The first pending run in line that can start here and whose parameters can be read
         back; one that cannot be read (text that is not a JSON object) could never run: it ends
         FAILED, with the reason logged. One whose locks a process holds here is passed over."""
+        n = 1  # the one in line, locked alone (PostgreSQL); more only when it cannot start here
         while True:
             failed = False
-            for row in tx.all("pick_pending", sweep_id=sweep_id, n=PENDING_LOOKAHEAD):
+            rows = tx.all("pick_pending", sweep_id=sweep_id, n=n)
+            for row in rows:
                 _, why = decode_object(row["params"])
                 if why is not None or row["params"] is None:
                     tx.run("fail_unreadable_run", id=row["id"])
@@ -956,8 +958,10 @@ class Store:
                     failed = True
                 elif local is None or local.blocked(row["id"]) is None:
                     return row
-            if not failed:  # every run in line is blocked here, or there is none
-                return None
+            if not failed and (n == PENDING_LOOKAHEAD or not rows):
+                return None  # every run in line is blocked here, or there is none
+            if not failed:
+                n = PENDING_LOOKAHEAD
 
     def _claim(self, tx: _Tx, run_id: str) -> Claim:
         row = tx.one("claim_row", id=run_id)
