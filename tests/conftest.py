@@ -199,9 +199,19 @@ class PgServer:
 
     def restart(self) -> None:
         """``pg_ctl restart -m fast``: every connection is dropped, the server comes back."""
+        self._ctl("restart")
+
+    def stop(self) -> None:
+        """``pg_ctl stop -m fast``: an outage until ``start()`` (same port and data)."""
+        self._ctl("stop")
+
+    def start(self) -> None:
+        self._ctl("start")
+
+    def _ctl(self, command: str) -> None:
         assert self.directory is not None
         subprocess.run(
-            ["bash", str(PG_SCRIPT), "restart", str(self.directory)], check=True, timeout=120
+            ["bash", str(PG_SCRIPT), command, str(self.directory)], check=True, timeout=120
         )
 
 

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ logger = logging.getLogger("preemptible")
 RECORD_NAME = "record.json"
 MAX_RECORD_BYTES = 1 << 20
 _warned = False
+_updating = threading.Lock()  # a read-merge-write: two threads (a watcher's) must not interleave
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,8 @@ def update_record(**fields: Any) -> Path | None:
     if run_dir is None:
         return None
     try:
-        return _update(run_dir, fields)
+        with _updating:
+            return _update(run_dir, fields)
     except (OSError, ValueError, TypeError) as exc:
         global _warned
         if not _warned:

@@ -369,7 +369,7 @@ def _control(sweep_id: str, db: str | None, control: str, *, now: bool = False) 
     from .sweeps._store import open_store
 
     try:
-        with open_store(db) as store:
+        with open_store(db, create=False) as store:
             store.set_control(sweep_id, control, now=now)  # type: ignore[arg-type]
     except PreemptibleError as exc:
         _fail(str(exc))
@@ -439,23 +439,46 @@ def sweep_cancel(sweep_id: str, now: bool, db: str | None) -> None:
     show_default=True,
     envvar="PREEMPTIBLE_LEASE",
     show_envvar=True,
-    help="Seconds a run stays this agent's without a renewal; then it is requeued.",
+    help="Seconds a run stays this agent's without a renewal (at least 3 heartbeats). The "
+    "run stops itself (saves) 20 % of the lease before it ends unless renewed; another agent "
+    "may take it over 20 % of the lease after.",
+)
+@click.option(
+    "--max-consecutive-failures",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="Exit after this many runs in a row that could not start or failed within 10 s "
+    "(0: never).",
 )
 @_home_option("Where run directories and checkpoints go (shared by agents on several machines).")
 def agent(
-    sweep_id: str, db: str | None, count: int | None, heartbeat: float, lease: float, home: Path
+    sweep_id: str,
+    db: str | None,
+    count: int | None,
+    heartbeat: float,
+    lease: float,
+    max_consecutive_failures: int,
+    home: Path,
 ) -> None:
     """Claim runs of SWEEP_ID and run them until the sweep has nothing left.
 
     \b
     Exit code: 0 nothing left (or --count runs done); 128+signum stopped by a signal (the
-    running run was stopped, saved and handed back); 2 bad usage or database.
+    running run was stopped, saved and handed back); 2 bad usage or database, or runs that
+    could not start (--max-consecutive-failures); 1 runs that failed within seconds.
     """
     from .sweeps._agent import Agent, AgentConfig
 
     try:
         config = AgentConfig(
-            sweep_id=sweep_id, db=db, count=count, heartbeat=heartbeat, lease=lease, home=home
+            sweep_id=sweep_id,
+            db=db,
+            count=count,
+            heartbeat=heartbeat,
+            lease=lease,
+            home=home,
+            max_consecutive_failures=max_consecutive_failures,
         )
         code = Agent(config).run()
     except PreemptibleError as exc:

@@ -1,5 +1,8 @@
 """``preemptible agent`` end to end: real agents (processes), real runs, real signals, a real
-queue (SQLite, and PostgreSQL where marked), states read back from the store."""
+queue (SQLite, and PostgreSQL where marked), states read back from the store. The runs are
+``tests/scripts/lease_train.py`` (no torch: it starts in a fraction of a second; a resumed run
+must end with the value of a run never stopped); ``preemptible demo`` (test_sweep_demo.py)
+resumes torch runs through agents bit for bit."""
 
 from __future__ import annotations
 
@@ -7,25 +10,26 @@ import contextlib
 import json
 import os
 import signal
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 from preemptible.sweeps._store import open_store
 from tests.conftest import PY, SCRIPTS, Child, wait_for
+from tests.scripts.lease_train import expected
 
 pytestmark = pytest.mark.timeout(240)
 
-PROGRAM = str(SCRIPTS / "sweep_train.py")
+PROGRAM = str(SCRIPTS / "lease_train.py")
 
 
 def write_spec(tmp_path: Path, params: dict[str, object], **extra: object) -> Path:
     spec = {
         "program": PROGRAM,
         "method": "grid",
-        "metric": {"name": "loss", "goal": "minimize"},
+        "metric": {"name": "x", "goal": "minimize"},
         "parameters": params,
         **extra,
     }
@@ -56,13 +60,10 @@ def states(db: str, sweep: str) -> dict[int, str]:
         return {r.index: r.state for r in store.runs(sweep)}
 
 
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, weights_only=True)
-
-
-def same(a: Path, b: Path) -> bool:
-    wa, wb = weights(a), weights(b)
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+def final_x(tmp_path: Path, run_id: str) -> int:
+    """The value a run ended with (lease_train.py's final.json)."""
+    path = tmp_path / ".preemptible" / "runs" / run_id / "final.json"
+    return int(json.loads(path.read_text())["x"])
 
 
 def test_a_stopped_agent_hands_its_run_back_and_another_agent_resumes_it_exactly(
@@ -70,7 +71,7 @@ def test_a_stopped_agent_hands_its_run_back_and_another_agent_resumes_it_exactly
 ) -> None:
     """SIGTERM to agent A mid-run: the run saves, A records PREEMPTED and exits 143 without
     claiming again; agent B takes the run back from the queue (same id, same checkpoints),
-    resumes it, and it ends with the weights of a run never stopped."""
+    resumes it, and it ends with the value of a run never stopped."""
     spec = write_spec(
         tmp_path,
         {"lr": {"values": [0.05]}, "steps": {"value": 40}, "step-sleep": {"value": 0.05}},
@@ -93,17 +94,7 @@ def test_a_stopped_agent_hands_its_run_back_and_another_agent_resumes_it_exactly
     assert attempts[0].checkpoint_step is not None and attempts[0].checkpoint_step >= 10
     assert run.summary is not None and run.summary["step"] == 39
     assert "resuming from" in b.output
-
-    # the same run, never stopped, in another home
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    sweep_ref = create(spawn, ref, f"sqlite://{ref}/q.db", spec)
-    c = agent(spawn, ref, f"sqlite://{ref}/q.db", sweep_ref)
-    assert c.wait(120) == 0, c.output
-    assert same(
-        tmp_path / ".preemptible" / "runs" / run.id / "final.pt",
-        ref / ".preemptible" / "runs" / f"{sweep_ref}-0" / "final.pt",
-    )
+    assert final_x(tmp_path, run.id) == expected(40)
 
 
 def test_a_lost_agent_s_run_is_requeued_once_and_finished_by_another(
@@ -209,7 +200,7 @@ def test_a_failing_run_uses_its_failure_budget_then_the_agent_moves_on(
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["agent", "nosuchid", "--db", "sqlite:///{tmp}/q.db"], "no sweep 'nosuchid'"),
+        (["agent", "nosuchid", "--db", "sqlite:///{tmp}/q.db"], "no sweep database at"),
         (["agent", "x", "--db", "mysql://u:secret@h/db"], "***"),
         (["agent", "x", "--heartbeat", "10", "--lease", "5"], "--lease 5 is not valid"),
         (["sweep", "create", "{tmp}/missing.yaml"], "missing.yaml"),
@@ -264,15 +255,128 @@ def test_stop_lets_the_running_run_finish_and_claims_nothing_more(
     assert states(db, sweep) == {0: "FINISHED", 1: "PENDING"}
 
 
-def test_a_run_whose_command_cannot_start_fails_and_the_agent_goes_on(
-    tmp_path: Path, spawn: Callable[..., Child]
+def readonly(home: Path) -> list[str]:
+    """A prefix under which ``home`` is read-only, for root too (a private bind mount)."""
+    home.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        home.chmod(0o555)
+        return []
+    import shutil
+    import subprocess
+
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-m", "true"], capture_output=True).returncode:
+        pytest.skip("a read-only home for root needs unshare(1) and a mount namespace")
+    script = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"'
+    return [unshare, "-m", "sh", "-c", script, str(home)]
+
+
+@pytest.mark.parametrize("cause", ["no such program", "unset ${envvar:X}", "read-only --home"])
+def test_runs_that_cannot_start_are_said_once_and_the_agent_stops_before_burning_the_queue(
+    tmp_path: Path, spawn: Callable[..., Child], cause: str
 ) -> None:
+    """The issue's reproductions (51 and 1,681 runs FAILED in seconds, a whole grid in 1 ms):
+    the reason is said once, every run goes back untouched (no attempt, no failure counted),
+    the agent backs off and exits 2 after --max-consecutive-failures runs in a row, and no
+    run directory is made for a run that could not start."""
     db = f"sqlite://{tmp_path}/q.db"
+    home = tmp_path / "home"
+    command = {
+        "no such program": [str(tmp_path / "no-such-program")],
+        "unset ${envvar:X}": [
+            "${env}",
+            "${interpreter}",
+            "${program}",
+            "${envvar:PREEMPTIBLE_NO_SUCH_VAR}",
+        ],
+        "read-only --home": ["${env}", "${interpreter}", "${program}", "${args}"],
+    }[cause]
     spec = write_spec(
-        tmp_path, {"lr": {"values": [0.1, 0.2]}}, command=[str(tmp_path / "no-such-program")]
+        tmp_path, {"lr": {"values": [i / 100 for i in range(1, 41)]}}, command=command
     )
     sweep = create(spawn, tmp_path, db, spec)
-    a = agent(spawn, tmp_path, db, sweep)
-    assert a.wait(120) == 0, a.output
-    assert "could not start" in a.output
-    assert states(db, sweep) == {0: "FAILED", 1: "FAILED"}
+    prefix = readonly(home) if cause == "read-only --home" else []
+    env = {k: v for k, v in os.environ.items() if k != "PREEMPTIBLE_NO_SUCH_VAR"}
+    a = spawn(
+        [
+            *prefix,
+            *cli(
+                "agent",
+                sweep,
+                "--db",
+                db,
+                "--home",
+                str(home),
+                "--heartbeat",
+                "0.5",
+                "--lease",
+                "4",
+                "--max-consecutive-failures",
+                "3",
+            ),
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert a.wait(60) == 2, a.output
+    said = [line for line in a.lines if "could not start" in line]
+    assert len(said) == 2, a.output  # the reason once, and the agent's last line
+    assert "agent stops: the last 3 runs could not start" in said[-1]
+    assert "nothing counted against them" in said[-1]
+    with open_store(db) as store:
+        runs = store.runs(sweep)
+        assert {(r.state, r.attempt, r.failures) for r in runs} == {("PENDING", 0, 0)}
+        assert len(runs) == 40 and all(store.attempts(r.id) == [] for r in runs)
+    made = sorted(p.name for p in (home / "runs").iterdir()) if (home / "runs").exists() else []
+    assert made == ([f"{sweep}-0"] if cause == "no such program" else []), made
+    if made:
+        assert not list((home / "runs" / made[0]).glob("attempt-*"))
+
+
+def test_runs_that_fail_within_seconds_stop_the_agent_after_a_few(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    """A program that fails at once (a typo in the training script): each run that ran is
+    recorded FAILED on its own budget, the agent backs off between them and stops with one
+    line (exit 1) after --max-consecutive-failures, instead of failing the whole queue."""
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = write_spec(
+        tmp_path, {"lr": {"values": [i / 100 for i in range(1, 21)]}}, command=["/bin/false"]
+    )
+    sweep = create(spawn, tmp_path, db, spec)
+    a = agent(spawn, tmp_path, db, sweep, "--max-consecutive-failures", "3")
+    assert a.wait(60) == 1, a.output
+    last = [line for line in a.lines if "agent stops" in line]
+    assert len(last) == 1 and "the last 3 runs failed within 10 s each" in last[0], a.output
+    assert Counter(states(db, sweep).values()) == {"FAILED": 3, "PENDING": 17}
+
+
+def test_a_run_id_planted_in_the_database_is_refused_before_anything_is_made(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    """A run id such as ../../../outside/X names a directory outside --home: the agent checks
+    it before it makes a directory or writes params.json, and the run FAILS on its own budget."""
+    import sqlite3
+
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = write_spec(
+        tmp_path,
+        {"lr": {"values": [0.1]}},
+        command=["${env}", "${interpreter}", "${program}", "--cfg=${args_json_file}"],
+    )
+    sweep = create(spawn, tmp_path, db, spec)
+    bad = "../../../outside/X"
+    with contextlib.closing(sqlite3.connect(tmp_path / "q.db")) as conn, conn:
+        conn.execute(
+            "UPDATE preemptible_runs SET id = ?, checkpoint_dir = ? WHERE sweep_id = ?",
+            (bad, bad, sweep),
+        )
+    home = tmp_path / "deep" / "down" / "home"
+    a = agent(spawn, tmp_path, db, sweep, "--home", str(home))
+    assert a.wait(60) == 0, a.output
+    assert f"run id {bad!r} (from the sweep database) is not valid" in a.output
+    assert not (home / "runs" / bad).resolve().parent.exists()
+    assert not (home / "runs").exists()
+    with open_store(db) as store:
+        [run] = store.runs(sweep)
+    assert (run.id, run.state) == (bad, "FAILED")

@@ -24,13 +24,16 @@ import pytest
 from preemptible import ConfigError
 from preemptible.sweeps._store import (
     LEASE_EXPIRED,
+    LEASE_MARGIN,
     Claim,
     Control,
+    DatabaseGone,
     LeaseLost,
     Observation,
     Store,
     StoreError,
     open_store,
+    recovery_hold,
 )
 from tests.conftest import ROOT, Child, PgServer, wait_for
 
@@ -296,7 +299,7 @@ def expire(store: Store) -> list[str]:
 
 def test_an_expired_lease_requeues_the_run_once(store: Store) -> None:
     sweep = new_sweep(store, max_preemptions=1)
-    [run_id] = store.add_runs(sweep, [{"x": 1}])
+    [run_id, other] = store.add_runs(sweep, [{"x": 1}, {"x": 2}])
     c = claim(store, sweep, lease=0.2)
     assert c is not None
     assert store.heartbeat(run_id, agent="a1", lease=0.2, attempt=1).control == "running"
@@ -310,11 +313,9 @@ def test_an_expired_lease_requeues_the_run_once(store: Store) -> None:
         "PENDING",
         LEASE_EXPIRED,
     )
-    # the agent that lost it learns so at its next heartbeat, and cannot finish it
+    # the agent that lost it learns so at its next heartbeat
     with pytest.raises(LeaseLost, match="no longer held"):
         store.heartbeat(run_id, agent="a1", lease=60, attempt=1)
-    with pytest.raises(LeaseLost):
-        finish(store, c, "FINISHED")
     # the next one, marked preempting at start, is lost too: PREEMPTED, and the budget is spent
     again = claim(store, sweep, agent="a2", lease=0.2)
     assert again is not None and again.attempt == 2
@@ -322,6 +323,142 @@ def test_an_expired_lease_requeues_the_run_once(store: Store) -> None:
     assert expire(store) == [run_id]
     assert store.run(run_id).state == "PREEMPTED"
     assert [a.ending for a in store.attempts(run_id)] == ["CRASHED", "PREEMPTED"]
+    # ...and once another attempt started, the first agent's result is not taken
+    with pytest.raises(LeaseLost):
+        finish(store, c, "FINISHED")
+    assert store.run(other).state == "PENDING"
+
+
+def test_a_result_after_the_lease_ran_out_is_kept_while_no_other_attempt_started(
+    store: Store,
+) -> None:
+    """The holder was cut off past its lease and another agent ended the attempt as lost; its
+    result (FINISHED, exit 0) still counts: FINISHED after 1 attempt, no preemption counted."""
+    sweep = new_sweep(store, max_preemptions=0)
+    [run_id] = store.add_runs(sweep, [{"x": 1}])
+    c = claim(store, sweep, lease=0.2)
+    assert c is not None
+    assert expire(store) == [run_id]
+    assert store.run(run_id).state == "CRASHED"  # no preemption left: final, for now
+    assert finish(store, c, "FINISHED", summary={"loss": 0.5}) == "FINISHED"
+    assert finish(store, c, "FINISHED") == "FINISHED"  # a retry of the same call
+    run = store.run(run_id)
+    assert (run.state, run.attempt, run.preemptions, run.summary) == (
+        "FINISHED",
+        1,
+        0,
+        {"loss": 0.5},
+    )
+    [attempt] = store.attempts(run_id)
+    assert (attempt.ending, attempt.exit_code, attempt.closed_by) == ("FINISHED", 0, "a1")
+    # a late PREEMPTED result of another run: back in the queue, one preemption, not two
+    [second] = store.add_runs(sweep, [{"x": 2}])
+    sweep2 = new_sweep(store, max_preemptions=3)
+    [third] = store.add_runs(sweep2, [{"x": 3}])
+    d = claim(store, sweep2, lease=0.2)
+    assert d is not None and d.run_id == third
+    assert expire(store) == [third]
+    assert finish(store, d, "PREEMPTED") == "PENDING"
+    assert store.run(third).preemptions == 1
+    assert [a.ending for a in store.attempts(third)] == ["PREEMPTED"]
+    assert store.run(second).state == "PENDING"
+
+
+def test_every_claim_moves_the_epoch_on_and_stale_epochs_are_refused(store: Store) -> None:
+    sweep = new_sweep(store, max_preemptions=5)
+    [run_id] = store.add_runs(sweep, [{"x": 1}])
+    first = claim(store, sweep)
+    assert first is not None and first.epoch == 1
+    assert store.attempts(run_id)[0].epoch == 1
+    assert finish(store, first, "PREEMPTED", epoch=1) == "PENDING"
+    second = claim(store, sweep, agent="a1")  # the same agent, the same run, a new claim
+    assert second is not None and (second.attempt, second.epoch) == (2, 2)
+    with pytest.raises(LeaseLost):
+        store.heartbeat(run_id, agent="a1", lease=60, attempt=2, epoch=1)
+    with pytest.raises(LeaseLost):
+        store.report(run_id, {"loss": 1.0}, epoch=1)
+    with pytest.raises(LeaseLost):
+        finish(store, second, "FINISHED", epoch=1)
+    assert store.heartbeat(run_id, agent="a1", lease=60, attempt=2, epoch=2).control == "running"
+    store.report(run_id, {"loss": 2.0}, epoch=2)
+    # a claim whose attempt never started is undone: no attempt counted, the epoch kept
+    store.abandon(run_id, agent="a1", attempt=2, epoch=2)
+    run = store.run(run_id)
+    assert (run.state, run.attempt, run.epoch, run.lease_owner) == ("PENDING", 1, 2, None)
+    assert [a.number for a in store.attempts(run_id)] == [1]
+    with pytest.raises(LeaseLost):
+        store.abandon(run_id, agent="a1", attempt=2, epoch=2)
+    third = claim(store, sweep, agent="a2")
+    assert third is not None and (third.attempt, third.epoch) == (2, 3)
+    with pytest.raises(LeaseLost):  # the abandoned claim's holder cannot finish attempt 2
+        finish(store, third, "FINISHED", agent="a1", epoch=2)
+    assert finish(store, third, "FINISHED", agent="a2", epoch=3) == "FINISHED"
+
+
+class FakeHost:
+    """The store's ``Local`` for one agent: which holders live and which runs are held here."""
+
+    def __init__(self, identity: str = "me") -> None:
+        self.identity = identity
+        self.alive: dict[str, bool] = {}
+        self.held: dict[str, str] = {}
+
+    def holder_alive(self, holder: str | None) -> bool | None:
+        return self.alive.get(holder or "")
+
+    def blocked(self, run_id: str) -> str | None:
+        return self.held.get(run_id)
+
+
+def test_a_holder_on_this_host_is_waited_for_while_it_lives(store: Store) -> None:
+    sweep = new_sweep(store)
+    [run_id] = store.add_runs(sweep, [{"x": 1}])
+    holder, other = FakeHost("agent-a"), FakeHost("agent-b")
+    assert store.claim(sweep, agent="a", host="h", lease=0.2, propose=None, local=holder)
+    other.alive["agent-a"] = True  # stopped (SIGSTOP), but alive: its run is not taken
+    wait_for(lambda: time.time() > (store.run(run_id).lease_expires or 0) + 0.2, 10, "expiry")
+    assert store.claim(sweep, agent="b", host="h", lease=60, propose=None, local=other) is None
+    assert store.run(run_id).state == "RUNNING"
+    other.alive["agent-a"] = False  # gone, but a process of its attempt still holds a lock
+    other.held[run_id] = "a process holds its checkpoint lock"
+    assert store.expire_leases(local=other) == []
+    del other.held[run_id]
+    taken = store.claim(sweep, agent="b", host="h", lease=60, propose=None, local=other)
+    assert taken is not None and (taken.run_id, taken.attempt) == (run_id, 2)
+
+
+def test_a_holder_on_another_host_loses_the_run_only_a_margin_after_its_lease(
+    store: Store,
+) -> None:
+    sweep = new_sweep(store)
+    [run_id] = store.add_runs(sweep, [{"x": 1}])
+    c = claim(store, sweep, lease=1.0)
+    assert c is not None
+    expires = store.run(run_id).lease_expires
+    assert expires is not None
+    here = FakeHost("elsewhere")  # knows nothing of the holder: another host
+    found = wait_for(lambda: store.expire_leases(local=here), 30, "the takeover")
+    assert found == [run_id]
+    assert time.time() >= expires + LEASE_MARGIN * 1.0  # not before the margin
+    # after an outage of its own, an agent gives holders elsewhere a lease to report first
+    sweep2 = new_sweep(store)
+    [run2] = store.add_runs(sweep2, [{"x": 2}])
+    assert claim(store, sweep2, lease=0.2) is not None
+    store._health.recovered_at = time.monotonic() - recovery_hold(0.2) + 1.0
+    wait_for(lambda: time.time() > (store.run(run2).lease_expires or 0) + 0.1, 10, "expiry")
+    assert store.expire_leases(local=here) == []
+    assert wait_for(lambda: store.expire_leases(local=here), 30, "the hold to pass") == [run2]
+
+
+def test_pending_runs_still_held_on_this_host_are_passed_over(store: Store) -> None:
+    sweep = new_sweep(store)
+    ids = store.add_runs(sweep, [{"x": 1}, {"x": 2}])
+    here = FakeHost()
+    here.held[ids[0]] = "an orphan of its last attempt holds its checkpoint lock"
+    c = store.claim(sweep, agent="a", host="h", lease=60, propose=None, local=here)
+    assert c is not None and c.run_id == ids[1]
+    assert store.claim(sweep, agent="a", host="h", lease=60, propose=None, local=here) is None
+    assert store.run(ids[0]).state == "PENDING"  # waiting, not failed
 
 
 def test_claim_expires_leases_first(store: Store) -> None:
@@ -389,6 +526,37 @@ def test_racing_expirers_in_processes_requeue_each_run_once(
         found += json.loads(child.lines[-1])
     assert sorted(found) == sorted(ids)
     assert {(r.state, r.preemptions) for r in store.runs(sweep)} == {("PENDING", 1)}
+
+
+def test_an_sqlite_file_deleted_or_replaced_under_its_users_stops_them_and_is_not_recreated(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "q.db"
+    url = f"sqlite://{path}"
+    store = open_store(url)
+    sweep = new_sweep(store)
+    beat = store.reopen()  # a heartbeat thread's connection
+    assert beat.sweep(sweep).id == sweep
+    path.unlink()
+    for user in (store, beat):
+        with pytest.raises(DatabaseGone, match=r"q\.db was deleted while in use; nothing is"):
+            user.sweep(sweep)
+    with pytest.raises(DatabaseGone, match="was deleted"):
+        store.reopen()  # a new heartbeat thread does not make a new empty file either
+    assert not path.exists()
+    with pytest.raises(DatabaseGone, match=r"^no sweep database at sqlite://.*q\.db \(deleted"):
+        open_store(url, create=False)  # an agent, status, sweep stop
+    assert not path.exists()
+    store.close()
+    beat.close()
+    fresh = open_store(url)  # `sweep create` makes a new one
+    sweep = new_sweep(fresh)
+    copy = tmp_path / "copy.db"
+    open_store(f"sqlite://{copy}").close()
+    os.replace(copy, path)
+    with pytest.raises(DatabaseGone, match="was replaced by another file"):
+        fresh.sweep(sweep)
+    fresh.close()
 
 
 # -- retries: a commit whose acknowledgement is lost ------------------------------------------
@@ -463,9 +631,9 @@ def raw_execute(url: str, sql: str) -> None:
 
 def test_migrations_run_once_and_refuse_a_newer_schema(store_url: str, store: Store) -> None:
     sweep = new_sweep(store)
-    assert store.schema_versions() == [1]
+    assert store.schema_versions() == [1, 2]
     with open_store(store_url) as again:  # every migration is there: nothing is applied
-        assert again.schema_versions() == [1]
+        assert again.schema_versions() == [1, 2]
         assert again.sweep(sweep).id == sweep
     raw_execute(store_url, "INSERT INTO preemptible_schema VALUES (99, 0)")
     with pytest.raises(StoreError, match=r"schema version 99; .* upgrade preemptible"):
@@ -484,7 +652,7 @@ def test_agents_opening_a_new_database_together_migrate_it_once(
         assert child.wait(60) == 0, child.output
         assert child.lines[-1] == "opened"
     with open_store(store_url) as s:
-        assert s.schema_versions() == [1]
+        assert s.schema_versions() == [1, 2]
 
 
 # -- URLs and passwords -----------------------------------------------------------------------

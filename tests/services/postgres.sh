@@ -3,6 +3,8 @@
 #
 #   bash tests/services/postgres.sh up DIR       initdb + start; prints the server's URL
 #   bash tests/services/postgres.sh restart DIR  pg_ctl restart -m fast (drops every connection)
+#   bash tests/services/postgres.sh stop DIR     pg_ctl stop -m fast: an outage, until `start`
+#   bash tests/services/postgres.sh start DIR    start it again (same port, socket and data)
 #   bash tests/services/postgres.sh down DIR     stop it and remove DIR
 #
 # DIR holds the data directory, the Unix socket, the log and `url`. As root the server runs as
@@ -69,6 +71,18 @@ restart() {
     as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 30 restart >/dev/null
 }
 
+stop() {
+    local dir=$1 bin
+    bin=$(bin_dir) || exit 3
+    as_owner "$bin/pg_ctl" -D "$dir/data" -m fast -w -t 30 stop >/dev/null
+}
+
+start() {
+    local dir=$1 bin
+    bin=$(bin_dir) || exit 3
+    as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 start >/dev/null
+}
+
 down() {
     local dir=$1 bin
     bin=$(bin_dir) || exit 3
@@ -79,9 +93,9 @@ down() {
 }
 
 case "${1:-}" in
-    up | restart | down)
-        [ -n "${2:-}" ] || { echo "usage: $0 up|restart|down DIR" >&2; exit 2; }
+    up | restart | stop | start | down)
+        [ -n "${2:-}" ] || { echo "usage: $0 up|restart|stop|start|down DIR" >&2; exit 2; }
         "$1" "$2"
         ;;
-    *) echo "usage: $0 up|restart|down DIR" >&2; exit 2 ;;
+    *) echo "usage: $0 up|restart|stop|start|down DIR" >&2; exit 2 ;;
 esac

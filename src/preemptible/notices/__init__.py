@@ -102,6 +102,11 @@ def sources_for(platform: str) -> list[Source]:
     orphaned = for_this_attempt(env_str("PREEMPTIBLE_RUN_DIR"))
     if orphaned is not None:
         sources.append(orphaned)  # under a supervisor: stop if it and its guardian are gone
+    from ._lease import LEASE_FILE_ENV, LeaseFile
+
+    lease_file = env_str(LEASE_FILE_ENV)  # set by `preemptible agent` for each attempt
+    if lease_file:
+        sources.append(LeaseFile(lease_file))
     return sources
 
 

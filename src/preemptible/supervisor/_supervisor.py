@@ -96,6 +96,10 @@ PASSED_UP = (
 )
 
 
+class RunLockedError(PreemptibleError):
+    """Another live supervisor holds the run (its ``supervisor.lock``)."""
+
+
 def check_run_id(run_id: str, source: str = "--run-id") -> str:
     """``run_id`` names a directory under --home: refuse anything that is not a plain name."""
     if not _RUN_ID.fullmatch(run_id):
@@ -176,6 +180,7 @@ class SupervisorConfig:
     flap_attempts: int = 5
     min_uptime: float = 10.0
     linger: float = 5.0  # for what the job leaves running: see the module docstring
+    extra_env: dict[str, str] = field(default_factory=dict)  # for every attempt (an agent's)
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -423,6 +428,12 @@ class Supervisor:
             self._exit_code = attempt.exit_code
             return attempt
 
+    @property
+    def job_group(self) -> int | None:
+        """The process group of the running attempt's job, None between attempts."""
+        group = self._group
+        return None if group is None else group.pid
+
     def stop_job(self, signum: int) -> None:
         """Stop the running attempt as a received ``signum`` would, from another thread (a
         sweep's cancel; SIGKILL for a lost lease or ``cancel --now``): passed on to the group,
@@ -623,6 +634,7 @@ class Supervisor:
         else:
             env.pop("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT", None)
         env.pop("PREEMPTIBLE_RESUME_FROM", None)
+        env.update(self.config.extra_env)
         exits = measured_exits(self.run_dir / JOURNAL_NAME)
         if exits:
             # the worst of the last few: one fast exit must not shrink the budget of the next
@@ -1040,7 +1052,7 @@ def _lock_run(run_dir: Path, run_id: str) -> int:
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         os.close(fd)
         who = f"pid {holder}" if _decimal(holder) else "another process"
-        raise PreemptibleError(
+        raise RunLockedError(
             f"run {run_id} is already supervised by {who} ({path}); wait for it to end, or "
             "pass another --run-id"
         ) from exc

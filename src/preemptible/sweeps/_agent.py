@@ -9,12 +9,26 @@ ended. What the agent adds is the queue:
   metrics the run reported (``preemptible.report``) into the queue, marks the run preempting
   when the run did, and passes a sweep's ``cancel`` on to the run (SIGTERM, then SIGKILL after
   the term timeout; ``--now``: SIGKILL);
+- the lease's end, by this host's monotonic clock, goes to the run in ``lease.json``
+  (``PREEMPTIBLE_LEASE_FILE``) at every renewal. When renewals stop, the run is told to stop
+  ``warn`` seconds before the lease's own deadline (``LEASE_MARGIN`` of the lease before it
+  ends) and must be gone by then: the run watches the file itself (a notice, as for a spot
+  VM's; it holds while this agent is stopped by SIGSTOP or Ctrl+Z), and a watchdog thread here
+  sends SIGTERM at the warning and SIGKILL at the deadline for runs that do not watch it. Only
+  ``LEASE_MARGIN`` after the lease's end may an agent on another host take the run over, so
+  two attempts never write one checkpoint directory;
 - when the attempt ends, ``finish`` records it and the queue decides the run's next state
   (PREEMPTED runs go back to the queue with the same id and checkpoint directory, and the next
-  agent resumes them);
-- a lost lease (this agent was cut off from the database for longer than the lease, and the
-  run was handed to another agent) kills the run at once: two attempts must never write one
-  checkpoint directory.
+  agent resumes them). A result that comes after the lease ran out is kept when no other
+  attempt started; otherwise it is not recorded (and the run resumes from its checkpoints);
+- a run whose previous attempt may still be alive on this host (its agent is stopped, or a
+  process still holds its locks) is left in the queue until it is not: waiting is not a
+  failure (``HostView``);
+- a run that cannot start here (no such program, an unset ``${envvar:NAME}``, a home that
+  cannot be written) is handed back untouched, with no attempt counted, and said once; after
+  ``max_consecutive_failures`` runs in a row that could not start or failed within
+  ``QUICK_FAILURE`` seconds, the agent backs off between them and then exits with one line
+  instead of burning the queue (exit 2 when they could not start, 1 when they failed).
 
 Stopping an agent (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2): the signal goes to the run,
 which saves and exits; the agent records the attempt (the run goes back to the queue) and exits
@@ -27,6 +41,7 @@ preempted run are resumed by whichever agent takes it next.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -44,10 +59,22 @@ from .._errors import ConfigError, PreemptibleError
 from .._report import read_summary
 from .._run import read_record
 from ..checkpoint._store import CheckpointStore
+from ..notices._lease import LEASE_FILE_ENV, LEASE_FILE_NAME, write_lease
 from ._command import build_command
+from ._lease import HostView
 from ._sample import Observation, propose
 from ._spec import SweepSpec, parse_spec
-from ._store import Claim, LeaseLost, Store, StoreError, clean_step, open_store, printable
+from ._store import (
+    Claim,
+    DatabaseGone,
+    LeaseLost,
+    Store,
+    StoreError,
+    clean_step,
+    open_store,
+    printable,
+    takeover_margin,
+)
 
 logger = logging.getLogger("preemptible")
 
@@ -55,6 +82,26 @@ logger = logging.getLogger("preemptible")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_HEARTBEAT = 10.0
 DEFAULT_LEASE = 60.0
+DEFAULT_MAX_CONSECUTIVE_FAILURES = 5  # as W&B's agent
+MIN_LEASE_HEARTBEATS = 3.0  # a lease lasts at least this many heartbeats
+WARN_AFTER_HEARTBEATS = 2.5  # a run is told to stop once this many renewals in a row are late
+QUICK_FAILURE = 10.0  # seconds: a run that failed sooner counts toward the crash loop
+MAX_BACKOFF = 60.0  # seconds between two runs in a crash loop, at most
+EXIT_CANNOT_START = 2
+EXIT_CRASH_LOOP = 1
+
+
+def lease_times(lease: float, heartbeat: float) -> tuple[float, float]:
+    """(seconds from a renewal to the run's deadline, warning seconds before that deadline).
+
+    The deadline is ``LEASE_MARGIN`` of the lease before the lease ends. The run is told to
+    stop once ``WARN_AFTER_HEARTBEATS`` renewals in a row are missing, or half its time to the
+    deadline has passed, whichever is later: a long lease rides out a long outage and still
+    leaves half of it to save in. With the defaults (10 s, 60 s): 25 s after the last renewal,
+    23 s before its deadline."""
+    deadline = lease - takeover_margin(lease)
+    tell = max(WARN_AFTER_HEARTBEATS * heartbeat, deadline / 2)
+    return deadline, max(deadline - tell, 0.0)
 
 
 @dataclass(frozen=True)
@@ -65,16 +112,24 @@ class AgentConfig:
     heartbeat: float = DEFAULT_HEARTBEAT
     lease: float = DEFAULT_LEASE
     home: Path = field(default_factory=lambda: Path(".preemptible"))
+    max_consecutive_failures: int = DEFAULT_MAX_CONSECUTIVE_FAILURES
 
     def __post_init__(self) -> None:
         if self.count is not None and (isinstance(self.count, bool) or self.count < 1):
             raise ConfigError(f"--count {self.count!r} is not valid; use an integer >= 1")
         if not (0 < self.heartbeat < float("inf")):
             raise ConfigError(f"--heartbeat {self.heartbeat!r} is not valid; use seconds > 0")
-        if not (self.heartbeat < self.lease < float("inf")):
+        if not (MIN_LEASE_HEARTBEATS * self.heartbeat <= self.lease < float("inf")):
             raise ConfigError(
-                f"--lease {self.lease:g} is not valid; use more seconds than --heartbeat "
-                f"({self.heartbeat:g}): a lease renewed less often than it lasts expires"
+                f"--lease {self.lease:g} is not valid; use at least {MIN_LEASE_HEARTBEATS:g} "
+                f"times --heartbeat ({MIN_LEASE_HEARTBEATS * self.heartbeat:g} s): a run is "
+                f"stopped once {WARN_AFTER_HEARTBEATS:g} renewals in a row are missing"
+            )
+        n = self.max_consecutive_failures
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(
+                f"--max-consecutive-failures {n!r} is not valid; use an integer >= 0 (0: never "
+                "stop)"
             )
 
 
@@ -83,13 +138,16 @@ class Agent:
         self.config = config
         self.host = socket.gethostname()
         self.id = f"{os.getpid()}-{secrets.token_hex(4)}"  # shown as agent@host
-        self.store = open_store(config.db)
+        self.local = HostView(config.home)
+        self.store = open_store(config.db, create=False)
         self.sweep = self.store.sweep(config.sweep_id)  # an unknown sweep fails here: one line
         self.spec: SweepSpec = parse_spec(self.sweep.spec, source=f"sweep {self.sweep.id}")
         self.done = 0
         self._signals: list[int] = []
         self._previous: dict[int, Any] = {}
         self._supervisor: Any = None
+        self._streak = 0  # runs in a row that could not start or failed within seconds
+        self._said: set[str] = set()  # start failures already logged
 
     # -- signals between runs ----------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -136,6 +194,7 @@ class Agent:
                 host=self.host,
                 lease=self.config.lease,
                 propose=self._propose,
+                local=self.local,
             )
             if claim is None:
                 if self._nothing_left():
@@ -143,7 +202,6 @@ class Agent:
                 self._wait(self.config.heartbeat)
                 continue
             code = self._run(claim)
-            self.done += 1
             if code is not None:
                 return code
 
@@ -175,8 +233,17 @@ class Agent:
     def _run(self, claim: Claim) -> int | None:
         """One attempt of ``claim``; the agent's exit code when it must stop, else None."""
         from ..supervisor import Supervisor, SupervisorConfig
+        from ..supervisor._supervisor import RunLockedError, check_run_id
 
+        try:  # before anything is made from it: the id names a directory under --home
+            check_run_id(claim.run_id, "the sweep database")
+        except ConfigError as exc:
+            logger.error("preemptible: %s; the run cannot run on any agent", exc)
+            self._finish_unstartable(claim)
+            return None
         run_dir = self.config.home / "runs" / claim.run_id
+        attempt_dir = run_dir / f"attempt-{claim.attempt}"
+        lease_file = attempt_dir / LEASE_FILE_NAME
         logger.info(
             "preemptible: run %s (#%d) attempt %d: %s",
             claim.run_id,
@@ -184,8 +251,9 @@ class Agent:
             claim.attempt,
             _describe(claim.params),
         )
+        renewed_at = self.store.last_try_at  # the claim's lease began after this
+        made: list[Path] = []
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
             command = build_command(
                 self.spec,
                 claim.params,
@@ -198,69 +266,151 @@ class Agent:
                     run_id=claim.run_id,
                     home=self.config.home,
                     term_timeout=self.spec.term_timeout,
+                    extra_env={LEASE_FILE_ENV: str(lease_file.absolute())},
                 )
             )
+            made = _mkdirs(attempt_dir)
+            beat = _Lease(self, claim, supervisor, attempt_dir, renewed_at)
+            beat.write()
         except (OSError, PreemptibleError) as exc:
-            logger.error("preemptible: run %s could not start: %s", claim.run_id, exc)
-            self._fail_to_start(claim)
-            return None
+            return self._could_not_start(claim, exc, [*made, lease_file])
         if self._signals:  # told to stop between the claim and the start
-            self.store.release(claim.run_id, agent=self.id, attempt=claim.attempt)
+            _remove([lease_file, *made])
+            self.store.abandon(
+                claim.run_id, agent=self.id, attempt=claim.attempt, epoch=claim.epoch
+            )
             return self._stopped(self._signals[0])
-        beat = _Heartbeat(self, claim, supervisor, run_dir / f"attempt-{claim.attempt}")
+        if time.monotonic() >= beat.deadline - beat.warn:  # this agent was stopped meanwhile
+            _remove([lease_file, *made])
+            self._abandon(claim)
+            logger.warning(
+                "preemptible: run %s: its lease is nearly over before it could start (was this "
+                "agent stopped?); handed back",
+                claim.run_id,
+            )
+            return None
         self._restore()  # the supervisor takes the signals while the run runs
         beat.start()
+        failed: PreemptibleError | None = None
         try:
             attempt = supervisor.run_attempt(claim.attempt)
         except PreemptibleError as exc:  # it could not start (no such program, a lock held)
-            logger.error("preemptible: run %s could not start: %s", claim.run_id, exc)
-            self._fail_to_start(claim)
-            return None
+            failed = exc
         finally:
             beat.stop()
             self._install()
+        if isinstance(failed, RunLockedError):  # another supervisor took it here since
+            _remove([lease_file, *made])
+            self._abandon(claim)
+            self.local.blocked(claim.run_id)  # says why, once
+            self._wait(self.config.heartbeat)
+            return None
+        if failed is not None:
+            return self._could_not_start(claim, failed, [lease_file, *made])
+        self.done += 1
+        if beat.gone is not None:
+            raise beat.gone  # the database file is gone: nowhere to record anything
         received = [
             s.signum for s in supervisor.signals if not any(s is r for r in supervisor.requested)
         ]
-        if beat.lost:
-            logger.error(
-                "preemptible: run %s attempt %d lost its lease (another agent took the run); "
-                "the attempt was killed and is not recorded here",
-                claim.run_id,
-                claim.attempt,
-            )
-        else:
-            attempt_dir = run_dir / f"attempt-{claim.attempt}"
-            record = read_record(attempt_dir)
+        ending = str(attempt.state)
+        if beat.expired and ending != "FINISHED":
+            ending = "PREEMPTED"  # stopped for this agent's lease, not for anything it did
+        record = read_record(attempt_dir)
+        try:
             state = self.store.finish(
                 claim.run_id,
                 agent=self.id,
                 attempt=claim.attempt,
-                ending=str(attempt.state),
+                epoch=claim.epoch,
+                ending=ending,
                 exit_code=attempt.exit_code,
                 duration=attempt.duration,
                 checkpoint_step=_newest_step(supervisor.resume_dir),
                 summary=read_summary(attempt_dir) or None,
                 marked_preempting=bool(record.get("preempting")),
             )
+        except LeaseLost:
+            logger.error(
+                "preemptible: run %s attempt %d ended %s after another agent took the run over "
+                "(its lease had run out); not recorded here",
+                claim.run_id,
+                claim.attempt,
+                ending,
+            )
+        else:
             logger.info(
                 "preemptible: run %s attempt %d ended %s; the run is %s",
                 claim.run_id,
                 claim.attempt,
-                attempt.state,
+                ending,
                 state,
             )
         if received:
             return self._stopped(received[0])
+        quick = ending in ("FAILED", "CRASHED") and attempt.duration < QUICK_FAILURE
+        if not quick:
+            self._streak = 0
+            return None
+        return self._count_failure(
+            f"the last {self._streak + 1} runs failed within {QUICK_FAILURE:g} s each (the "
+            f"last: run {claim.run_id}, exit code {attempt.exit_code}; its output is above)",
+            EXIT_CRASH_LOOP,
+        )
+
+    def _could_not_start(self, claim: Claim, exc: BaseException, made: list[Path]) -> int | None:
+        """The run cannot start on this agent: its command or this machine, not the run, is
+        at fault. Hand it back untouched (no attempt, no budget); say why once."""
+        _remove(made)
+        self._abandon(claim)
+        if isinstance(exc, OSError):
+            reason = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        else:
+            reason = str(exc)
+        if reason not in self._said:
+            self._said.add(reason)
+            logger.error(
+                "preemptible: run %s could not start: %s; it goes back to the queue, with no "
+                "attempt counted",
+                claim.run_id,
+                reason,
+            )
+        else:
+            logger.debug("preemptible: run %s could not start either: %s", claim.run_id, reason)
+        return self._count_failure(
+            f"the last {self._streak + 1} runs could not start ({reason}); they are back in "
+            "the queue with nothing counted against them: fix that and start the agent again",
+            EXIT_CANNOT_START,
+        )
+
+    def _count_failure(self, why: str, code: int) -> int | None:
+        """One more run in a row that could not start or failed at once: back off, or stop."""
+        self._streak += 1
+        limit = self.config.max_consecutive_failures
+        if limit and self._streak >= limit:
+            logger.error("preemptible: agent stops: %s (--max-consecutive-failures %d)", why, limit)
+            return code
+        delay = min(2.0 ** (self._streak - 1), MAX_BACKOFF)
+        logger.info("preemptible: next claim in %.0f s", delay)
+        self._wait(delay)
         return None
 
-    def _fail_to_start(self, claim: Claim) -> None:
-        """The run cannot even start here (its command, this machine's disk): FAILED, so that
-        its failure budget, not an endless loop of claims, decides what happens to it."""
+    def _abandon(self, claim: Claim) -> None:
+        try:
+            self.store.abandon(
+                claim.run_id, agent=self.id, attempt=claim.attempt, epoch=claim.epoch
+            )
+        except LeaseLost as exc:  # cannot be, but must not stop the agent
+            logger.warning("preemptible: %s", exc)
+
+    def _finish_unstartable(self, claim: Claim) -> None:
+        """A run that no agent can start (its id from the database is not a name): FAILED,
+        on its own failure budget."""
         self.store.finish(
             claim.run_id,
             agent=self.id,
             attempt=claim.attempt,
+            epoch=claim.epoch,
             ending="FAILED",
             exit_code=None,
             duration=0.0,
@@ -269,29 +419,76 @@ class Agent:
         )
 
 
-class _Heartbeat:
-    """Renews the lease while the attempt runs, on a connection of its own, and passes the
-    queue's news (cancel, a lost lease) to the supervisor."""
+class _Lease:
+    """This agent's hold on one claimed run while its attempt runs.
 
-    def __init__(self, agent: Agent, claim: Claim, supervisor: Any, attempt_dir: Path) -> None:
+    A heartbeat thread renews the lease (on a connection of its own), passes the queue's news
+    (cancel, a lost lease, a deleted database) to the supervisor and rewrites ``lease.json``;
+    a watchdog thread stops the run itself when the renewals stop (module docstring), so that
+    a heartbeat stuck in the database's retries cannot keep a run past its lease."""
+
+    def __init__(
+        self, agent: Agent, claim: Claim, supervisor: Any, attempt_dir: Path, renewed_at: float
+    ) -> None:
         self.agent, self.claim, self.supervisor = agent, claim, supervisor
         self.attempt_dir = attempt_dir
-        self.lost = False
+        self.file = attempt_dir / LEASE_FILE_NAME
+        config = agent.config
+        self._span, self.warn = lease_times(config.lease, config.heartbeat)
+        self.deadline = renewed_at + self._span  # monotonic: gone by then
+        self.expired = False  # the run was stopped for its lease (not renewed, or taken over)
+        self.gone: DatabaseGone | None = None
         self._done = threading.Event()
+        self._guard = threading.Lock()
         self._store: Store | None = None
-        self._thread = threading.Thread(target=self._loop, name="preemptible-lease", daemon=True)
+        self._warned_file = False
+        self._beat = threading.Thread(target=self._beat_loop, name="preemptible-lease", daemon=True)
+        self._watch = threading.Thread(
+            target=self._watchdog, name="preemptible-lease-watchdog", daemon=True
+        )
+
+    def write(self) -> None:
+        """``lease.json`` for the run: its deadline now."""
+        write_lease(
+            self.file,
+            run_id=self.claim.run_id,
+            attempt=self.claim.attempt,
+            epoch=self.claim.epoch,
+            deadline=self.deadline,
+            warn=self.warn,
+            margin=takeover_margin(self.agent.config.lease),
+        )
 
     def start(self) -> None:
-        self._store = open_store(self.agent.config.db)
-        self._thread.start()
+        self._store = self.agent.store.reopen()
+        self._beat.start()
+        self._watch.start()
 
     def stop(self) -> None:
         self._done.set()
-        self._thread.join()
-        if self._store is not None:
-            self._store.close()
+        for thread in (self._beat, self._watch):
+            if thread.is_alive():
+                thread.join()
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
-    def _loop(self) -> None:
+    def _renewed(self, at: float) -> None:
+        with self._guard:
+            self.deadline = max(self.deadline, at + self._span)
+        try:
+            self.write()
+        except OSError as exc:
+            if not self._warned_file:
+                self._warned_file = True
+                logger.warning(
+                    "preemptible: cannot write %s (%s); the run cannot watch its lease, only "
+                    "this agent does",
+                    self.file,
+                    exc.strerror or exc,
+                )
+
+    def _beat_loop(self) -> None:
         store = self._store
         assert store is not None
         config, claim = self.agent.config, self.claim
@@ -300,20 +497,36 @@ class _Heartbeat:
         while not self._done.wait(config.heartbeat):
             try:
                 control = store.heartbeat(
-                    claim.run_id, agent=self.agent.id, lease=config.lease, attempt=claim.attempt
+                    claim.run_id,
+                    agent=self.agent.id,
+                    lease=config.lease,
+                    attempt=claim.attempt,
+                    epoch=claim.epoch,
                 )
+                self._renewed(store.last_try_at)
                 if not marked and read_record(self.attempt_dir).get("preempting"):
                     store.mark_preempting(claim.run_id, attempt=claim.attempt)
                     marked = True
                 latest = read_summary(self.attempt_dir)
                 if latest and latest != summary:
-                    store.report(claim.run_id, latest)
+                    store.report(claim.run_id, latest, epoch=claim.epoch)
                     summary = latest
             except LeaseLost:
-                self.lost = True
+                self.expired = True  # ended for the lease, not for anything the run did
+                logger.error(
+                    "preemptible: run %s attempt %d: another agent took the run over; killing "
+                    "what is left of this attempt",
+                    claim.run_id,
+                    claim.attempt,
+                )
                 self._inject(signal.SIGKILL)
                 return
-            except (StoreError, OSError) as exc:  # the database is away: the lease may run out
+            except DatabaseGone as exc:  # nothing can be recorded: the run saves and stops
+                self.gone = exc
+                logger.error("preemptible: %s; stopping run %s", exc, claim.run_id)
+                self._inject(signal.SIGTERM)
+                return
+            except (StoreError, OSError) as exc:  # the database is away: the watchdog acts
                 logger.warning("preemptible: heartbeat of run %s failed: %s", claim.run_id, exc)
                 continue
             except PreemptibleError as exc:  # a value the queue refused: keep the lease alive
@@ -334,8 +547,86 @@ class _Heartbeat:
                 if now:
                     return
 
+    def _watchdog(self) -> None:
+        """SIGTERM ``warn`` seconds before the deadline, SIGKILL at it, unless renewed."""
+        termed = killed = False
+        while not killed:
+            with self._guard:
+                deadline = self.deadline
+            now = time.monotonic()
+            if now >= deadline:
+                killed = True
+                if _group_alive(self.supervisor.job_group):
+                    self.expired = True
+                    logger.error(
+                        "preemptible: run %s: its lease was not renewed in time; SIGKILL, "
+                        "before another agent may take the run over",
+                        self.claim.run_id,
+                    )
+                    self._inject(signal.SIGKILL)
+                break
+            if now >= deadline - self.warn and not termed:
+                termed = True
+                if not _group_alive(self.supervisor.job_group):
+                    continue  # it has ended (while this agent was stopped, say): nothing to stop
+                self.expired = True
+                logger.warning(
+                    "preemptible: run %s: its lease has not been renewed for %.0f s (the "
+                    "database is unreachable?); stopping the run (SIGTERM) to have it gone "
+                    "%.0f s from now, before another agent may take it over",
+                    self.claim.run_id,
+                    now - (deadline - self._span),
+                    deadline - now,
+                )
+                self._inject(signal.SIGTERM)
+            wake = deadline if termed else deadline - self.warn
+            if self._done.wait(min(max(wake - now, 0.0), 1.0)):
+                return
+
     def _inject(self, signum: int) -> None:
         self.supervisor.stop_job(signum)
+
+
+def _group_alive(pgid: int | None) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies do not)."""
+    if pgid is None:
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True  # cannot tell: act as if it ran
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _mkdirs(directory: Path) -> list[Path]:
+    """Make ``directory`` and its missing parents; the ones made, deepest first."""
+    missing = []
+    for d in (directory, *directory.parents):
+        if d.exists():
+            break
+        missing.append(d)
+    directory.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _remove(paths: list[Path]) -> None:
+    """Remove what the agent made for an attempt that never started (files, empty dirs)."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
 
 
 def _newest_step(directory: Path) -> int | None:

@@ -6,9 +6,19 @@ Agents on one machine or many share one database. The guarantees:
   ``BEGIN IMMEDIATE``; PostgreSQL: ``FOR UPDATE SKIP LOCKED``, and the sweep row locked only
   to create a new run), and it carries a client token: a claim retried because its commit's
   acknowledgement was lost finds the run it already took instead of taking a second one.
-* An agent holds its run by a lease on the database clock, renewed by ``heartbeat``. A lease
-  that runs out (the agent's machine was lost) ends the attempt CRASHED (PREEMPTED if the run
-  had marked itself preempting) and puts the run back once, whoever notices first.
+* An agent holds its run by a lease on the database clock, renewed by ``heartbeat``. Every
+  claim increases the run's lease epoch, a fencing token: the holder's heartbeats, results,
+  reports and hand-backs carry it and are refused once another claim moved it on.
+* A lease that ran out is taken over (the attempt ends CRASHED, PREEMPTED if the run had marked
+  itself preempting; the run goes back once, counted as a preemption) only when its holder is
+  provably gone: on the holder's own host when its process is dead and no process holds the
+  run's locks there (``Local``); from another host ``LEASE_MARGIN`` of the lease after it ran
+  out by the database's clock, and not within a lease of this process's own wait for an
+  unreachable database (the holder may have a result to report). The holder stops its run by
+  its own clock that margin *before* the lease runs out (see ``preemptible.notices._lease``).
+  Until then the run is left as it is: waiting is not a failure.
+* A result that arrives after the lease ran out is kept when no other attempt has started:
+  the attempt ends as it really ended, not as lost.
 * Every call is retried with exponential backoff (capped at 5 s) while the database is locked,
   restarting or unreachable, up to a deadline (``PREEMPTIBLE_DB_RETRY_TIMEOUT``, default 300 s);
   each is idempotent, so a retry after a lost acknowledgement changes nothing twice.
@@ -31,7 +41,8 @@ been preempted at most ``max_preemptions`` times, else the run ends PREEMPTED (o
 FAILED and CRASHED go back while the run has failed at most ``max_failures`` times (a run gets
 1 + ``max_failures`` tries for failures), else it ends in that state. KILLED (a Ctrl+C the run
 did not handle) ends the run. In a cancelled sweep every ending but FINISHED ends it CANCELLED.
-``release`` (the agent is stopping) puts the run back without touching any budget.
+``release`` (the agent is stopping) puts the run back without touching any budget;
+``abandon`` (the attempt could not even start here) undoes the claim: no attempt is counted.
 
 One ``Store`` is one connection: one thread at a time may use it (give each concurrent thread
 or process its own).
@@ -67,6 +78,13 @@ CONTROLS = ("running", "stopped", "paused", "cancelled")
 ENDINGS = ("FINISHED", "FAILED", "PREEMPTED", "KILLED", "CRASHED", "CANCELLED")
 RELEASED = "RELEASED"  # the attempt's ending when a stopping agent hands its run back
 LEASE_EXPIRED = "(lease expired)"  # closed_by of an attempt ended by someone else's expiry
+LEASE_MARGIN = 0.2
+"""The share of a lease that separates its holder's own deadline from a takeover: the holder
+stops its run ``LEASE_MARGIN * lease`` before the lease runs out by its own clock, an agent on
+another host takes the run over that long after it ran out by the database's clock. Covers
+clock rates that drift apart by up to 20 % over one lease (NTP keeps them within 0.05 %), the
+database's commit latency and the time the stopping run takes past its deadline."""
+PENDING_LOOKAHEAD = 16  # pending runs a claim looks at past those that cannot start here
 DEFAULT_RETRY_TIMEOUT = 300.0
 MAX_BACKOFF = 5.0
 _ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -84,6 +102,49 @@ class StoreError(PreemptibleError):
 
 class LeaseLost(PreemptibleError):
     """This agent no longer holds the run: its lease expired and the run was requeued."""
+
+
+class DatabaseGone(StoreError):
+    """The SQLite file this process opened was deleted or replaced by another file: nothing
+    is recreated, and every process using it stops instead of splitting the queue."""
+
+
+def takeover_margin(lease_seconds: float | None) -> float:
+    """Seconds past a lease's end before an agent on another host may take the run over."""
+    return LEASE_MARGIN * lease_seconds if lease_seconds else 0.0
+
+
+def recovery_hold(lease_seconds: float | None) -> float:
+    """Seconds after this process found the database reachable again during which it takes
+    over no run from another host: its holder, cut off as well, gets a whole lease (and the
+    longest retry backoff) to report what it did meanwhile."""
+    lease = lease_seconds or 0.0
+    return lease + takeover_margin(lease) + MAX_BACKOFF
+
+
+class Local(Protocol):
+    """What only the agent's own host can tell the store (``claim`` asks before a takeover
+    or a start). ``identity``: this process as stored in ``lease_holder``."""
+
+    identity: str
+
+    def holder_alive(self, holder: str | None) -> bool | None:
+        """Whether the process ``holder`` (a ``lease_holder``) still lives; None when it is
+        not on this host (or not comparable: another boot or pid namespace)."""
+        ...
+
+    def blocked(self, run_id: str) -> str | None:
+        """Why run ``run_id`` cannot start here now (a process still holds its locks), or
+        None."""
+        ...
+
+
+class _Health:
+    """Shared by the stores of one agent (``Store.reopen``): when the database last answered
+    again after being unreachable (monotonic), for ``recovery_hold``."""
+
+    def __init__(self) -> None:
+        self.recovered_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +182,7 @@ class RunRow:
     updated_at: float
     # the JSON fields that cannot be read back (_fields): params is then {}, summary None
     unreadable: tuple[str, ...] = ()
+    epoch: int = 0  # of the newest claim (kept after the run is handed back)
 
 
 @dataclass(frozen=True)
@@ -138,6 +200,7 @@ class AttemptRow:
     marked_preempting: bool
     outcome: str | None  # the run's state after this attempt
     closed_by: str | None  # the agent that ended it, or LEASE_EXPIRED
+    epoch: int | None = None  # the lease epoch of its claim (None: before schema version 2)
 
 
 @dataclass(frozen=True)
@@ -153,6 +216,7 @@ class Claim:
     checkpoint_dir: str
     preemptions: int
     failures: int
+    epoch: int = 0  # the lease epoch: heartbeats, finish, release and abandon carry it
 
 
 class Control(NamedTuple):
@@ -184,12 +248,16 @@ def open_store(
     root: Path | None = None,
     retry_timeout: float | None = None,
     reader: bool = False,
+    create: bool = True,
 ) -> Store:
     """Open (and create or migrate) the sweep database. ``url`` None: ``$PREEMPTIBLE_DB``, else
     ``<root or cwd>/.preemptible/sweeps.db``. ``retry_timeout``: seconds each operation keeps
     retrying an unreachable or locked database (``$PREEMPTIBLE_DB_RETRY_TIMEOUT``, 300).
     ``reader``: the caller only reads (``status``): a database it cannot write (a read-only
-    file system or role, a PostgreSQL standby) is read as it is when its schema is current."""
+    file system or role, a PostgreSQL standby) is read as it is when its schema is current.
+    ``create=False`` (and any reader): an SQLite file that does not exist is an error
+    (``DatabaseGone``), not a new empty queue: agents, ``status`` and the sweep controls only
+    use a queue that exists."""
     if not url:
         url = env_str("PREEMPTIBLE_DB")
     if retry_timeout is None:
@@ -198,14 +266,16 @@ def open_store(
     elif not (math.isfinite(retry_timeout) and retry_timeout >= 0):
         raise ConfigError(f"retry_timeout={retry_timeout!r} is not valid; use seconds >= 0")
     base = root if root is not None else Path.cwd()
-    return Store(_backend(url, base, reader), retry_timeout=retry_timeout, reader=reader)
+    backend = _backend(url, base, reader, create)
+    return Store(backend, retry_timeout=retry_timeout, reader=reader)
 
 
-def _backend(url: str | None, base: Path, reader: bool = False) -> Backend:
+def _backend(url: str | None, base: Path, reader: bool = False, create: bool = True) -> Backend:
     from ._store_sqlite import SqliteBackend
 
     if url is None:
-        return SqliteBackend((base / ".preemptible" / "sweeps.db").absolute(), reader=reader)
+        path = (base / ".preemptible" / "sweeps.db").absolute()
+        return SqliteBackend(path, reader=reader, create=create)
     if url.startswith("sqlite:"):
         rest = url[len("sqlite:") :]
         if rest.startswith("//"):
@@ -215,7 +285,7 @@ def _backend(url: str | None, base: Path, reader: bool = False) -> Backend:
         if not rest or rest.endswith("/"):
             raise ConfigError(f"database URL {redact_url(url)!r} names no file; use {_VALID_URLS}")
         path = Path("/" + rest.lstrip("/")) if rest.startswith("/") else base / rest
-        return SqliteBackend(path.absolute(), reader=reader)
+        return SqliteBackend(path.absolute(), reader=reader, create=create)
     if url.startswith(("postgresql://", "postgres://")):
         shown = redact_url(url)
         problem = userinfo_problem(url)
@@ -481,18 +551,36 @@ def settle(
 class Store:
     """The sweep queue in one database (``open_store``). Methods are transactions, retried."""
 
-    def __init__(self, backend: Backend, *, retry_timeout: float, reader: bool = False) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        retry_timeout: float,
+        reader: bool = False,
+        health: _Health | None = None,
+    ) -> None:
         self._backend = backend
         self._queries = {k: backend.convert(v) for k, v in _load_queries(backend.kind).items()}
         self._retry_timeout = retry_timeout
         self._conn: Any = None
+        self._health = health if health is not None else _Health()
         self.kind = backend.kind
         self.display = backend.display  # the URL with its password hidden
+        # monotonic time at which the last successful try of an operation began: before the
+        # database's clock read its "now", so a lease it set cannot end sooner than this + lease
+        self.last_try_at = time.monotonic()
         try:
             self._migrate(reader=reader)
         except BaseException:
             self.close()
             raise
+
+    def reopen(self, *, retry_timeout: float | None = None) -> Store:
+        """Another connection to the same database (for another thread): the same file (an
+        SQLite file replaced since is refused, a deleted one not recreated) and the same
+        record of outages."""
+        timeout = self._retry_timeout if retry_timeout is None else retry_timeout
+        return Store(self._backend, retry_timeout=timeout, health=self._health)
 
     def __enter__(self) -> Store:
         return self
@@ -517,13 +605,16 @@ class Store:
         failures = 0
         while True:
             connecting = self._conn is None
+            tried_at = time.monotonic()
             try:
                 if self._conn is None:
                     self._conn = self._backend.connect()
                 connecting = False
                 with self._backend.transaction(self._conn, write=write) as cursor:
                     result = fn(_Tx(cursor, self._queries, retry=failures > 0))
+                self.last_try_at = tried_at
                 if failures:
+                    self._health.recovered_at = time.monotonic()
                     logger.warning(
                         "preemptible: the sweep database %s answers again (after %.1f s)",
                         self.display,
@@ -531,6 +622,8 @@ class Store:
                     )
                 return result
             except Exception as exc:
+                if isinstance(exc, StoreError):  # ours, already one line (DatabaseGone)
+                    raise
                 if not self._backend.transient(exc):
                     if not self._driver_error(exc, connecting):
                         raise
@@ -773,31 +866,35 @@ class Store:
         host: str,
         lease: float,
         propose: Propose | None,
+        local: Local | None = None,
     ) -> Claim | None:
         """Take the next run for ``agent``: the oldest pending one (runs that ran before
-        first), else a new one with ``propose(history, index)``'s parameters while the sweep is
-        under its run cap. None when the sweep is not running or there is nothing to take.
-        Expired leases are dealt with first (``expire_leases``)."""
+        first) that can start here, else a new one with ``propose(history, index)``'s
+        parameters while the sweep is under its run cap. None when the sweep is not running or
+        there is nothing to take. Expired leases whose holders are gone are taken over first
+        (``expire_leases``). ``local``: what this host can tell about holders and locks; None
+        takes every holder for one on another host and every pending run as free to start."""
         _check_seconds("lease", lease)
         token = secrets.token_hex(8)
+        holder = local.identity if local is not None else None
 
         def take(tx: _Tx) -> Claim | None:
             if tx.retry:  # did an earlier try commit, its acknowledgement lost?
                 mine = tx.one("claimed_by_token", token=token, agent=agent)
                 if mine is not None:
                     return self._claim(tx, mine["id"])
-            self._expire(tx)
+            self._expire(tx, local)
             sweep = self._sweep(tx, sweep_id)
             if sweep.control != "running":
                 return None
-            picked = self._pick(tx, sweep_id)
+            picked = self._pick(tx, sweep_id, local)
             if picked is None and propose is not None:
                 locked = tx.one("lock_sweep", id=sweep_id)  # one creator at a time
                 assert locked is not None
                 if locked["control"] != "running":
                     return None
                 # a run may have come back, or been added, while this waited for the lock
-                picked = self._pick(tx, sweep_id)
+                picked = self._pick(tx, sweep_id, local)
                 if picked is None:
                     index, cap = locked["runs_created"], locked["run_cap"]
                     if cap is not None and index >= cap:
@@ -817,33 +914,54 @@ class Store:
                         "checkpoint_dir": run_id,
                         "preemptions": 0,
                         "failures": 0,
+                        "lease_epoch": 0,
                     }
             if picked is None:
                 return None
             taken = tx.run(
-                "take_run", id=picked["id"], agent=agent, host=host, lease=lease, token=token
+                "take_run",
+                id=picked["id"],
+                agent=agent,
+                host=host,
+                lease=lease,
+                token=token,
+                holder=holder,
             )
             if taken != 1:
                 raise RuntimeError(f"run {picked['id']} was picked but could not be taken")
             tx.run("insert_attempt", id=picked["id"])
-            return self._claim_from({**picked, "attempt": picked["attempt"] + 1})
+            return self._claim_from(
+                {
+                    **picked,
+                    "attempt": picked["attempt"] + 1,
+                    "lease_epoch": picked["lease_epoch"] + 1,
+                }
+            )
 
         return self._transact(take)
 
     @staticmethod
-    def _pick(tx: _Tx, sweep_id: str) -> dict[str, Any] | None:
-        """The next pending run whose parameters can be read back; one that cannot (text
-        that is not a JSON object) could never run: it ends FAILED, with the reason logged."""
+    def _pick(tx: _Tx, sweep_id: str, local: Local | None) -> dict[str, Any] | None:
+        """The first pending run in line that can start here and whose parameters can be read
+        back; one that cannot be read (text that is not a JSON object) could never run: it ends
+        FAILED, with the reason logged. One whose locks a process holds here is passed over."""
+        n = 1  # the one in line, locked alone (PostgreSQL); more only when it cannot start here
         while True:
-            picked = tx.one("pick_pending", sweep_id=sweep_id)
-            if picked is None:
-                return None
-            _, why = decode_object(picked["params"])
-            if why is None and picked["params"] is not None:
-                return picked
-            tx.run("fail_unreadable_run", id=picked["id"])
-            reason = field_error(f"run {picked['id']}", "params", why or "missing (NULL)")
-            logger.error("preemptible: %s; it cannot run: FAILED", reason)
+            failed = False
+            rows = tx.all("pick_pending", sweep_id=sweep_id, n=n)
+            for row in rows:
+                _, why = decode_object(row["params"])
+                if why is not None or row["params"] is None:
+                    tx.run("fail_unreadable_run", id=row["id"])
+                    reason = field_error(f"run {row['id']}", "params", why or "missing (NULL)")
+                    logger.error("preemptible: %s; it cannot run: FAILED", reason)
+                    failed = True
+                elif local is None or local.blocked(row["id"]) is None:
+                    return row
+            if not failed and (n == PENDING_LOOKAHEAD or not rows):
+                return None  # every run in line is blocked here, or there is none
+            if not failed:
+                n = PENDING_LOOKAHEAD
 
     def _claim(self, tx: _Tx, run_id: str) -> Claim:
         row = tx.one("claim_row", id=run_id)
@@ -861,17 +979,25 @@ class Store:
             checkpoint_dir=r["checkpoint_dir"],
             preemptions=r["preemptions"],
             failures=r["failures"],
+            epoch=r["lease_epoch"],
         )
 
-    def heartbeat(self, run_id: str, *, agent: str, lease: float, attempt: int) -> Control:
+    def heartbeat(
+        self, run_id: str, *, agent: str, lease: float, attempt: int, epoch: int | None = None
+    ) -> Control:
         """Extend the lease by ``lease`` seconds from now (database clock); the sweep's control,
         so that the agent sees a stop, pause or cancel within one heartbeat. Raises LeaseLost
-        when the run is no longer this agent's (its lease expired and it was requeued); a
-        lease that ran out but that nobody has acted on yet is simply renewed."""
+        when the run is no longer this agent's claim ``epoch`` (another agent took it over); a
+        lease that ran out but that nobody has taken over is simply renewed. ``last_try_at``
+        tells when (monotonic) the renewing try began: the lease lasts at least that + lease."""
         _check_seconds("lease", lease)
+        fence = -1 if epoch is None else epoch
 
         def beat(tx: _Tx) -> Control:
-            if tx.run("heartbeat", id=run_id, agent=agent, lease=lease, attempt=attempt) != 1:
+            renewed = tx.run(
+                "heartbeat", id=run_id, agent=agent, lease=lease, attempt=attempt, epoch=fence
+            )
+            if renewed != 1:
                 raise self._lease_lost(tx, run_id, agent, attempt)
             row = tx.one("control_of_run", id=run_id)
             assert row is not None
@@ -900,9 +1026,12 @@ class Store:
         checkpoint_step: int | None,
         summary: Mapping[str, Any] | None,
         marked_preempting: bool = False,
+        epoch: int | None = None,
     ) -> str:
         """Record how this agent's attempt ended; the run's new state (module docstring).
-        Calling it again for the same attempt changes nothing and returns the same state."""
+        Calling it again for the same attempt changes nothing and returns the same state. A
+        result that comes after another agent ended the attempt for its expired lease is
+        recorded instead of that ending while no other attempt has started (else LeaseLost)."""
         if ending not in ENDINGS:
             raise ConfigError(f"ending={ending!r} is not valid; use one of {', '.join(ENDINGS)}")
         summary_text = (
@@ -913,6 +1042,7 @@ class Store:
             run_id,
             agent=agent,
             attempt=attempt,
+            epoch=epoch,
             ending=ending,
             values={
                 "exit_code": exit_code,
@@ -923,13 +1053,14 @@ class Store:
             },
         )
 
-    def release(self, run_id: str, *, agent: str, attempt: int) -> None:
+    def release(self, run_id: str, *, agent: str, attempt: int, epoch: int | None = None) -> None:
         """Hand the run back (the agent is stopping): PENDING again, first in line, with the
         same id, parameters and checkpoint directory; no budget is used."""
         self._close(
             run_id,
             agent=agent,
             attempt=attempt,
+            epoch=epoch,
             ending=RELEASED,
             values={
                 "exit_code": None,
@@ -940,35 +1071,58 @@ class Store:
             },
         )
 
+    def abandon(self, run_id: str, *, agent: str, attempt: int, epoch: int) -> None:
+        """Undo this agent's claim of a run whose attempt never started (its program is not
+        there, its directory cannot be made on this machine, a process still holds it here):
+        PENDING again in its old place in the queue, no attempt counted, no budget used. The
+        epoch is not given back, so nothing that claim's holder might still send is taken."""
+
+        def undo(tx: _Tx) -> None:
+            if tx.run("abandon_run", id=run_id, attempt=attempt, agent=agent, epoch=epoch) != 1:
+                if tx.retry:
+                    row = tx.one("get_run", id=run_id)
+                    if (
+                        row is not None
+                        and row["lease_epoch"] == epoch
+                        and row["state"] != "RUNNING"
+                    ):
+                        return  # an earlier try did it, its acknowledgement lost
+                raise self._lease_lost(tx, run_id, agent, attempt)
+            tx.run("delete_attempt", run_id=run_id, number=attempt)
+
+        self._transact(undo)
+
     def _close(
-        self, run_id: str, *, agent: str, attempt: int, ending: str, values: dict[str, Any]
+        self,
+        run_id: str,
+        *,
+        agent: str,
+        attempt: int,
+        epoch: int | None,
+        ending: str,
+        values: dict[str, Any],
     ) -> str:
         def close(tx: _Tx) -> str:
             run = tx.one("lock_run", id=run_id, attempt=attempt)
             if run is None:
                 raise self._no_run(run_id)
+            stale = epoch is not None and run["attempt_epoch"] not in (None, epoch)
             if run["attempt_ended_at"] is not None:
-                if run["attempt_closed_by"] == agent:  # a retry of this same call
+                if run["attempt_closed_by"] == agent and not stale:  # a retry of this same call
                     return str(run["attempt_outcome"])
+                if (
+                    run["attempt_closed_by"] == LEASE_EXPIRED
+                    and run["attempt"] == attempt
+                    and run["state"] != "RUNNING"
+                    and not stale
+                ):
+                    return self._late(tx, run, agent, attempt, ending, values)
                 raise self._lease_lost(tx, run_id, agent, attempt)
             if run["state"] != "RUNNING" or run["attempt"] != attempt:
                 raise self._lease_lost(tx, run_id, agent, attempt)
-            if run["lease_owner"] != agent:
+            if run["lease_owner"] != agent or (epoch is not None and run["lease_epoch"] != epoch):
                 raise self._lease_lost(tx, run_id, agent, attempt)
-            counts: Sequence[int]
-            if ending == RELEASED:
-                state = "CANCELLED" if run["control"] == "cancelled" else "PENDING"
-                counts = run["preemptions"], run["failures"]
-            else:
-                state, *counts = settle(
-                    ending,
-                    lost=False,
-                    preemptions=run["preemptions"],
-                    failures=run["failures"],
-                    max_preemptions=run["max_preemptions"],
-                    max_failures=run["max_failures"],
-                    control=run["control"],
-                )
+            state, counts = self._outcome(run, ending, run["preemptions"])
             self._settle_run(tx, run_id, attempt, state, counts, values["summary"])
             tx.run(
                 "close_attempt",
@@ -982,6 +1136,71 @@ class Store:
             return state
 
         return self._transact(close)
+
+    @staticmethod
+    def _outcome(
+        run: Mapping[str, Any], ending: str, preemptions: int
+    ) -> tuple[str, Sequence[int]]:
+        if ending == RELEASED:
+            state = "CANCELLED" if run["control"] == "cancelled" else "PENDING"
+            return state, (preemptions, run["failures"])
+        state, *counts = settle(
+            ending,
+            lost=False,
+            preemptions=preemptions,
+            failures=run["failures"],
+            max_preemptions=run["max_preemptions"],
+            max_failures=run["max_failures"],
+            control=run["control"],
+        )
+        return state, counts
+
+    def _late(
+        self,
+        tx: _Tx,
+        run: Mapping[str, Any],
+        agent: str,
+        attempt: int,
+        ending: str,
+        values: dict[str, Any],
+    ) -> str:
+        """The holder's own result for an attempt that another agent ended as lost (its lease
+        had run out) when no other attempt has started since: it replaces the lost ending.
+        The takeover counted a preemption (unless it cancelled the run): taken back."""
+        run_id = run["id"]
+        preemptions = run["preemptions"] - (0 if run["attempt_outcome"] == "CANCELLED" else 1)
+        state, counts = self._outcome(run, ending, max(preemptions, 0))
+        changed = tx.run(
+            "resettle_run",
+            id=run_id,
+            attempt=attempt,
+            was=run["state"],
+            state=state,
+            preemptions=counts[0],
+            failures=counts[1],
+            summary=values["summary"],
+        )
+        if changed != 1:
+            raise self._lease_lost(tx, run_id, agent, attempt)
+        tx.run(
+            "reclose_attempt",
+            run_id=run_id,
+            number=attempt,
+            ending=ending,
+            outcome=state,
+            closed_by=agent,
+            expired=LEASE_EXPIRED,
+            **values,
+        )
+        logger.warning(
+            "preemptible: run %s attempt %d: its result (%s) came after its lease had run out; "
+            "no other attempt had started, so it is kept: the run is %s",
+            run_id,
+            attempt,
+            ending,
+            state,
+        )
+        return state
 
     @staticmethod
     def _settle_run(
@@ -999,14 +1218,28 @@ class Store:
         )
         return changed == 1
 
-    def expire_leases(self) -> list[str]:
-        """End every attempt whose lease ran out (database clock) and requeue its run; the
-        ids of those runs. Concurrent callers never both deal with the same run."""
-        return self._transact(self._expire)
+    def expire_leases(self, *, local: Local | None = None) -> list[str]:
+        """Take over every run whose lease ran out and whose holder is gone (module docstring;
+        ``local`` as for ``claim``): end its attempt and requeue it. The ids of those runs.
+        Concurrent callers never both deal with the same run."""
+        return self._transact(lambda tx: self._expire(tx, local))
 
-    def _expire(self, tx: _Tx) -> list[str]:
+    def _gone(self, r: Mapping[str, Any], local: Local | None) -> bool:
+        """Whether the holder of expired lease ``r`` is provably gone (module docstring)."""
+        alive = local.holder_alive(r["lease_holder"]) if local is not None else None
+        if alive is not None:  # the holder's own host: its process and the run's locks say
+            return not alive and local is not None and local.blocked(r["id"]) is None
+        if r["overdue"] <= takeover_margin(r["lease_seconds"]):
+            return False
+        recovered = self._health.recovered_at
+        hold = recovery_hold(r["lease_seconds"])
+        return recovered is None or time.monotonic() - recovered >= hold
+
+    def _expire(self, tx: _Tx, local: Local | None = None) -> list[str]:
         expired = []
         for r in tx.all("expired_runs"):
+            if not self._gone(r, local):
+                continue
             ending = "PREEMPTED" if r["marked_preempting"] else "CRASHED"
             state, *counts = settle(
                 ending,
@@ -1032,8 +1265,10 @@ class Store:
                 )
                 expired.append(r["id"])
                 logger.warning(
-                    "preemptible: run %s lost its agent (lease expired at attempt %d): %s",
+                    "preemptible: run %s lost its agent (lease expired %.1f s ago at attempt "
+                    "%d, its holder gone): %s",
                     r["id"],
+                    r["overdue"],
                     r["attempt"],
                     state,
                 )
@@ -1048,14 +1283,18 @@ class Store:
 
         self._transact(mark)
 
-    def report(self, run_id: str, summary: Mapping[str, Any]) -> None:
+    def report(self, run_id: str, summary: Mapping[str, Any], *, epoch: int | None = None) -> None:
         """The run's latest metrics (replacing the previous summary); values that cannot be
-        stored as they are (``clean_summary``) are left out with a warning."""
+        stored as they are (``clean_summary``) are left out with a warning. With ``epoch``,
+        only while that claim holds the run (LeaseLost otherwise)."""
         text = _json(clean_summary(summary, run_id), "the run summary")
 
         def store(tx: _Tx) -> None:
-            if tx.run("report", id=run_id, summary=text) != 1:
-                raise self._no_run(run_id)
+            if epoch is None:
+                if tx.run("report", id=run_id, summary=text) != 1:
+                    raise self._no_run(run_id)
+            elif tx.run("report_fenced", id=run_id, summary=text, epoch=epoch) != 1:
+                raise LeaseLost(f"run {run_id} is no longer held by claim {epoch}")
 
         self._transact(store)
 
@@ -1104,6 +1343,7 @@ class Store:
             updated_at=r["updated_at"],
             unreadable=(("params",) if params is None else ())
             + (("summary",) if summary_why else ()),
+            epoch=r["lease_epoch"],
         )
 
     def attempts(self, run_id: str) -> list[AttemptRow]:
@@ -1123,6 +1363,7 @@ class Store:
                 marked_preempting=bool(r["marked_preempting"]),
                 outcome=r["outcome"],
                 closed_by=r["closed_by"],
+                epoch=r["epoch"],
             )
             for r in rows
         ]

@@ -11,6 +11,13 @@ file or directory) opens it read-only. WAL needs the ``-shm`` index: where it ex
 is opened ``mode=ro`` (and sees the agents' latest commits); where it does not and cannot be
 made, nobody has the database open, so it is either complete in the main file (opened
 ``immutable=1``) or, when a ``-wal`` file was left behind, read from a private copy of both.
+
+The file is the queue: a process that opened it keeps to that file (device and inode). One
+deleted or replaced under running agents (``rm``, a copy put in its place) is found at the next
+transaction, and every agent stops (``DatabaseGone``) instead of writing to a deleted file
+while others see a new one. A connection opened with ``create=False`` or as a reader (agents,
+their heartbeat threads, ``status``, the sweep controls) never makes a new empty file:
+SQLite's ``mode=rw``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from ._store import DatabaseGone
+
 logger = logging.getLogger("preemptible")
 
 # How long SQLite itself waits for another writer before "database is locked"; past it the
@@ -37,37 +46,93 @@ BUSY_TIMEOUT = 10.0
 class SqliteBackend:
     kind = "sqlite"
 
-    def __init__(self, path: Path, *, reader: bool = False) -> None:
+    def __init__(self, path: Path, *, reader: bool = False, create: bool = True) -> None:
         self.path = path
         self.display = f"sqlite://{path}"  # the path is absolute: sqlite:///abs
         self.reader = reader
+        self.create = create and not reader
+        self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file, once opened
+
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _gone(self) -> DatabaseGone:
+        now = self._identity()
+        what = "was deleted" if now is None else "was replaced by another file"
+        return DatabaseGone(
+            f"the sweep database {self.display} {what} while in use; nothing is recreated "
+            "(put the file back, or create a new sweep with `preemptible sweep create`)"
+        )
+
+    def _missing(self) -> DatabaseGone:
+        return DatabaseGone(
+            f"no sweep database at {self.display} (deleted, or no sweep was created there: "
+            "`preemptible sweep create SPEC.yaml` makes one; or pass --db)"
+        )
+
+    def check(self) -> None:
+        """The file is still the one this process opened first."""
+        if self.identity is not None and self._identity() != self.identity:
+            raise self._gone()
 
     def connect(self) -> Any:
         import sqlite3
 
+        if not self.create and self.identity is None and self._identity() is None:
+            raise self._missing()
+        self.check()
         if self.reader and self.path.is_file() and not self._writable():
-            return self._connect_read_only()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(
-            str(self.path), timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
-        )
-        try:
-            # SQLite runs on one host, so its wall clock is the one clock every agent sees.
-            conn.create_function("preemptible_now", 0, time.time)
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                logger.warning(
-                    "preemptible: %s stays in journal mode %s (no WAL on this file system?); "
-                    "readers will wait for writers",
-                    self.display,
-                    mode,
+            conn = self._connect_read_only()
+        else:
+            if self.create:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            open_mode = "rwc" if self.create and self.identity is None else "rw"
+            uri = f"file:{quote(str(self.path))}?mode={open_mode}"
+            try:
+                conn = sqlite3.connect(
+                    uri,
+                    uri=True,
+                    timeout=BUSY_TIMEOUT,
+                    isolation_level=None,
+                    check_same_thread=False,
                 )
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
+            except sqlite3.OperationalError:
+                if open_mode == "rw" and self._identity() is None:  # gone since the look
+                    raise (self._gone() if self.identity is not None else self._missing()) from None
+                raise
+            try:
+                self._settings(conn)
+            except BaseException:
+                conn.close()
+                raise
+        try:
+            found = self._identity()
+            if self.identity is None:
+                self.identity = found
+            elif found != self.identity:
+                raise self._gone()
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _settings(self, conn: Any) -> None:
+        # SQLite runs on one host, so its wall clock is the one clock every agent sees.
+        conn.create_function("preemptible_now", 0, time.time)
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            logger.warning(
+                "preemptible: %s stays in journal mode %s (no WAL on this file system?); "
+                "readers will wait for writers",
+                self.display,
+                mode,
+            )
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
 
     def _writable(self) -> bool:
         """Whether this process may write the database: the file, and the directory where
@@ -107,6 +172,7 @@ class SqliteBackend:
 
     @contextlib.contextmanager
     def transaction(self, conn: Any, *, write: bool) -> Iterator[Any]:
+        self.check()
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
             yield conn.cursor()

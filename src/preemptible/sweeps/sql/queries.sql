@@ -53,23 +53,28 @@ WHERE claim_token = :token AND lease_owner = :agent AND state = 'RUNNING'
 -- name: take_run
 UPDATE preemptible_runs
 SET state = 'RUNNING', attempt = attempt + 1, lease_owner = :agent, lease_host = :host,
-    lease_expires = preemptible_now() + :lease, claim_token = :token,
+    lease_expires = preemptible_now() + :lease, lease_seconds = :lease,
+    lease_holder = :holder, lease_epoch = lease_epoch + 1, claim_token = :token,
     updated_at = preemptible_now()
 WHERE id = :id AND state = 'PENDING'
 
 -- name: insert_attempt
-INSERT INTO preemptible_attempts (run_id, number, agent, host, started_at)
-SELECT id, attempt, lease_owner, lease_host, preemptible_now()
+INSERT INTO preemptible_attempts (run_id, number, agent, host, started_at, epoch)
+SELECT id, attempt, lease_owner, lease_host, preemptible_now(), lease_epoch
 FROM preemptible_runs WHERE id = :id
 
 -- name: claim_row
-SELECT id, sweep_id, run_index, params, attempt, checkpoint_dir, preemptions, failures
+SELECT id, sweep_id, run_index, params, attempt, checkpoint_dir, preemptions, failures,
+       lease_epoch
 FROM preemptible_runs WHERE id = :id
 
 -- name: heartbeat
+-- :epoch < 0: a caller that does not track epochs (the attempt number and owner still fence)
 UPDATE preemptible_runs
-SET lease_expires = preemptible_now() + :lease, updated_at = preemptible_now()
+SET lease_expires = preemptible_now() + :lease, lease_seconds = :lease,
+    updated_at = preemptible_now()
 WHERE id = :id AND state = 'RUNNING' AND lease_owner = :agent AND attempt = :attempt
+  AND (lease_epoch = :epoch OR :epoch < 0)
 
 -- name: control_of_run
 SELECT s.control, s.cancel_now
@@ -88,11 +93,43 @@ WHERE run_id = :run_id AND number = :number AND ended_at IS NULL
 UPDATE preemptible_runs
 SET state = :state, preemptions = :preemptions, failures = :failures,
     summary = COALESCE(:summary, summary), lease_owner = NULL, lease_host = NULL,
-    lease_expires = NULL, claim_token = NULL,
+    lease_expires = NULL, lease_seconds = NULL, lease_holder = NULL, claim_token = NULL,
     queued_at = CASE WHEN :state = 'PENDING' THEN preemptible_now() ELSE queued_at END,
     requeued = CASE WHEN :state = 'PENDING' THEN 1 ELSE requeued END,
     updated_at = preemptible_now()
 WHERE id = :id AND state = 'RUNNING' AND attempt = :attempt
+
+-- name: resettle_run
+-- a result that came after another agent ended the attempt for its expired lease, while no
+-- other attempt started: the run's state from that result instead (lease_epoch stays)
+UPDATE preemptible_runs
+SET state = :state, preemptions = :preemptions, failures = :failures,
+    summary = COALESCE(:summary, summary),
+    queued_at = CASE WHEN :state = 'PENDING' THEN preemptible_now() ELSE queued_at END,
+    requeued = CASE WHEN :state = 'PENDING' THEN 1 ELSE requeued END,
+    updated_at = preemptible_now()
+WHERE id = :id AND attempt = :attempt AND state = :was AND lease_owner IS NULL
+
+-- name: reclose_attempt
+UPDATE preemptible_attempts
+SET ended_at = preemptible_now(), ending = :ending, exit_code = :exit_code,
+    duration = :duration, checkpoint_step = COALESCE(:checkpoint_step, checkpoint_step),
+    marked_preempting = CASE WHEN :marked = 1 THEN 1 ELSE marked_preempting END,
+    outcome = :outcome, closed_by = :closed_by
+WHERE run_id = :run_id AND number = :number AND closed_by = :expired
+
+-- name: abandon_run
+-- a claim whose attempt never started (the run could not start here): the run is PENDING
+-- again as if never claimed, in its old place in the queue; the epoch is not given back
+UPDATE preemptible_runs
+SET state = 'PENDING', attempt = attempt - 1, lease_owner = NULL, lease_host = NULL,
+    lease_expires = NULL, lease_seconds = NULL, lease_holder = NULL, claim_token = NULL,
+    updated_at = preemptible_now()
+WHERE id = :id AND state = 'RUNNING' AND attempt = :attempt AND lease_owner = :agent
+  AND lease_epoch = :epoch
+
+-- name: delete_attempt
+DELETE FROM preemptible_attempts WHERE run_id = :run_id AND number = :number AND ended_at IS NULL
 
 -- name: mark_preempting
 UPDATE preemptible_attempts SET marked_preempting = 1
@@ -101,19 +138,23 @@ WHERE run_id = :run_id AND number = :number
 -- name: report
 UPDATE preemptible_runs SET summary = :summary, updated_at = preemptible_now() WHERE id = :id
 
+-- name: report_fenced
+UPDATE preemptible_runs SET summary = :summary, updated_at = preemptible_now()
+WHERE id = :id AND state = 'RUNNING' AND lease_epoch = :epoch
+
 -- name: list_runs
 SELECT id, sweep_id, run_index, params, state, attempt, preemptions, failures, lease_owner,
-       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at
+       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at, lease_epoch
 FROM preemptible_runs WHERE sweep_id = :sweep_id ORDER BY run_index
 
 -- name: get_run
 SELECT id, sweep_id, run_index, params, state, attempt, preemptions, failures, lease_owner,
-       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at
+       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at, lease_epoch
 FROM preemptible_runs WHERE id = :id
 
 -- name: list_attempts
 SELECT run_id, number, agent, host, started_at, ended_at, ending, exit_code, duration,
-       checkpoint_step, marked_preempting, outcome, closed_by
+       checkpoint_step, marked_preempting, outcome, closed_by, epoch
 FROM preemptible_attempts WHERE run_id = :run_id ORDER BY number
 
 -- name: history

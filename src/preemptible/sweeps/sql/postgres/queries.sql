@@ -17,9 +17,9 @@ SELECT control, cancel_now, run_cap, runs_created FROM preemptible_sweeps WHERE 
 
 -- name: lock_run
 SELECT r.id, r.sweep_id, r.state, r.attempt, r.lease_owner, r.preemptions, r.failures,
-       s.control, s.max_failures, s.max_preemptions,
+       r.lease_epoch, s.control, s.max_failures, s.max_preemptions,
        a.ended_at AS attempt_ended_at, a.outcome AS attempt_outcome,
-       a.closed_by AS attempt_closed_by
+       a.closed_by AS attempt_closed_by, a.epoch AS attempt_epoch
 FROM preemptible_runs r
 JOIN preemptible_sweeps s ON s.id = r.sweep_id
 LEFT JOIN preemptible_attempts a ON a.run_id = r.id AND a.number = :attempt
@@ -27,16 +27,20 @@ WHERE r.id = :id
 FOR UPDATE OF r
 
 -- name: pick_pending
-SELECT id, sweep_id, run_index, params, attempt, checkpoint_dir, preemptions, failures
+-- the first :n in line: a run that cannot start on this agent yet (its previous attempt's
+-- processes still hold its locks here) is passed over for the next
+SELECT id, sweep_id, run_index, params, attempt, checkpoint_dir, preemptions, failures,
+       lease_epoch
 FROM preemptible_runs
 WHERE sweep_id = :sweep_id AND state = 'PENDING'
 ORDER BY requeued DESC, queued_at, run_index
-LIMIT 1
+LIMIT :n
 FOR UPDATE SKIP LOCKED
 
 -- name: expired_runs
 SELECT r.id, r.attempt, r.preemptions, r.failures, a.marked_preempting,
-       s.control, s.max_failures, s.max_preemptions
+       s.control, s.max_failures, s.max_preemptions, r.lease_epoch, r.lease_seconds,
+       r.lease_holder, r.lease_host, preemptible_now() - r.lease_expires AS overdue
 FROM preemptible_runs r
 JOIN preemptible_attempts a ON a.run_id = r.id AND a.number = r.attempt
 JOIN preemptible_sweeps s ON s.id = r.sweep_id
