@@ -6,6 +6,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -201,6 +203,16 @@ def test_exit_code_option_and_run_record(tmp_path: Path, spawn) -> None:
     assert record["checkpoint_dir"] == str(tmp_path.resolve())
     assert record["resume_from"] == str((tmp_path / "resume.ckpt").resolve())
     assert record["state"] == "stopped"
+    listing = subprocess.run(
+        [sys.executable, "-m", "preemptible", "runs", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listing.returncode == 0, listing.stderr
+    [run] = json.loads(listing.stdout)
+    assert run["checkpoint"] == str((tmp_path / "resume.ckpt").resolve())  # not "none"
     child = spawn(fit_args(tmp_path / "b", "--step-sleep", "0.05", "--exit-code", "signal"))
     child.wait_line(batch_line(0, 4), timeout=120)
     child.signal(signal.SIGTERM)
@@ -312,6 +324,27 @@ def stops_by_rank(output: str, pids: dict[str, int]) -> dict[str, int]:
         out[rank] = saves[pid][0]
     assert set(saves) <= set(pids.values()), f"saves from unknown processes: {saves}"
     return out
+
+
+@pytest.mark.timeout(420)
+def test_a_ddp_fit_resumed_in_a_later_epoch_draws_that_epochs_order(
+    tmp_path: Path, spawn
+) -> None:
+    """DistributedSampler permutes by epoch (Lightning sets it at each epoch's start). The
+    iterator a mid-epoch resume recreates must be drawn for the resumed epoch, not epoch 0:
+    the resumed fit ends with the weights of the uninterrupted one, bit for bit."""
+    args = ["--devices", "2", "--epochs", "2", "--shuffle"]
+    ref = tmp_path / "ref"
+    reference = spawn(fit_args(ref, *args), env={"MASTER_PORT": "29410"})
+    assert reference.wait(240) == 0, reference.output
+    d = tmp_path / "run"
+    first = spawn(fit_args(d, *args, "--step-sleep", "0.05"), env={"MASTER_PORT": "29411"})
+    first.wait_line(lambda line: "batch 1 2" in line, timeout=180)  # both ranks share the pipe
+    first.signal(signal.SIGTERM)
+    assert first.wait(120) == 0, first.output
+    second = spawn(fit_args(d, *args, "--resume"), env={"MASTER_PORT": "29412"})
+    assert second.wait(240) == 0, second.output
+    assert same_weights(ref / "o.pt", d / "o.pt")
 
 
 def test_ddp_signal_to_one_rank_stops_both_at_the_same_batch(tmp_path: Path, spawn) -> None:

@@ -344,3 +344,35 @@ def test_ddp_stop_after_the_last_batch_on_one_rank_stops_both_alike(tmp_path: Pa
     assert len(stops) == 2, child.output
     assert "fit done" not in child.output
     assert (tmp_path / "resume.ckpt").exists() and temporaries(tmp_path) == []
+
+
+def test_a_stop_in_the_final_validation_is_resumed_once_and_a_rerun_does_nothing(
+    references: dict[str, Path], tmp_path: Path, spawn
+) -> None:
+    """The resumed fit runs the final validation that was due (and nothing else); its end is
+    committed, so the same command run once more validates nothing again."""
+    first = spawn(fit_args(tmp_path, "--val", "--step-sleep", "0.05", "--exit-code", "signal"))
+    first.wait_line(after("batch 2 11", "val 0"), timeout=180)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 143, first.output
+    second = resume(spawn, tmp_path, "--val")
+    assert not any(line.startswith("batch ") for line in second.lines)
+    assert any(line.startswith("val ") for line in second.lines), "the due validation"
+    assert same_weights(references["val"], tmp_path / "o.pt")
+    third = resume(spawn, tmp_path, "--val")
+    assert not any(line.startswith(("batch ", "val ")) for line in third.lines), third.output
+    assert "resume.ckpt is of a finished run; nothing left to train" in third.output
+
+
+def test_a_signal_after_training_ended_is_passed_on_not_swallowed(tmp_path: Path, spawn) -> None:
+    """A SIGTERM while a later callback still runs its train-end hook: no boundary is left to
+    act on it. It reaches the process once the callback's handlers are gone (it dies by it, as
+    without the callback) instead of being swallowed while the script goes on."""
+    child = spawn(
+        fit_args(tmp_path, "--epochs", "1", "--train-end-sleep", "5", "--exit-code", "signal")
+    )
+    child.wait_line(lambda line: line == "later train-end hook ran", timeout=120)
+    child.signal(signal.SIGTERM)
+    assert child.wait(60) == -signal.SIGTERM, child.output
+    assert "SIGTERM arrived after training finished; passing it on" in child.output
+    assert not any(line.startswith("fit done") for line in child.lines)

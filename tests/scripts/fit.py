@@ -137,8 +137,14 @@ def model_checkpoint_summary(mc: ModelCheckpoint) -> dict[str, object]:
 
 
 class TrainEndProbe(pl.Callback):
+    def __init__(self, sleep: float = 0.0) -> None:
+        self.sleep = sleep
+
     def on_train_end(self, trainer, pl_module):  # type: ignore[no-untyped-def]
         print("later train-end hook ran", flush=True)
+        if self.sleep:  # a callback after ours still at work: a signal now comes after training
+            time.sleep(self.sleep)
+            print("later train-end hook done", flush=True)
 
 
 def main() -> int:
@@ -165,6 +171,7 @@ def main() -> int:
     p.add_argument("--plateau", action="store_true", help="ReduceLROnPlateau on val_loss")
     p.add_argument("--sanity-steps", type=int, default=0)
     p.add_argument("--epoch-end-sleep", type=float, default=0.0)
+    p.add_argument("--train-end-sleep", type=float, default=0.0, help="in a later callback")
     p.add_argument("--slow-write", type=float, default=0.0)
     p.add_argument("--slow-finally", type=float, default=0.0, help="the owner's finally block")
     p.add_argument("--slow-save", type=float, default=0.0)
@@ -236,7 +243,7 @@ def main() -> int:
         enable_progress_bar=False,
         enable_model_summary=False,
         deterministic=True,
-        callbacks=[callback, TrainEndProbe()]
+        callbacks=[callback, TrainEndProbe(args.train_end_sleep)]
         + ([mc] if mc is not None else [])
         + ([DebugProbe()] if os.environ.get("FIT_DEBUG") else []),
         val_check_interval=val_every if args.val else None,

@@ -21,10 +21,12 @@ checkpoints) live in ``preemptible.distributed``; the kit's ``StateSaver`` picks
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from .._errors import ConfigError
 from .._files import remove_path
@@ -263,31 +265,49 @@ class SaveFnSaver(BaseSaver):
 class NamedSaver(BaseSaver):
     """A checkpoint under a name of its own, written by the framework's own save function.
 
-    ``name``: the file or directory name (``resume.ckpt``), or a function of the step
-    (``checkpoint-{step}``). ``write(tmp, step, context)`` writes it at ``tmp``. ``writer``:
-    whether this process writes a file (under torch.distributed every rank calls the
-    framework's save, which is a collective, and rank 0 alone writes): the other processes
+    ``name``: a file or directory name in ``directory``, fixed (``resume.ckpt``: each save
+    replaces it) or with ``{step}`` in it (``checkpoint-{step}``: one per save; the newest
+    ``keep`` are kept, older ones pruned only after the new one is committed).
+    ``write(tmp, step, context)`` writes the checkpoint at ``tmp``, a temporary name the saver
+    then commits (fsync, rename, fsync of the directory). ``load(path)``: restores the
+    checkpoint at ``path`` into the program and returns its step; with it, ``resume`` finds
+    the newest one that loads (one that raises is skipped and set aside when an older one
+    loads). Without it the framework resumes itself (Lightning's ``ckpt_path=``).
+    ``writer``: whether this process writes a file (under torch.distributed every rank calls
+    the framework's save, which is a collective, and rank 0 alone writes): the other processes
     call ``write`` on a temporary name and commit nothing.
     """
 
     def __init__(
         self,
-        store: CheckpointStore,
-        name: str | Callable[[int], str],
+        directory: str | os.PathLike[str] | CheckpointStore,
+        name: str,
         write: Callable[[Path, int, Any], None],
         *,
+        load: Callable[[Path], int] | None = None,
+        keep: int = 2,
         writer: bool = True,
     ) -> None:
-        super().__init__(store)
-        if isinstance(name, str):
-            fixed = name
-            self.name: Callable[[int], str] = lambda step: fixed
-        elif callable(name):
-            self.name = name
-        else:
-            raise ConfigError(f"name must be a file name or a function of the step, not {name!r}")
+        store = directory if isinstance(directory, CheckpointStore) else None
+        if not isinstance(name, str) or not _plain_name(name.replace("{step}", "0")):
+            raise ConfigError(
+                f"name={name!r} is not valid; use a file name in the directory, such as "
+                "'resume.ckpt' or 'checkpoint-{step}'"
+            )
+        if name.count("{step}") > 1:
+            raise ConfigError(f"name={name!r} is not valid; put {{step}} in it once at most")
+        super().__init__(store or CheckpointStore(cast(str, directory), keep=keep))
+        self._name = name
+        self.pattern = _step_pattern(name) if "{step}" in name else None
         self._write = write
+        self._load = load
         self.writer = writer
+
+    def name(self, step: int) -> str:
+        return self._name.replace("{step}", str(step))
+
+    def target(self, step: int) -> Path:
+        return self.store.directory / self.name(step)
 
     def write(self, step: int, context: Any) -> Path:
         name = self.name(step)
@@ -298,7 +318,41 @@ class NamedSaver(BaseSaver):
             finally:
                 remove_path(tmp)  # a framework that wrote on every rank: rank 0's counts
             return self.store.directory / name
-        return self.store.commit(name, lambda tmp: self._write(tmp, step, context))
+        path = self.store.commit(name, lambda tmp: self._write(tmp, step, context))
+        if self.pattern is not None:
+            self.store.prune(step, keep_path=path, pattern=self.pattern)
+        return path
 
-    def target(self, step: int) -> Path:
-        return self.store.directory / self.name(step)
+    def resume(self, hint: Path | None) -> Saved | None:
+        load = self._load
+        if load is None:
+            return None
+        if self.pattern is not None:  # one per step: the newest that loads
+            match = self.pattern.match(hint.name) if hint is not None else None
+            extra = [Checkpoint(int(match.group(1)), cast(Path, hint))] if match else []
+            found = self.store.load_newest(load, extra, pattern=self.pattern)
+        else:  # the one name: it loads, or the resume fails (there is no older one)
+            fixed = self.store.directory / self._name
+            chosen = hint if hint is not None and hint.name == self._name else fixed
+            if not (chosen.is_file() or chosen.is_dir()):
+                return None
+            found = self.store.load_newest(load, [Checkpoint(0, chosen)], pattern=_NOTHING)
+        if found is None:
+            return None
+        ckpt, step = found
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"load({ckpt.path}) returned {step!r}; return the step it holds")
+        self.last = (step, ckpt.path)
+        return self.last
+
+
+_NOTHING = re.compile(r"(?!)")  # matches no name: the candidates given are all there are
+
+
+def _plain_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and not name.startswith(".")
+
+
+def _step_pattern(name: str) -> re.Pattern[str]:
+    before, _, after = name.partition("{step}")
+    return re.compile(f"^{re.escape(before)}(\\d+){re.escape(after)}$")

@@ -146,10 +146,12 @@ class CheckpointStore:
             ) from exc
 
     # -- reading ---------------------------------------------------------------------------
-    def committed(self) -> list[Checkpoint]:
+    def committed(self, pattern: re.Pattern[str] = _FINAL) -> list[Checkpoint]:
+        """The committed checkpoints, newest first. ``pattern``: what a checkpoint's name is
+        (its first group the step): ``step-N.ckpt`` unless a saver names them otherwise."""
         found = []
         for entry in self._entries():
-            m = _FINAL.match(entry.name)
+            m = pattern.match(entry.name)
             if m and int(m.group(1)) > MAX_STEP:
                 if entry.name not in self._warned_foreign:
                     self._warned_foreign.add(entry.name)
@@ -167,7 +169,11 @@ class CheckpointStore:
         return committed[0] if committed else None
 
     def load_newest(
-        self, load: Callable[[Path], T], extra: list[Checkpoint] | None = None
+        self,
+        load: Callable[[Path], T],
+        extra: list[Checkpoint] | None = None,
+        *,
+        pattern: re.Pattern[str] = _FINAL,
     ) -> tuple[Checkpoint, T] | None:
         """Load the newest checkpoint that loads; skip (with a warning) those that do not.
 
@@ -178,7 +184,7 @@ class CheckpointStore:
         loads: starting over silently would throw away progress (and nothing is renamed).
         """
         candidates: dict[Path, Checkpoint] = {}
-        for ckpt in [*(extra or []), *self.committed()]:
+        for ckpt in [*(extra or []), *self.committed(pattern)]:
             if not _is_checkpoint_kind(ckpt.path):
                 logger.warning(
                     "preemptible: ignoring %s: not an existing regular file or directory",
@@ -290,14 +296,20 @@ class CheckpointStore:
         else:
             os.replace(tmp, final)
 
-    def prune(self, upto: int | None = None, *, keep_path: Path | None = None) -> None:
+    def prune(
+        self,
+        upto: int | None = None,
+        *,
+        keep_path: Path | None = None,
+        pattern: re.Pattern[str] = _FINAL,
+    ) -> None:
         """Keep the newest ``keep`` checkpoints at or below step ``upto`` (all when None).
 
         After a save, ``upto`` is the step just committed: a checkpoint with a higher step was
         not written by this run (a copied or foreign file, one that does not load), so it is
         neither counted nor deleted; counting it would prune the good ones.
         """
-        committed = self.committed()
+        committed = self.committed(pattern)
         if upto is not None:
             above = [c.path.name for c in committed if c.step > upto]
             if above and not set(above) <= self._warned_foreign:

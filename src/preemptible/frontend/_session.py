@@ -110,6 +110,8 @@ class StopSession:
         self._resumed = False
         self._locked = False
         self._background = False
+        self._finished = False  # finished() ran: a signal after it is passed on at close()
+        self._seen = 0  # signals a boundary saw (and decided about)
 
     # -- life cycle ------------------------------------------------------------------------
     def start(self, *, handle_signals: bool = True) -> bool:
@@ -140,7 +142,13 @@ class StopSession:
 
     def close(self) -> None:
         """Finish any background save, restore the signal handlers (unless the exit of a
-        committed stop is under way), stop the watcher, release the directory; idempotent."""
+        committed stop is under way), stop the watcher, release the directory; idempotent.
+
+        A signal that arrived after training finished (no boundary was left to act on it) is
+        passed on once the handlers that were there before are back: by default it ends the
+        process as it would have without preemptible (the run's end is committed, so a rerun
+        trains nothing); a handler of the program's own gets it."""
+        late = self._finished and not self.stopped  # a signal no boundary saw: pass it on
         self.saver.close()
         self.controller.close()
         if self.agreement is not None:
@@ -148,6 +156,9 @@ class StopSession:
         if self._locked:
             self.store.unlock()
             self._locked = False
+        if late:
+            self._finished = False  # once
+            self.latch.pass_on(self._seen)
 
     def begin(self) -> None:
         """Training (re)starts here: resume unless done, guard DataLoader workers (torch may
@@ -165,7 +176,6 @@ class StopSession:
         if found is not None:
             step, path = found
             self.note_saved(path, step=step, resumed=True)
-            announce("preemptible: resumed from %s at step %d", path, step)
         self._left_at = self.saves.last_end = time.monotonic()
         if self.periodic is not None and self.periodic.by_time and not self._announced:
             self._announced = True
@@ -176,12 +186,14 @@ class StopSession:
         self, path: Path, *, step: int, position: int | None = None, resumed: bool = False
     ) -> None:
         """A checkpoint of this position exists already (the one the framework resumed
-        from): a stop here does not write another. ``resumed``: this run continues from it."""
+        from): a stop here does not write another. ``resumed``: this run continues from it
+        (said on stderr, even without a logging set-up)."""
         self.step = step
         self._at = self._boundary = step if position is None else position
         self.saves.note(path, self._at)
         if resumed:
             self.resume_path, self.saves.resumed_at = path, self._at
+            announce("preemptible: resumed from %s at step %d", path, step)
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -250,6 +262,7 @@ class StopSession:
             elif self.agreement is not None:
                 stopped = phase is Phase.STEP and self._agree(act=True, context=context)
             elif self.controller.requests:
+                self._seen = len(self.latch.received)
                 stopped = self._decide(context)
         self._left_at = time.monotonic()
         return stopped
@@ -268,6 +281,7 @@ class StopSession:
         if self.agreement is None:
             if not self.pending:
                 return False
+            self._seen = len(self.latch.received)
             self.latch.log_pending()
             return self.controller.must_stop_now()
         if self._agreed_stop is not None:
@@ -328,6 +342,7 @@ class StopSession:
             announce(
                 "preemptible: %s is of a finished run; nothing left to train", self.resume_path
             )
+        self._finished = True
         if self.is_zero:
             _run.update_record(state="finished", step=self.step)
         if tell_tracker:
@@ -383,6 +398,7 @@ class StopSession:
 
     def _at_end(self, context: Any) -> bool:
         ctl = self.controller
+        self._seen = len(self.latch.received)
         if self.agreement is not None:
             agreed = self.agreement.at_end(ctl.requests.first_stop())
             if agreed is None:
@@ -405,6 +421,7 @@ class StopSession:
         ctl = self.controller
         if local is None and not ctl.pending and not self._want_save and ag.quiet():
             return False  # the common case: two attribute writes and two truth tests
+        self._seen = len(self.latch.received)
         while True:
             wanted = local or Decision.CONTINUE
             if ctl.pending and wanted is Decision.CONTINUE:

@@ -145,6 +145,7 @@ class GracefulInterruptCallback(pl.Callback):
             return
         self._batches = 0
         self._point = self._saving = None
+        self._trained = self._ended = False
         self._resume.setup(trainer)
         if self._session is not None:  # a new fit after a stop whose SystemExit was caught
             self._session.close()
@@ -188,6 +189,7 @@ class GracefulInterruptCallback(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._take_back()
         self._validates = bool(trainer.enable_validation)  # Lightning's test costs ~10 us
+        self._trained = True
         session = self._session
         if session is not None and self._is_ours(trainer.ckpt_path):
             # resumed from our checkpoint: a stop before the next batch need not save again,
@@ -275,9 +277,12 @@ class GracefulInterruptCallback(pl.Callback):
         # The last place a stop can be seen: one that came after the last training batch
         # (final validation, epoch-end hooks) saves the finished state and exits.
         session = self._session
+        self._ended = True
         if session is None or session.stopped:
             return
-        step, position = trainer.global_step, self._batches
+        # what the fit did: its batches, and what the resume ran again of the saved fit (a
+        # due validation, an epoch's end), which the checkpoint it resumed from does not hold
+        step, position = trainer.global_step, self._batches + self._resume.replayed
         if session.at_boundary(Phase.END, step=step, position=position, context=_PLAIN):
             return
         # the fit's own end: no tracker finalization (the script may go on with the run)
@@ -287,6 +292,16 @@ class GracefulInterruptCallback(pl.Callback):
             context=_Point(rng=None, val_due=False, finished=True),
             tell_tracker=False,
         )
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A fit resumed from a checkpoint of a finished fit: Lightning returns at once, before
+        # on_train_start (no batch, no on_train_end). Say so, and record the run finished.
+        session = self._session
+        if session is None or session.stopped or self._trained or self._ended:
+            return
+        if self._is_ours(trainer.ckpt_path):
+            session.note_saved(self.ckpt_path, step=trainer.global_step, position=0, resumed=True)
+            session.finished(step=trainer.global_step, position=0, tell_tracker=False)
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
@@ -337,7 +352,7 @@ class GracefulInterruptCallback(pl.Callback):
         assert self.trainer is not None
         self._saving = point or _PLAIN
         try:
-            self.trainer.save_checkpoint(tmp)
+            self.trainer.save_checkpoint(tmp, weights_only=False)  # the whole fit, said so
         finally:
             self._saving = None
 

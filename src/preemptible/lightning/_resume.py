@@ -54,6 +54,21 @@ def _skip_first_batches(trainer: pl.Trainer, skip: int) -> None:
     combined.flattened = [_SkipFirst(dl, skip) for dl in loaders]
 
 
+def _set_sampler_epochs(trainer: pl.Trainer) -> None:
+    """Tell the samplers the epoch an iterator is drawn for, as Lightning does at the start of
+    every epoch (``DistributedSampler`` permutes by epoch): an iterator recreated before that
+    (a mid-epoch resume) would otherwise replay epoch 0's order."""
+    combined = trainer.fit_loop._combined_loader
+    if combined is None:
+        return
+    epoch = cast(Any, trainer.fit_loop.epoch_progress.current).processed  # as Lightning does
+    for loader in combined.flattened:
+        for name in ("sampler", "batch_sampler"):
+            set_epoch = getattr(getattr(loader, name, None), "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+
+
 def _lightning_iterates(trainer: pl.Trainer) -> bool:
     """Whether Lightning will create the epoch's iterator itself after the current hook
     (its own condition in ``_TrainingEpochLoop.on_run_start``)."""
@@ -142,12 +157,14 @@ class ExactResume:
         self._pending_at_epoch_start = False
         self._deferred = False  # aligned after on_run_start, not in on_train_start
         self._run_start: Any = None  # the fit loop while its on_run_start is wrapped
+        self.replayed = 0  # work of the saved fit run again on resume (a validation, an epoch end)
 
     def load(self, state: dict[str, Any]) -> None:
         self._resume_state = dict(state)
 
     def setup(self, trainer: pl.Trainer) -> None:
         self._pending_at_epoch_start = False
+        self.replayed = 0
         self.defer(trainer)
 
     def sanity_check_start(self) -> None:
@@ -230,12 +247,14 @@ class ExactResume:
             restore_rng(state["epoch_rng"])
             self.epoch_rng = state["epoch_rng"]
             self._pending_rng = state.get("rng")
+            _set_sampler_epochs(trainer)
             _skip_first_batches(trainer, done)
             _recreate_iterator(trainer)
             if state.get("val_due"):
                 self.restore_pending_rng()
                 with _after_the_saved_batch(trainer):
                     self.run_due_validation(trainer)
+                self.replayed += 1
                 # Lightning then fast-forwards its own record of that validation, which
                 # creates (and draws for) a validation iterator the uninterrupted fit did not
                 self._pending_rng = capture_rng()
@@ -246,14 +265,17 @@ class ExactResume:
             restore_rng(state["rng"])
             self._end_the_saved_epoch(trainer, val_due=bool(state.get("val_due")))
             self._pending_at_epoch_start = True
+            self.replayed += 1
         elif state.get("rng") is not None:
             # saved at an epoch's end, by a Lightning that starts the next epoch without
             # calling on_train_epoch_start, with an iterator it drew before this hook
             restore_rng(state["rng"])
             if state.get("val_due"):
                 self.run_due_validation(trainer)
+                self.replayed += 1
             self.epoch_rng = capture_rng()
             if not _lightning_iterates(trainer):
+                _set_sampler_epochs(trainer)
                 _recreate_iterator(trainer)
             if state.get("val_due"):
                 self._pending_rng = capture_rng()  # past the fast-forward's draw, as above

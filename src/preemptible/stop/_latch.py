@@ -208,6 +208,20 @@ class SignalLatch:
         if self in _holding:
             _holding.remove(self)
 
+    def pass_on(self, seen: int) -> None:
+        """Once the handlers that were there before are back (``restore``): deliver the first
+        signal received after the first ``seen`` (those a boundary decided about) to the
+        handler now in place. By default it ends the process, as it would have without
+        preemptible; a handler of the program's own gets it."""
+        late = self._received[seen:]
+        if not late or self._previous:
+            return
+        logger.warning(
+            "preemptible: %s arrived after training finished; passing it on",
+            signal_name(late[0][0]),
+        )
+        signal.raise_signal(late[0][0])
+
     def hold_for_exit(self, code: int) -> None:
         """The stop's checkpoint is committed and the process is about to exit with ``code``:
         from now on a signal exits at once with ``code``, and during interpreter shutdown

@@ -88,13 +88,20 @@ def _attempt_dirs(run_dir: Path) -> int:
 
 def _newest_checkpoint(run_dir: Path) -> str | None:
     """The newest ``step-N.ckpt`` where the run's attempts said they save (their record),
-    else in the run's own checkpoint directory."""
+    else in the run's own checkpoint directory; or the checkpoint of another name the newest
+    attempt's record says it committed."""
     places = [run_dir / "checkpoints"]
     newest = _attempt_dirs(run_dir)
+    named: Path | None = None  # the newest checkpoint of any name its record gives
     if newest:
-        where = load_record(run_dir / f"attempt-{newest}").checkpoint_dir
+        record = load_record(run_dir / f"attempt-{newest}")
+        where = record.checkpoint_dir
         if where is not None and os.path.isabs(where):
             places.insert(0, Path(where))
+            if record.resume_from is not None and Path(record.resume_from).parent == Path(where):
+                named = Path(record.resume_from)
+    if named is not None and not _STEP_NAME.match(named.name) and os.path.lexists(named):
+        return str(named)  # a framework's own name (Lightning's resume.ckpt)
     for place in places:
         try:
             names = [e.name for e in os.scandir(place)]

@@ -1,0 +1,112 @@
+"""The front-end kit in this process: a front end of one's own with a checkpoint format of its
+own (``NamedSaver``), stopped by a real signal, resumed, and its retention."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from preemptible.frontend import (
+    CheckpointLoadError,
+    ConfigError,
+    NamedSaver,
+    Periodic,
+    Phase,
+    StopSession,
+    TerminationConfig,
+)
+
+
+class Counter:
+    """A program whose whole state is a running sum, saved as JSON."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def write(self, tmp: Path, step: int, context: Any) -> None:
+        tmp.write_text(json.dumps({"step": step, "total": self.total}))
+
+    def load(self, path: Path) -> int:
+        saved = json.loads(path.read_text())
+        self.total = saved["total"]
+        return int(saved["step"])
+
+
+def run(directory: Path, program: Counter, total: int, *, stop_at: int | None = None, **kw: Any):
+    codes: list[int] = []
+    saver = NamedSaver(directory, "sum-{step}.json", program.write, load=program.load, **kw)
+    session = StopSession(saver, termination_config=TerminationConfig(exit_fn=codes.append))
+    session.start()
+    step = session.resume()
+    try:
+        while step < total:
+            program.total += step
+            step += 1
+            if step == stop_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            if session.at_boundary(Phase.STEP, step=step):
+                return step, codes
+        session.finished(step=step)
+    finally:
+        session.close()
+    return step, codes
+
+
+def test_a_step_named_checkpoint_is_committed_found_and_resumed(tmp_path: Path) -> None:
+    first = Counter()
+    assert run(tmp_path, first, 10, stop_at=4) == (4, [143])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".preemptible.lock", "sum-4.json"]
+    again = Counter()
+    assert run(tmp_path, again, 10) == (10, [])
+    assert again.total == sum(range(10))  # the resumed run continued from step 4's sum
+    # its end is committed too (it resumed), and the newest two are kept
+    assert sorted(p.name for p in tmp_path.glob("sum-*")) == ["sum-10.json", "sum-4.json"]
+
+
+def test_retention_keeps_the_newest_of_a_step_named_checkpoint(tmp_path: Path) -> None:
+    program = Counter()
+    saver = NamedSaver(str(tmp_path), "sum-{step}.json", program.write, keep=2)
+    session = StopSession(
+        saver, termination_config=TerminationConfig(), periodic=Periodic(every_steps=2)
+    )
+    session.start()
+    for step in range(1, 9):
+        session.at_boundary(Phase.STEP, step=step)
+    session.close()
+    assert sorted(p.name for p in tmp_path.glob("sum-*")) == ["sum-6.json", "sum-8.json"]
+
+
+def test_a_torn_newest_is_set_aside_and_the_older_one_resumed(tmp_path: Path) -> None:
+    program = Counter()
+    run(tmp_path, program, 10, stop_at=3)
+    run(Path(tmp_path), Counter(), 10, stop_at=6)
+    (tmp_path / "sum-6.json").write_text("{torn")
+    again = Counter()
+    assert run(tmp_path, again, 10) == (10, [])
+    assert again.total == sum(range(10))
+    assert (tmp_path / "sum-6.json.unloadable").exists()
+
+
+def test_a_fixed_name_that_does_not_load_fails_the_resume(tmp_path: Path) -> None:
+    (tmp_path / "state.json").write_text("{torn")
+    program = Counter()
+    session = StopSession(
+        NamedSaver(tmp_path, "state.json", program.write, load=program.load),
+        termination_config=TerminationConfig(),
+    )
+    session.start()
+    with pytest.raises(CheckpointLoadError, match="none of the 1 checkpoints"):
+        session.resume()
+    session.close()
+    assert (tmp_path / "state.json").read_text() == "{torn"  # never destroyed
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "a/b", "x-{step}-{step}", 7])
+def test_a_bad_name_is_one_clear_error(tmp_path: Path, name: object) -> None:
+    with pytest.raises(ConfigError, match="name="):
+        NamedSaver(tmp_path, name, Counter().write)  # type: ignore[arg-type]
