@@ -327,9 +327,7 @@ def stops_by_rank(output: str, pids: dict[str, int]) -> dict[str, int]:
 
 
 @pytest.mark.timeout(420)
-def test_a_ddp_fit_resumed_in_a_later_epoch_draws_that_epochs_order(
-    tmp_path: Path, spawn
-) -> None:
+def test_a_ddp_fit_resumed_in_a_later_epoch_draws_that_epochs_order(tmp_path: Path, spawn) -> None:
     """DistributedSampler permutes by epoch (Lightning sets it at each epoch's start). The
     iterator a mid-epoch resume recreates must be drawn for the resumed epoch, not epoch 0:
     the resumed fit ends with the weights of the uninterrupted one, bit for bit."""
