@@ -137,7 +137,7 @@ def test_plain_scancel_the_supervisor_escalates_and_records_first(sbatch, tmp_pa
     escalate = max(wait - 2, wait / 2)
     assert f"SIGKILL in {escalate:.0f} s if it has not exited (2 s before SLURM's own " in text
     assert f"KillWait={wait} s, job " in text
-    assert "sending SIGKILL to its process group" in text, text
+    assert "sending SIGKILL to all of its processes" in text, text
     run = tmp_path / ".preemptible" / "runs" / f"slurm-{job}"
     [a] = [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
     assert a["ending"] == "killed by SIGKILL" and a["signals"] == ["SIGTERM"]
