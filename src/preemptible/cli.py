@@ -29,14 +29,18 @@ CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 @click.group(context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="preemptible")
-@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level.")
+@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level, other libraries too.")
 def main(verbose: bool) -> None:
     """Training runs that survive being stopped."""
+    # preemptible's own lines at INFO; the libraries it loads (matplotlib for --plot and the
+    # demo, psycopg, ...) only from WARNING, so their chatter ("generated new fontManager")
+    # never lands among ours
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("preemptible").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def _home_option(help_text: str) -> Callable[[Any], Any]:
