@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import random
@@ -231,9 +232,7 @@ def demo(single: bool, steps: int | None, seed: int | None, workdir: Path | None
     with uninterrupted runs bit for bit. --single: one run, SIGTERM, resume, compare."""
     if steps is not None and not single:
         _fail("--steps is for --single; the sweep demo's runs have a fixed length")
-    try:
-        import torch
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:  # not imported here: a bad --workdir is quick
         _fail("the demo needs PyTorch: pip install 'preemptible[torch]'")
     try:
         if workdir is None:
@@ -295,6 +294,8 @@ def demo(single: bool, steps: int | None, seed: int | None, workdir: Path | None
     if resumed.returncode != 0:
         _fail(f"the resumed run failed:\n{resumed.stdout}{resumed.stderr}", 1)
     click.echo(f"  3. same command again           exit {resumed.returncode}  ({first})")
+
+    import torch
 
     a = torch.load(ref_out, weights_only=True)
     b = torch.load(run_out, weights_only=True)
