@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import random
@@ -29,14 +30,18 @@ CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 @click.group(context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="preemptible")
-@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level.")
+@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level, other libraries too.")
 def main(verbose: bool) -> None:
     """Training runs that survive being stopped."""
+    # preemptible's own lines at INFO; the libraries it loads (matplotlib for --plot and the
+    # demo, psycopg, ...) only from WARNING, so their chatter ("generated new fontManager")
+    # never lands among ours
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("preemptible").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def _home_option(help_text: str) -> Callable[[Any], Any]:
@@ -227,9 +232,7 @@ def demo(single: bool, steps: int | None, seed: int | None, workdir: Path | None
     with uninterrupted runs bit for bit. --single: one run, SIGTERM, resume, compare."""
     if steps is not None and not single:
         _fail("--steps is for --single; the sweep demo's runs have a fixed length")
-    try:
-        import torch
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:  # not imported here: a bad --workdir is quick
         _fail("the demo needs PyTorch: pip install 'preemptible[torch]'")
     try:
         if workdir is None:
@@ -291,6 +294,8 @@ def demo(single: bool, steps: int | None, seed: int | None, workdir: Path | None
     if resumed.returncode != 0:
         _fail(f"the resumed run failed:\n{resumed.stdout}{resumed.stderr}", 1)
     click.echo(f"  3. same command again           exit {resumed.returncode}  ({first})")
+
+    import torch
 
     a = torch.load(ref_out, weights_only=True)
     b = torch.load(run_out, weights_only=True)

@@ -32,7 +32,8 @@ make      every ``make TARGET`` line names a Makefile target; ``run=a,b``: their
           run (with this interpreter's bin for $(BIN), not a rebuilt .venv), and the
           targets in ``skip=c`` need ``why="..."``.
 output    a sample of output, not code: skipped. ``of="make demo"`` (or any command):
-          compared line by line with that command's real output, numbers and paths aside.
+          compared line by line with that command's real output, numbers and paths aside
+          (run with an empty matplotlib cache, so a library's first-run line shows up).
 skip:     ``<!-- readme-test: skip: REASON -->``.
 
 Commands named by ``make run=`` and ``output of=`` start in the background when the module
@@ -618,6 +619,9 @@ class Background:
         else:
             script, cwd = command, workdir
         env = {**os.environ, **_path_env(), "TMPDIR": str(workdir), "PYTHONUNBUFFERED": "1"}
+        # as on a first run: libraries build their caches (matplotlib's font list logs
+        # "generated new fontManager"), and not one of their lines may reach the output
+        env["MPLCONFIGDIR"] = str(workdir / "matplotlib")
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
                 ["bash", "-c", script],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -222,3 +223,78 @@ def test_demo_workdir_that_cannot_be_used(tmp_path: Path, spawn) -> None:
     assert sup.wait(60) == 2, sup.output
     [line] = sup.lines
     assert line.startswith("preemptible: cannot use /proc/x for the demo")
+
+
+TORCHRUN_LIKE = """
+import os, pathlib, sys
+from preemptible import _run
+own = pathlib.Path('own').resolve()
+own.mkdir(exist_ok=True)
+_run.update_record(checkpoint_dir=str(own))
+if os.environ['PREEMPTIBLE_ATTEMPT'] == '1':
+    (own / 'step-5.ckpt').write_bytes(b'x')
+    _run.update_record(state='stopped', preempting=True, signum=15, step=5,
+                       checkpoint=str(own / 'step-5.ckpt'))
+    sys.exit(1)  # as torchrun does once its workers saved and exited 143
+_run.update_record(state='finished', step=9)
+"""
+
+
+def test_each_attempt_line_says_the_state_the_jobs_exit_code_and_what_comes_next(
+    tmp_path: Path, spawn
+) -> None:
+    """One exit code per line: the job's in the attempt's line, the supervisor's in the line
+    that ends the run; nothing about a next attempt after FINISHED; the same checkpoint
+    directory spelled two ways (relative, absolute) is not news."""
+    args = ["--checkpoint-dir", "own", "--max-preemptions", "0", "--", PY, "-c", TORCHRUN_LIKE]
+    first = supervise(spawn, tmp_path, *args)
+    assert first.wait(60) == 143, first.output
+    mine = [line.split(" preemptible: ", 1)[1] for line in first.lines if " preemptible: " in line]
+    ckpt = tmp_path / "own" / "step-5.ckpt"
+    attempt = next(line for line in mine if line.startswith("attempt 1:"))
+    assert re.fullmatch(
+        rf"attempt 1: PREEMPTED \(exit 1\) after [\d.]+ s, pid \d+, stopped at step 5, "
+        rf"checkpoint {re.escape(str(ckpt))}",
+        attempt,
+    ), attempt
+    run_id = runs(tmp_path)[0]
+    assert mine[-1] == (
+        f"run {run_id} ends PREEMPTED, exit code 143; the same command again resumes it "
+        "from step-5.ckpt"
+    ), first.output
+    assert not any("keeps its checkpoints" in line for line in mine), first.output
+
+    second = supervise(spawn, tmp_path, *args)
+    assert second.wait(60) == 0, second.output
+    mine = [line.split(" preemptible: ", 1)[1] for line in second.lines if " preemptible: " in line]
+    # the run's last line: FINISHED, and not a word about what a next attempt would do
+    assert re.fullmatch(r"attempt 2: FINISHED \(exit 0\) after [\d.]+ s, pid \d+", mine[-1]), (
+        second.output
+    )
+
+
+FINISHED_THEN_WAITS = """
+import pathlib, signal
+from preemptible import _run
+own = pathlib.Path('own').resolve()
+own.mkdir(exist_ok=True)
+(own / 'step-20.ckpt').write_bytes(b'x')
+_run.update_record(checkpoint_dir=str(own), state='finished', step=20)
+print('trained', flush=True)  # the loop is over, the handler gone: SIGTERM kills now
+signal.pause()
+"""
+
+
+def test_a_stop_after_training_finished_says_the_training_is_committed(
+    tmp_path: Path, spawn
+) -> None:
+    sup = supervise(spawn, tmp_path, "--checkpoint-dir", "own", "--", PY, "-c", FINISHED_THEN_WAITS)
+    sup.wait_line(lambda line: line == "trained", timeout=30)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(60) == 143, sup.output
+    assert re.search(
+        r"attempt 1: CRASHED \(killed by SIGTERM\) after [\d.]+ s, pid \d+; its training had "
+        r"finished at step 20, checkpoint step-20\.ckpt",
+        sup.output,
+    ), sup.output
+    assert sup.lines[-1].endswith("the same command again resumes it from step-20.ckpt")

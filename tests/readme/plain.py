@@ -34,6 +34,7 @@ state: dict[str, Any] = {"model": model, "optimizer": opt}
 total_steps = total = 40
 epochs, batches_per_epoch = 4, 10
 batch = (_X[:8], _Y[:8])  # for handler.run(train_step, batch)
+dataset = torch.utils.data.TensorDataset(_X, _Y)  # 32 batches of 8: an epoch ends at step 32
 
 
 def my_platform_says_we_are_going_down() -> bool:

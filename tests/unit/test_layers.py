@@ -1,8 +1,9 @@
 """The package's layers, read from its import graph (every import, function-local ones too).
 
-The stop path is stacked: base modules < stop (latch, termination, controller) < notices and
-trackers < checkpoint (store, state, savers) < distributed (group, agreement, sharded) < the
-front-end kit (``preemptible.frontend``) < front ends (the handler, Lightning, the next ones).
+The stop path is stacked: base modules < stop (latch, termination, controller) < notices,
+trackers and the data sampler < checkpoint (store, state, savers) < distributed (group,
+agreement, sharded) < the front-end kit (``preemptible.frontend``) < front ends (the handler,
+Lightning, the next ones).
 A module imports only its own layer's package or lower ones, and a front end only the kit's
 public names (and the trackers'): what a new front end needs, the kit must offer.
 """
@@ -29,6 +30,7 @@ LAYERS = {
     "stop": 1,
     "notices": 2,
     "trackers": 2,
+    "data": 2,  # the resumable sampler: torch's, beside the stop path, on the base only
     "checkpoint": 3,
     "distributed": 4,
     "frontend": 5,

@@ -530,6 +530,7 @@ class Supervisor:
             code = attempt.exit_code
             delay = self._restart_delay(attempt)
             if delay is None:
+                self._say_end(attempt)
                 return code
             logger.info("preemptible: restarting in %.1f s", delay)
             deadline = time.monotonic() + delay
@@ -769,23 +770,51 @@ class Supervisor:
         self.attempts.append(attempt)
         self._journal(attempt)
         self._follow_checkpoints(record)
-        stopped = ""
+        # one line: the state, how the job's own process ended (its exit code, not ours: that
+        # is in _say_end's line), and where its training got to
+        step = "?" if record.step is None else record.step
+        where = ""
         if record.stopped_early or record.state == "save_failed":
-            step = "?" if record.step is None else record.step
             saved = record.checkpoint or f"none (the newest is {self._newest_name()})"
-            stopped = f", stopped at step {step}, checkpoint {saved}"
+            where = f", stopped at step {step}, checkpoint {saved}"
+        elif record.state == "finished" and state is not RunState.FINISHED:
+            # a stop that came after the loop ended (the handler is gone): the process died
+            # by it, but its training is committed
+            newest = self._newest_name()
+            where = f"; its training had finished at step {step}, checkpoint {newest}"
         logger.log(
             logging.INFO if state is RunState.FINISHED else logging.WARNING,
-            "preemptible: attempt %d: pid %d, %s (%s), exit code %d, %.1f s%s",
+            "preemptible: attempt %d: %s (%s) after %.1f s, pid %d%s",
             number,
-            group.pid,
             state,
             ending.describe(),
-            code,
             group.duration,
-            stopped,
+            group.pid,
+            where,
         )
         return attempt
+
+    def _say_end(self, attempt: Attempt) -> None:
+        """The run ends with ``attempt`` (no restart): the supervisor's exit code and what
+        continues the run. Nothing after FINISHED: the attempt's line says it all."""
+        if attempt.state is RunState.FINISHED:
+            return
+        newest = self._newest_name()
+        if self.parent is not None:
+            then = "the outer run decides what comes next"
+        elif newest in ("none", "unknown"):
+            then = "no checkpoint to resume from"
+        elif attempt.state is RunState.PREEMPTED and _slurm.in_batch_job():
+            then = f"the requeued job resumes it from {newest}"
+        else:
+            then = f"the same command again resumes it from {newest}"
+        logger.warning(
+            "preemptible: run %s ends %s, exit code %d; %s",
+            self.run_id,
+            attempt.state,
+            attempt.exit_code,
+            then,
+        )
 
     def _tell_parent(self) -> None:
         """A nested run ends: its last attempt's record becomes the record of the parent's
@@ -822,13 +851,14 @@ class Supervisor:
         if record.checkpoint_dir is None:
             return
         where = Path(record.checkpoint_dir)
-        if not where.is_absolute() or not where.is_dir() or where == self.resume_dir:
+        if not where.is_absolute() or not where.is_dir():
             return
-        self.resume_dir = where
+        if where.resolve() == self.resume_dir.resolve():
+            return  # the same directory (--checkpoint-dir ckpt, the job's ckpt/)
         logger.info(
-            "preemptible: the job keeps its checkpoints in %s; the next attempt resumes from there",
-            where,
+            "preemptible: the job keeps its checkpoints in %s, not in %s", where, self.resume_dir
         )
+        self.resume_dir = where
 
     def term_timeout(self) -> tuple[float, str]:
         return term_timeout(self.config.term_timeout)
