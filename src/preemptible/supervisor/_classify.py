@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..stop._termination import signal_exit_code
 from ._record import RunRecord
 
 
@@ -138,15 +139,15 @@ def exit_code_for(
     if state is RunState.FAILED:
         return ending.exit_code or 1
     if state is RunState.KILLED:
-        return 128 + signal.SIGINT
+        return signal_exit_code(signal.SIGINT)
     if state is RunState.PREEMPTED:
         signum = as_record(record).signum or stop or ending.signal
         if signum is None and ending.exit_code is not None and 128 < ending.exit_code < 160:
             return ending.exit_code  # already 128 + signum, from a program of its own
-        return 128 + (signum or signal.SIGTERM)
+        return signal_exit_code(signum or None)
     # CRASHED
     if ending.signal is not None:
-        return 128 + ending.signal
+        return signal_exit_code(ending.signal)
     if ending.exit_code is not None and stop is not None:
-        return 128 + stop  # exited after the stop was passed on: as if it died by it
-    return 128 + signal.SIGKILL  # lost
+        return signal_exit_code(stop)  # exited after the stop was passed on: as if it died by it
+    return signal_exit_code(signal.SIGKILL)  # lost

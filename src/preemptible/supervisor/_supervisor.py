@@ -62,7 +62,7 @@ from ..checkpoint._store import CheckpointStore
 from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
 from ..notices import grace_period_from_env
 from ..stop._latch import DUPLICATE_WINDOW, KEEP_IGNORED
-from ..stop._termination import EXIT_SECONDS_ENV
+from ..stop._termination import EXIT_SECONDS_ENV, signal_exit_code
 from . import _slurm
 from ._cgroup import Containment, cgroup_name, choose, remove_stale
 from ._classify import Ending, RunState, classify, exit_code_for
@@ -525,7 +525,7 @@ class Supervisor:
         while True:
             if self.signals:
                 logger.warning("preemptible: told to stop before the next attempt; exiting")
-                return code if self.attempts else 128 + self.signals[0].signum
+                return code if self.attempts else signal_exit_code(self.signals[0].signum)
             attempt = self._attempt(self._next_number())
             code = attempt.exit_code
             delay = self._restart_delay(attempt)

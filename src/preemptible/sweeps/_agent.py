@@ -60,6 +60,7 @@ from .._report import read_summary
 from .._run import read_record
 from ..checkpoint._store import CheckpointStore
 from ..notices._lease import LEASE_FILE_ENV, LEASE_FILE_NAME, write_lease
+from ..stop._termination import signal_exit_code
 from ._command import build_command
 from ._lease import HostView
 from ._sample import Observation, propose
@@ -212,7 +213,7 @@ class Agent:
         logger.warning(
             "preemptible: agent stopped by %s; no more runs claimed", signal.Signals(signum).name
         )
-        return 128 + signum
+        return signal_exit_code(signum)
 
     def _nothing_left(self) -> bool:
         """Whether this agent is done: the sweep is stopped or cancelled, or it has nothing
