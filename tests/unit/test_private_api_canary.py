@@ -107,6 +107,27 @@ def test_lightning_epoch_end_after_a_restore(trainer: pl.Trainer) -> None:
     )
 
 
+def test_lightning_combined_loader_and_sampler_epochs() -> None:
+    # a mid-epoch resume: the callback replaces _FitLoop._combined_loader.flattened with
+    # loaders that skip the batches already trained on, and sets the samplers' epoch to
+    # epoch_progress.current.processed before the iterator is recreated, as Lightning does
+    # at an epoch's start (a DistributedSampler permutes by epoch)
+    from lightning.pytorch.loops.fit_loop import _FitLoop
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+    loader = torch.utils.data.DataLoader(list(range(4)))
+    combined = CombinedLoader([loader], "max_size_cycle")
+    assert combined.flattened == [loader], "Lightning changed CombinedLoader.flattened"
+    other = torch.utils.data.DataLoader(list(range(2)))
+    combined.flattened = [other]
+    assert combined.flattened == [other], "CombinedLoader.flattened can no longer be set"
+    start = inspect.getsource(_FitLoop.on_advance_start)
+    assert "_combined_loader.flattened" in start, "Lightning moved _FitLoop._combined_loader"
+    assert "_set_sampler_epoch(dl, self.epoch_progress.current.processed)" in start, (
+        "Lightning changed which epoch it gives the samplers"
+    )
+
+
 def test_pinned_versions_are_the_ones_checked() -> None:
     import lightning
 
