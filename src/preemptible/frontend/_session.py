@@ -60,6 +60,11 @@ class Phase(enum.Enum):
     torch.distributed every rank learns whether any rank was asked)."""
 
 
+# the per-step path compares with these (an enum member read through its class costs as much
+# as a function call)
+_STEP, _END = Phase.STEP, Phase.END
+
+
 class StopSession:
     """The stop path of one run of a front end. See the module docstring.
 
@@ -91,6 +96,7 @@ class StopSession:
         self.exit_code = exit_code
         self.controller = StopController(self.config, normalize_signals(signals), tracker=tracker)
         self.latch = self.controller.latch
+        self._step_times = self.controller.step_times
         self._save_failed = save_failed
         self._after_tracker = after_tracker
         self._before_exit = before_exit
@@ -248,19 +254,19 @@ class StopSession:
         if step is not None:
             self.step = step
         pos = self._at = self.step if position is None else position
-        if phase is Phase.STEP:
+        if phase is _STEP:
             if pos != self._boundary:
                 self._advance(pos, seconds, total, context)
         elif seconds is not None:
-            self.step_times.add(seconds)
+            self._step_times.add(seconds)
         stopped = False
         if act and not self.stopped:
             if self._background:
                 self.saves.collect()
-            if phase is Phase.END:
+            if phase is _END:
                 stopped = self._at_end(context)
             elif self.agreement is not None:
-                stopped = phase is Phase.STEP and self._agree(act=True, context=context)
+                stopped = phase is _STEP and self._agree(act=True, context=context)
             elif self.controller.requests:
                 self._seen = len(self.latch.received)
                 stopped = self._decide(context)
@@ -366,7 +372,7 @@ class StopSession:
         if pos <= since or left is None or self.stopped:
             return  # the same boundary, or the loop went back (a step set by hand)
         now = time.monotonic()
-        self.step_times.add((now - left) / (pos - since) if seconds is None else seconds)
+        self._step_times.add((now - left) / (pos - since) if seconds is None else seconds)
         if self._background:
             self.saves.collect()
         if self.periodic is not None and self.saves.of(pos) is None:  # not saved here already
