@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
+import orjson
 from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -230,6 +231,13 @@ _ENCODER = json.JSONEncoder(allow_nan=False, check_circular=False)
 
 
 def _encode(doc: Mapping[str, Any]) -> str:
+    """One document as JSON: orjson (five times the standard library's speed: encoding was
+    40 % of ``--json``), which writes an infinite or NaN float as null; the standard library
+    for what orjson refuses (an integer wider than 64 bits)."""
+    try:
+        return orjson.dumps(doc).decode()
+    except orjson.JSONEncodeError:
+        pass
     try:
         return _ENCODER.encode(doc)
     except ValueError:  # a stored number too large for a float (1e999), read as inf
