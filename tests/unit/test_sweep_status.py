@@ -737,3 +737,19 @@ def test_json_stays_json_when_a_stored_number_overflows(
 
     (run,) = json.loads(out.getvalue(), parse_constant=refuse)["runs"]
     assert run["params"] == {"lr": None}
+
+
+def test_json_keeps_what_orjson_refuses_exact(store: Store, clock: Clock, tmp_path: Path) -> None:
+    # orjson encodes --json; an integer wider than 64 bits and a lone surrogate (text a hand
+    # edit can leave) are written by the standard library, the value unchanged
+    sweep = store.create_sweep(SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1)
+    run_a, run_b = store.add_runs(sweep, [{"lr": 0.1}, {"lr": 0.2}])
+    wide = 2**70 + 3
+    with contextlib.closing(sqlite3.connect(tmp_path / "db" / "sweeps.db")) as db, db:
+        for run_id, text in ((run_a, f'{{"seed": {wide}}}'), (run_b, '{"tag": "\\ud800é"}')):
+            db.execute("UPDATE preemptible_runs SET params = ? WHERE id = ?", (text, run_id))
+    out = io.StringIO()
+    write_json(store, sweep, out)
+    runs = {r["run_id"]: r for r in json.loads(out.getvalue())["runs"]}
+    assert runs[run_a]["params"] == {"seed": wide}
+    assert runs[run_b]["params"] == {"tag": "\ud800é"}
