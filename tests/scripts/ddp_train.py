@@ -29,6 +29,14 @@ import torch.distributed as dist
 import preemptible
 
 
+def say(line: str) -> None:
+    """One write per line: the background writer prints too, and print() writes the text and
+    the newline separately, so two threads' lines could run together ("rank 0 step 8rank 0
+    wrote step 5")."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def slow_down_writes(seconds: float) -> None:
     """Each checkpoint file is held ``seconds`` between its write and its commit (rename), so a
     test can kill a rank while a checkpoint exists only under its temporary name."""
@@ -39,7 +47,7 @@ def slow_down_writes(seconds: float) -> None:
 
     def slow(payload, path):  # type: ignore[no-untyped-def]
         write(payload, path)
-        print(f"rank {dist.get_rank()} wrote step {payload['step']}", flush=True)
+        say(f"rank {dist.get_rank()} wrote step {payload['step']}")
         time.sleep(seconds)
 
     one_process.write_payload = ranks.write_payload = slow  # where the savers write payloads
@@ -135,10 +143,10 @@ def main() -> int:
         **({"sharded": True} if args.sharded else {}),  # type: ignore[arg-type]
     )
     start = handler.resume()
-    print(f"rank {rank} resumed {start}", flush=True)
+    say(f"rank {rank} resumed {start}")
 
     def train_step(step: int) -> None:
-        print(f"rank {rank} step {step}", flush=True)
+        say(f"rank {rank} step {step}")
         idx = torch.randint(0, x.shape[0], (16,))
         noise = random.gauss(0, 0.01) + float(np.random.normal(0, 0.01))
         loss = torch.nn.functional.mse_loss(net(x[idx]).squeeze(1), y[idx] + noise)
@@ -180,7 +188,7 @@ def main() -> int:
         torch.save(weights, args.out)
     dist.barrier()
     dist.destroy_process_group()
-    print(f"rank {rank} done {world}", flush=True)
+    say(f"rank {rank} done {world}")
     return 0
 
 
