@@ -96,7 +96,7 @@ class StopSession:
         self.exit_code = exit_code
         self.controller = StopController(self.config, normalize_signals(signals), tracker=tracker)
         self.latch = self.controller.latch
-        self._step_times = self.controller.step_times
+        self._step_times = self.controller.step_times  # read at every step: held, not looked up
         self._save_failed = save_failed
         self._after_tracker = after_tracker
         self._before_exit = before_exit
@@ -217,7 +217,7 @@ class StopSession:
 
     @property
     def step_times(self) -> Durations:
-        return self.controller.step_times
+        return self._step_times
 
     @property
     def save_times(self) -> Durations:
