@@ -36,8 +36,9 @@ LAYERS = {
     "frontend": 5,
     "_handler": 6,
     "lightning": 6,
+    "transformers": 6,
 }
-FRONT_ENDS = ("_handler", "lightning")
+FRONT_ENDS = ("_handler", "lightning", "transformers")
 
 
 def module_name(path: Path) -> str:
@@ -122,6 +123,7 @@ CHECKPOINT_WRITERS = {
     "preemptible.checkpoint._store",  # the commit protocol
     "preemptible.checkpoint._savers",
     "preemptible.distributed._savers",
+    "preemptible.distributed._staged",
 }
 
 

@@ -298,7 +298,7 @@ class NamedSaver(BaseSaver):
             raise ConfigError(f"name={name!r} is not valid; put {{step}} in it once at most")
         super().__init__(store or CheckpointStore(cast(str, directory), keep=keep))
         self._name = name
-        self.pattern = _step_pattern(name) if "{step}" in name else None
+        self.pattern = step_pattern(name) if "{step}" in name else None
         self._write = write
         self._load = load
         self.writer = writer
@@ -353,6 +353,6 @@ def _plain_name(name: str) -> bool:
     return name not in ("", ".", "..") and "/" not in name and not name.startswith(".")
 
 
-def _step_pattern(name: str) -> re.Pattern[str]:
+def step_pattern(name: str) -> re.Pattern[str]:
     before, _, after = name.partition("{step}")
     return re.compile(f"^{re.escape(before)}(\\d+){re.escape(after)}$")

@@ -17,6 +17,10 @@ Savers:
   with ``background=True``;
 - ``NamedSaver(directory, name, write)``: a checkpoint the framework writes itself under a name
   of its own (``resume.ckpt``, ``checkpoint-{step}``);
+- ``StagedSaver(directory, "checkpoint-{step}")``: a checkpoint the framework writes by
+  itself after the boundary (the Hugging Face Trainer), into a temporary that ``stage(step)``
+  gives it; ``session.save(started=...)`` commits it. ``session.decide()`` says at the
+  boundary whether to ask the framework for a save (``Decision.INSURANCE``) or a stop's save;
 - your own: subclass ``BaseSaver`` and implement ``write(step, context)`` with
   ``self.store.save(step, ...)`` or ``self.store.commit(name, ...)``.
 
@@ -38,11 +42,14 @@ from ..checkpoint._savers import BaseSaver, NamedSaver, PayloadSaver, Saved, Sav
 from ..checkpoint._state import capture_rng, restore_rng
 from ..checkpoint._store import Checkpoint, CheckpointStore
 from ..distributed._savers import RankZeroSaver, ShardedSaver
+from ..distributed._staged import StagedSaver
+from ..stop._controller import Decision
 from ..stop._latch import DEFAULT_SIGNALS, SignalLatch, normalize_signals, signal_name
 from ..stop._termination import Durations, Notice, TerminationConfig
 from ._config import checkpoint_directory, is_rank_zero, termination_config_of
 from ._periodic import Periodic
-from ._session import Phase, StopSession
+from ._phase import Phase
+from ._session import StopSession
 from ._state_saver import StateSaver
 
 __all__ = [
@@ -55,6 +62,7 @@ __all__ = [
     "CheckpointSaveError",
     "CheckpointStore",
     "ConfigError",
+    "Decision",
     "Durations",
     "NamedSaver",
     "Notice",
@@ -68,6 +76,7 @@ __all__ = [
     "Saver",
     "ShardedSaver",
     "SignalLatch",
+    "StagedSaver",
     "StateSaver",
     "StopSession",
     "TerminationConfig",

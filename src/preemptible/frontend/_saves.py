@@ -62,8 +62,17 @@ class Saves:
             pos, since, total, time.monotonic(), self.last_end
         )
 
-    def save(self, step: int, at: int, context: Any, *, reuse: bool = False) -> Path:
-        """Commit a checkpoint of ``step`` now (after the one in flight, if any)."""
+    def save(
+        self,
+        step: int,
+        at: int,
+        context: Any,
+        *,
+        reuse: bool = False,
+        started: float | None = None,
+    ) -> Path:
+        """Commit a checkpoint of ``step`` now (after the one in flight, if any).
+        ``started``: when the framework began writing it (it is timed from there)."""
         self.saver.wait()  # commit order = step order: the one in flight goes first
         self.collect()
         same = self.resumed_at == at and self.of(at) is not None
@@ -75,7 +84,8 @@ class Saves:
                 "handler.step = step + 1 after each step (or use steps()/run())",
                 step,
             )
-        started = time.monotonic()
+        if started is None:
+            started = time.monotonic()
         path, written = self.saver.save(step, context, reuse=reuse)
         self.newest, self.started = (at, path), at
         if not written:

@@ -12,8 +12,7 @@ happens here, once:
 - the saver's commits, their timing (the grace policy's and the save interval's input), the run
   record (where checkpoints go, the newest one to resume from, ``finished``, ``save_s``), the
   directory lock and stale temporaries, tracker finalize-once;
-- the exit: the code (128 + signum, 143 for a notice, or the front end's fixed code), holding
-  it against late signals, ``exit_fn``.
+- the exit: its code (128 + signum, 143 for a notice, or fixed), late signals, ``exit_fn``.
 
 Boundaries are counted in *positions*: the front end's own count of finished training steps
 (``step`` by default). A checkpoint is "of here" when it was committed at the current position,
@@ -23,7 +22,6 @@ so a stop right after an insurance checkpoint does not write a second one.
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import sys
 import time
@@ -42,27 +40,10 @@ from ..stop._latch import normalize_signals, patch_dataloader_workers
 from ..stop._termination import Durations, Notice, TerminationConfig
 from ._config import is_rank_zero, termination_config_of
 from ._periodic import Periodic
+from ._phase import _END, _STEP, Phase
 from ._saves import Saves
 
 logger = logging.getLogger("preemptible")
-
-
-class Phase(enum.Enum):
-    """Where a boundary is."""
-
-    STEP = "step"
-    """After a training step: periodic saves, insurance checkpoints, stops."""
-    EVALUATION = "evaluation"
-    """After an evaluation batch: a stop is acted on (one process; under torch.distributed the
-    ranks are not in step during an evaluation, so the next training step stops them)."""
-    END = "end"
-    """Training is over: a stop asked for since the last step is acted on (under
-    torch.distributed every rank learns whether any rank was asked)."""
-
-
-# the per-step path compares with these (an enum member read through its class costs as much
-# as a function call)
-_STEP, _END = Phase.STEP, Phase.END
 
 
 class StopSession:
@@ -280,19 +261,38 @@ class StopSession:
         ``stop()``). A call after the position moved on is a step boundary: it times the step
         and takes a periodic save that is due. Under torch.distributed every call is a
         boundary of the agreement: call it once per step on every rank."""
-        pos = self._where(step, position)
-        if pos != self._boundary:
-            self._advance(pos, None, None, context)
+        return self._poll(step, position, context, insurance=False) is Decision.STOP
+
+    def decide(
+        self, *, step: int | None = None, position: int | None = None, context: Any = None
+    ) -> Decision:
+        """``should_stop`` for a framework that writes its checkpoints itself after the boundary
+        (the Hugging Face Trainer): ``INSURANCE`` asks it for a save (training goes on),
+        ``STOP`` for a save and then ``stop()``; ``save(started=...)`` commits what it wrote.
+        Under torch.distributed a notice is acted on at the last safe step, with no insurance."""
+        return self._poll(step, position, context, insurance=True)
+
+    @property
+    def end_save_due(self) -> bool:
+        """``finished()`` here would commit the end (the run resumed or saved before)."""
+        started = self.saves.started
+        return started is not None and started < self._at
+
+    def _poll(self, step: int | None, pos: int | None, ctx: Any, *, insurance: bool) -> Decision:
+        at = self._where(step, pos)
+        if at != self._boundary:
+            self._advance(at, None, None, ctx)
         self._left_at = time.monotonic()
-        if self.agreement is None:
-            if not self.pending:
-                return False
-            self._seen = len(self.latch.received)
-            self.latch.log_pending()
-            return self.controller.must_stop_now()
-        if self._agreed_stop is not None:
-            return True
-        return self._agree(act=False, context=context)
+        if self.agreement is not None:
+            stop = self._agreed_stop is not None or self._agree(act=False, context=ctx)
+            return Decision.STOP if stop else Decision.CONTINUE
+        if not self.pending:
+            return Decision.CONTINUE
+        self._seen = len(self.latch.received)
+        if insurance:
+            return self.controller.decide(saved_here=self.saved_here)
+        self.latch.log_pending()
+        return Decision.STOP if self.controller.must_stop_now() else Decision.CONTINUE
 
     def stop(
         self,
@@ -321,10 +321,13 @@ class StopSession:
                 )
         self._stop(context, self._agreed_stop)
 
-    def save(self, *, step: int | None = None, context: Any = None) -> Path:
-        """Commit a checkpoint now (collective under torch.distributed)."""
+    def save(
+        self, *, step: int | None = None, context: Any = None, started: float | None = None
+    ) -> Path:
+        """Commit a checkpoint now (collective under torch.distributed). ``started``: when the
+        framework began writing it (``time.monotonic()``): the grace policy budgets it all."""
         self._where(step, None)
-        return self._save(context)
+        return self.saves.save(self.step, self._at, context, started=started)
 
     def finished(
         self,
