@@ -11,8 +11,14 @@ an interrupted run "success" after the interrupt path marked it "failed").
     └── WandbTracker   Weights & Biases (pip install 'preemptible[wandb]')
 """
 
-from ._base import STATUSES, BaseTracker, Status, Tracker
+from typing import TYPE_CHECKING
+
+from ._base import STATUSES, BaseTracker, Status, Tracker, TrackerGroup
 from ._local import LocalTracker
+
+if TYPE_CHECKING:  # imported for real only when asked for (below)
+    from ._mlflow import MLflowTracker
+    from ._wandb import WandbTracker
 
 __all__ = [
     "STATUSES",
@@ -21,6 +27,7 @@ __all__ = [
     "MLflowTracker",
     "Status",
     "Tracker",
+    "TrackerGroup",
     "WandbTracker",
 ]
 

@@ -57,3 +57,38 @@ class BaseTracker:
 
     def _finalize(self, status: Status) -> None:
         raise NotImplementedError
+
+
+class TrackerGroup(BaseTracker):
+    """Several trackers told the same story (a Hugging Face run that reports to MLflow and
+    W&B at once). ``upload=False``: checkpoints stay where they were committed (the run's
+    trackers were set up by the framework, which uploads what it was asked to). One tracker
+    that fails does not keep the others from being told."""
+
+    def __init__(self, trackers: list[Tracker], *, upload: bool = True) -> None:
+        super().__init__()
+        self.trackers = list(trackers)
+        self.upload = upload
+
+    def _each(self, what: str, call: str, *args: object) -> None:
+        for tracker in self.trackers:
+            try:
+                getattr(tracker, call)(*args)
+            except Exception as exc:
+                logger.error(
+                    "preemptible: %s %s failed: %s: %s",
+                    type(tracker).__name__,
+                    what,
+                    type(exc).__name__,
+                    exc,
+                )
+
+    def _upload(self, path: Path) -> None:
+        if self.upload:
+            self._each("upload", "upload_checkpoint", path)
+
+    def _mark_preempting(self) -> None:
+        self._each("mark_preempting", "mark_preempting")
+
+    def _finalize(self, status: Status) -> None:
+        self._each("finalize", "finalize", status)
