@@ -1,0 +1,312 @@
+"""``PreemptionCallback``: the Hugging Face Trainer front end of the kit.
+
+The Trainer writes its checkpoints itself, after the step-end hook (``_maybe_log_save_evaluate``:
+log, evaluate, save, ``on_save``), so this front end decides at the step's end and commits what
+the Trainer wrote once it is complete:
+
+- ``on_step_end``: the session decides (``StopSession.decide``). A stop (or an insurance
+  checkpoint) asks the Trainer for its ordinary save of this step, with ``control.should_save``
+  (and ``should_training_stop`` for a stop). Whenever a save of this step is coming (ours or the
+  Trainer's own ``save_steps``/epoch/best), ``args.output_dir`` points for that save at a
+  temporary directory of the checkpoint store (``.tmp-checkpoint-N....``), a name that neither
+  ``get_last_checkpoint`` nor the Trainer's rotation matches.
+- ``on_save``: the Trainer's ``checkpoint-N`` is complete in the temporary; the session commits
+  it as ``output_dir/checkpoint-N`` (fsync, rename, fsync of the directory), then the Trainer's
+  retention (``save_total_limit``, the best checkpoint kept) runs over committed ones only.
+- ``on_epoch_end`` (the training loop was left): the stop is finished by the session: record,
+  trackers, exit code, exit.
+
+The RNG states in the checkpoint are the Trainer's own, taken at the end of the step, which is
+why ``trainer.train(resume_from_checkpoint=...)`` then continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rotate_checkpoints
+
+from ..frontend import (
+    CheckpointSaveError,
+    ConfigError,
+    Decision,
+    Notice,
+    StagedSaver,
+    StopSession,
+    TerminationConfig,
+    normalize_signals,
+    termination_config_of,
+)
+from ..trackers import Tracker, TrackerGroup
+
+logger = logging.getLogger("preemptible")
+
+NAME = PREFIX_CHECKPOINT_DIR + "-{step}"
+_ARGS_FILE = "training_args.bin"
+_STATE_FILE = "trainer_state.json"
+
+
+@dataclasses.dataclass
+class _Staged:
+    """A save of the Trainer's that writes into a temporary of the store."""
+
+    output_dir: str  # the user's output_dir, put back after the save
+    step: int
+    started: float  # time.monotonic() when the save was asked for
+
+
+class PreemptionCallback(TrainerCallback):
+    """Stop a ``Trainer`` cleanly on a signal or a platform notice, as a committed
+    ``checkpoint-N`` that ``trainer.train(resume_from_checkpoint=...)`` resumes bit for bit.
+
+    ``termination_config``, ``signals``: as for ``PreemptionCheckpointHandler``. ``tracker``:
+    told the true status once; ``"auto"`` (the default) follows ``report_to``: the MLflow and
+    W&B runs the Trainer's integrations opened (``None``: no tracker). ``exit``: after the stop
+    the process exits 128 + signum (143 for a notice), so no code after ``train()`` runs;
+    ``exit=False``: ``train()`` returns and ``callback.stopped``/``callback.exit_code`` say
+    what happened. ``exit_code``: a fixed code for every stop instead.
+
+    With the callback, every ``checkpoint-N`` the Trainer saves (``save_steps``, epochs, the
+    best one) is committed atomically: a kill during any save leaves the previous checkpoints
+    and no half-written one for ``get_last_checkpoint`` to pick.
+    """
+
+    def __init__(
+        self,
+        *,
+        termination_config: TerminationConfig | None = None,
+        signals: Iterable[int | str] | None = None,
+        tracker: Tracker | Literal["auto"] | None = "auto",
+        exit: bool = True,
+        exit_code: int | None = None,
+    ) -> None:
+        config = termination_config_of(termination_config)
+        self.signals = normalize_signals(signals)
+        if not (tracker is None or tracker == "auto" or isinstance(tracker, Tracker)):
+            raise ConfigError(
+                f"tracker={tracker!r} is not valid; use 'auto', None or a preemptible tracker"
+            )
+        if not isinstance(exit, bool):
+            raise ConfigError(f"exit={exit!r} is not valid; use True or False")
+        code_ok = isinstance(exit_code, int) and not isinstance(exit_code, bool)
+        if exit_code is not None and not (code_ok and 0 <= exit_code <= 255):
+            raise ConfigError(f"exit_code={exit_code!r} is not valid; use an integer 0-255 or None")
+        self.exit = exit
+        self.tracker = tracker
+        self.fixed_code = exit_code
+        self.exit_code: int | None = None  # the code the stop exits (or would exit) with
+        self.stopped: Notice | None = None  # what stopped training (exit=False: read it)
+        self.checkpoint: Path | None = None  # the newest committed checkpoint-N
+        self._config = config
+        if not exit:
+            self._config = dataclasses.replace(config, exit_fn=self._returned)
+        self.session: StopSession | None = None
+        self.saver: StagedSaver | None = None
+        self._staged: _Staged | None = None
+        self._stopping = False
+        self._stop_on_save = False
+        self._auto_tracker = False
+        self._warned_unstaged = False
+
+    # -- life cycle ------------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.session is not None:  # a second train() with the same callback
+            self.session.close()
+        if getattr(args, "enable_jit_checkpoint", False):
+            logger.warning(
+                "preemptible: enable_jit_checkpoint=True is overridden by PreemptionCallback: "
+                "its signal handler is replaced, and the stop checkpoint is the callback's "
+                "(at the step boundary, committed atomically)"
+            )
+        # the Trainer's own rotation (save_total_limit, the best one kept) prunes, after commits
+        self.saver = saver = StagedSaver(args.output_dir, NAME)
+        self._auto_tracker = self.tracker == "auto"
+        tracker = _trackers_of(args) if self._auto_tracker else self.tracker
+        self.session = session = StopSession(
+            saver,
+            termination_config=self._config,
+            signals=self.signals,
+            tracker=tracker if state.is_world_process_zero else None,
+            exit_code=self.fixed_code,
+        )
+        self._stopping = self._stop_on_save = False
+        self.stopped = self.exit_code = None
+        session.start()
+        session.begin()
+        if state.global_step > 0:  # the Trainer resumed from a checkpoint of this step
+            found = saver.target(state.global_step)
+            session.note_saved(
+                found if found.is_dir() else found.parent, step=state.global_step, resumed=True
+            )
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._unstage(args)  # a save that was possible (the best one) and did not come
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        session = self.session
+        if session is None:
+            return
+        if not self._ask(session.decide(step=state.global_step), state, control) and (
+            control.should_training_stop and session.end_save_due
+        ):
+            control.should_save = True  # the end, so that running it again trains nothing
+        self._stage_if_saving(args, state, control)
+
+    def _ask(self, decision: Decision, state: Any, control: Any) -> bool:
+        """Ask the Trainer for what the session decided; True for a stop."""
+        if decision is Decision.STOP:
+            self._stopping = True
+            control.should_save = control.should_training_stop = True
+            return True
+        if decision is Decision.INSURANCE:
+            control.should_save = True
+            logger.warning(
+                "preemptible: insurance checkpoint at step %d; training goes on", state.global_step
+            )
+        return False
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        session = self.session
+        if session is None:
+            return
+        if self._stopping:
+            # the stop's checkpoint is committed: no second save or evaluation of this step
+            control.should_save = control.should_evaluate = False
+            self._unstage(args)
+            self._stopping = False
+            session.stop(step=state.global_step)  # record, trackers, exit
+            control.should_training_stop = True  # exit=False: train() returns
+            return
+        # a stop that came after the epoch's last step: the Trainer's epoch-end save is it
+        if self._ask(session.decide(step=state.global_step), state, control):
+            self._stop_on_save = True
+        self._stage_if_saving(args, state, control)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        session, staged = self.session, self._staged
+        if session is None:
+            return
+        self._unstage(args, discard=False)
+        if staged is None or staged.step != state.global_step:
+            if not self._warned_unstaged:
+                self._warned_unstaged = True
+                logger.warning(
+                    "preemptible: the Trainer saved step %d in place (a callback after "
+                    "PreemptionCallback asked for it): put PreemptionCallback last in callbacks",
+                    state.global_step,
+                )
+            return
+        written = self._saver().staged
+        if session.is_zero and written is not None and written.is_dir():
+            _repoint(written, Path(args.output_dir) / written.name, args, state)
+        try:
+            path = session.save(step=state.global_step, started=staged.started)
+        except CheckpointSaveError as exc:
+            if not self._stopping:
+                raise
+            logger.error("preemptible: %s", exc)  # the stop's own save path reports it
+            return
+        self.checkpoint = path
+        if args.should_save and args.save_total_limit:
+            rotate_checkpoints(
+                output_dir=args.output_dir,
+                save_total_limit=args.save_total_limit,
+                best_model_checkpoint=state.best_model_checkpoint,
+                use_mtime=False,
+            )
+        if self._stop_on_save:  # decided at the epoch's end: nothing of training is left
+            self._stop_on_save = self._stopping = False
+            session.stop(step=state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        session = self.session
+        if session is None:
+            return
+        self._unstage(args)
+        try:
+            if not session.stopped:
+                # the Trainer's integrations finished their runs already; a tracker of one's
+                # own is told here
+                session.finished(step=state.global_step, tell_tracker=not self._auto_tracker)
+        finally:
+            session.close()
+
+    # -- saving ------------------------------------------------------------------------------
+    def _stage_if_saving(self, args: Any, state: Any, control: Any) -> None:
+        """A save of this step is coming (or may: the best one is decided after evaluating):
+        the Trainer writes it into a temporary of the store."""
+        best = args.save_strategy == SaveStrategy.BEST and control.should_evaluate
+        if not (control.should_save or best) or self._staged is not None:
+            return
+        parent = self._saver().stage(state.global_step)
+        self._staged = _Staged(args.output_dir, state.global_step, time.monotonic())
+        args.output_dir = str(parent)
+
+    def _unstage(self, args: Any, *, discard: bool = True) -> None:
+        """Put ``output_dir`` back; ``discard``: the save did not come, drop its temporary."""
+        staged, self._staged = self._staged, None
+        if staged is None:
+            return
+        args.output_dir = staged.output_dir
+        if discard:
+            self._saver().discard()
+
+    def _saver(self) -> StagedSaver:
+        assert self.saver is not None, "on_train_begin makes the saver"
+        return self.saver
+
+    def _returned(self, code: int) -> None:
+        """``exit=False``: the stop is over and ``train()`` returns."""
+        session = self.session
+        self.exit_code = code
+        if session is not None:
+            first = session.controller.requests.first_stop()
+            self.stopped = first
+
+
+def _repoint(written: Path, final: Path, args: Any, state: Any) -> None:
+    """What the Trainer recorded of the temporary's path names the committed one."""
+    best = state.best_model_checkpoint
+    if isinstance(best, str) and Path(best).name == written.name and Path(best) != final:
+        state.best_model_checkpoint = str(final)
+        if (written / _STATE_FILE).is_file():
+            state.save_to_json(str(written / _STATE_FILE))
+    if (written / _ARGS_FILE).is_file():
+        import torch
+
+        torch.save(args, written / _ARGS_FILE)  # output_dir is the user's again
+
+
+def _trackers_of(args: Any) -> Tracker | None:
+    """The MLflow and W&B runs the Trainer's integrations opened (``report_to``)."""
+    report_to = args.report_to if isinstance(args.report_to, list) else [args.report_to]
+    found: list[Tracker] = []
+    if "mlflow" in report_to:
+        try:
+            import mlflow
+
+            if mlflow.active_run() is not None:
+                from ..trackers import MLflowTracker
+
+                found.append(MLflowTracker())
+        except ImportError:
+            pass
+    if "wandb" in report_to:
+        try:
+            import wandb
+
+            if wandb.run is not None:
+                from ..trackers import WandbTracker
+
+                found.append(WandbTracker())
+        except ImportError:
+            pass
+    if not found:
+        return None
+    return TrackerGroup(found, upload=False)

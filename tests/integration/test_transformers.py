@@ -1,0 +1,209 @@
+"""The Hugging Face Trainer front end on real Trainer runs in subprocesses, with real signals.
+
+Every stop: the exit code is 128 + signum (143 for a notice), ``checkpoint-N`` is committed
+(no temporary left, ``get_last_checkpoint`` finds it), and
+``trainer.train(resume_from_checkpoint=get_last_checkpoint(out))`` ends with the same
+weights, bit for bit, as a run never stopped (``tests/scripts/hf_train.py``: a 2-layer GPT-2
+from a config, dropout 0.1, 12 steps).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from preemptible.stop._latch import DUPLICATE_WINDOW
+from tests.conftest import Child, python_args, wait_for
+from tests.fakes.metadata import MetadataServer
+
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.timeout(240)
+
+STEPS = 12
+
+
+def hf_args(out: Path, *extra: str) -> list[str]:
+    return python_args("hf_train.py", str(out), "--steps", str(STEPS), *extra)
+
+
+def step_line(n: int):  # type: ignore[no-untyped-def]
+    return lambda line: line == f"step {n}"
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def checkpoints(out: Path) -> list[str]:
+    return sorted(p.name for p in out.glob("checkpoint-*"))
+
+
+def temporaries(out: Path) -> list[Path]:
+    return sorted(out.glob(".tmp-*"))
+
+
+def last_checkpoint(out: Path) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    found = get_last_checkpoint(str(out))
+    return None if found is None else Path(found).name
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run never stopped: its final weights."""
+    d = tmp_path_factory.mktemp("hf-ref")
+    child = Child(hf_args(d / "out", "--weights", str(d / "w.pt"), "--no-callback"))
+    try:
+        assert child.wait(180) == 0, child.output
+    finally:
+        child.kill()
+    return d / "w.pt"
+
+
+def resume(spawn, out: Path, *extra: str) -> Child:  # type: ignore[no-untyped-def]
+    child = spawn(hf_args(out, "--resume", "--weights", str(out / "w.pt"), *extra))
+    assert child.wait(180) == 0, child.output
+    return child
+
+
+@pytest.mark.parametrize(
+    ("sig", "extra"),
+    [
+        (signal.SIGTERM, ()),
+        (signal.SIGINT, ()),
+        (signal.SIGUSR1, ()),
+        (signal.SIGTERM, ("--workers", "2")),  # to the whole group: the workers get it too
+    ],
+    ids=["SIGTERM", "SIGINT", "SIGUSR1", "group-SIGTERM-workers"],
+)
+def test_signal_at_a_random_step_commits_and_resumes_exactly(
+    sig: signal.Signals, extra: tuple[str, ...], reference: Path, tmp_path: Path, spawn
+) -> None:
+    out = tmp_path / "out"
+    at = random.Random(f"{sig}{extra}").randint(1, STEPS - 1)
+    child = spawn(hf_args(out, "--sleep", "0.05", *extra))
+    child.wait_line(step_line(at), timeout=120)
+    if extra:
+        child.signal_group(sig)
+    else:
+        child.signal(sig)
+    assert child.wait(60) == 128 + sig, child.output
+    [stopped] = [line for line in child.lines if "stopped at step" in line]
+    step = int(stopped.split("stopped at step ")[1].split()[0])
+    assert at <= step <= at + 1, child.output  # the step under way when the signal came
+    assert checkpoints(out) == [f"checkpoint-{step}"] == [last_checkpoint(out)]
+    assert (out / f"checkpoint-{step}" / "trainer_state.json").is_file()
+    assert temporaries(out) == []
+    again = resume(spawn, out, *extra)
+    assert f"preemptible: resumed from {out / f'checkpoint-{step}'} at step {step}" in again.lines
+    assert same_weights(reference, out / "w.pt"), again.output
+
+
+def test_kill_during_a_save_then_a_second_signal_keep_the_committed_checkpoint(
+    reference: Path, tmp_path: Path, spawn
+) -> None:
+    out = tmp_path / "out"
+    periodic = ("--save-steps", "4", "--limit", "1")
+    # 1. SIGKILL while the Trainer writes checkpoint-8 (the model written, the RNG not yet):
+    # checkpoint-4 is the one get_last_checkpoint finds, the torn one is a temporary.
+    first = spawn(hf_args(out, *periodic, "--slow-at", "8"))
+    first.wait_line(lambda line: line == "saving step 8", timeout=120)
+    first.kill()
+    assert checkpoints(out) == ["checkpoint-4"] == [last_checkpoint(out)]
+    [torn] = temporaries(out)
+    assert (torn / "checkpoint-8" / "model.safetensors").is_file()
+
+    # 2. Resumed from checkpoint-4: the torn temporary is removed; a stop whose save (of step
+    # 9 or 10) is cut short by a second signal exits 1 at once and leaves checkpoint-8 (the
+    # Trainer's own, committed; save_total_limit=1 pruned checkpoint-4 once 8 was in).
+    second = spawn(hf_args(out, "--resume", *periodic, "--slow-at", "9", "--sleep", "0.05"))
+    second.wait_line(step_line(9), timeout=120)
+    assert not torn.exists()
+    second.signal(signal.SIGTERM)
+    second.wait_line(lambda line: line in ("saving step 9", "saving step 10"), timeout=60)
+    took = time.monotonic()
+    wait_for(lambda: time.monotonic() - took > DUPLICATE_WINDOW + 0.2, 5, "the duplicate window")
+    second.signal(signal.SIGTERM)
+    assert second.wait(30) == 1, second.output
+    assert checkpoints(out) == ["checkpoint-8"] == [last_checkpoint(out)]
+
+    # 3. Resumed from checkpoint-8: exact.
+    resume(spawn, out, *periodic)
+    assert same_weights(reference, out / "w.pt")
+
+
+WINDOW = 6.0  # seconds of notice the fake GCE gives
+
+
+def test_gce_notice_trains_on_then_stops_before_the_deadline(
+    reference: Path, tmp_path: Path, spawn
+) -> None:
+    out = tmp_path / "out"
+    with MetadataServer() as server:
+        env = {
+            "GCE_METADATA_HOST": server.host,
+            "PREEMPTIBLE_GCE_NOTICE_SECONDS": str(WINDOW),
+            "PREEMPTIBLE_POLL_INTERVAL": "0.2",
+        }
+        # 0.8 s steps: the 10 steps left after the notice outlast its window
+        child = spawn(hf_args(out, "--sleep", "0.8"), env=env)
+        child.wait_line(step_line(2), timeout=120)
+        noticed = time.monotonic()
+        server.state.gce_preempted = "TRUE"
+        assert child.wait(60) == 143, child.output
+        exited = time.monotonic()
+    lines = child.lines
+    first = next(i for i, line in enumerate(lines) if "GCE" in line and "preempt" in line.lower())
+    stop = next(i for i, line in enumerate(lines) if "then stopping" in line)
+    trained_on = [line for line in lines[first:stop] if line.startswith("step ")]
+    assert len(trained_on) >= 3, f"training should go on in the window\n{child.output}"
+    assert exited - noticed < WINDOW + 5, child.output
+    # the insurance checkpoint at the notice, and the final one, which the resume takes
+    [stopped] = [line for line in lines if "stopped at step" in line]
+    final = f"checkpoint-{stopped.split('stopped at step ')[1].split()[0]}"
+    assert len(checkpoints(out)) == 2 and last_checkpoint(out) == final, child.output
+    resume(spawn, out)
+    assert same_weights(reference, out / "w.pt")
+
+
+def test_exit_false_returns_and_mlflow_run_is_killed_once(tmp_path: Path, spawn) -> None:
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "out"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    child = spawn(
+        hf_args(out, "--sleep", "0.05", "--return", "--jit", "--report", "mlflow"),
+        env={"MLFLOW_TRACKING_URI": uri},
+    )
+    child.wait_line(step_line(3), timeout=120)
+    child.signal(signal.SIGINT)
+    assert child.wait(120) == 130, child.output
+    # train() returned (exit=False) and the script saw why
+    assert "returned after a stop, exit code 130" in child.lines
+    # enable_jit_checkpoint is overridden, said once; no second checkpoint of its own
+    assert sum("enable_jit_checkpoint=True is overridden" in line for line in child.lines) == 1
+    assert len(checkpoints(out)) == 1 and temporaries(out) == []
+    run_id = next(line.split()[-1] for line in child.lines if line.startswith("mlflow run"))
+    run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    assert run.info.status == "KILLED", run.info
+    assert run.data.tags["preemptible.status"] == "killed"
+
+
+def test_bad_options_say_what_is_valid() -> None:
+    from preemptible.frontend import ConfigError
+    from preemptible.transformers import PreemptionCallback
+
+    with pytest.raises(ConfigError, match="exit_code=300 is not valid"):
+        PreemptionCallback(exit_code=300)
+    with pytest.raises(ConfigError, match="tracker='mlflow' is not valid"):
+        PreemptionCallback(tracker="mlflow")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="unknown signal 'SIGNOPE'"):
+        PreemptionCallback(signals=["SIGNOPE"])
