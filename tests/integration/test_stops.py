@@ -68,6 +68,45 @@ def test_sigterm_to_supervisor_and_trainer_at_once_is_preempted(tmp_path: Path, 
     assert attempt["state"] == "PREEMPTED", attempt
 
 
+# A training loop whose latch gets a second SIGTERM from inside the handler of the first, right
+# after the first was recorded: where a second SIGTERM sent at the same moment (the supervisor's
+# forwarded copy) can land. Python runs the second handler inside the first, at its next call.
+SECOND_INSIDE_FIRST = """
+import os, signal, sys
+import preemptible
+
+class SecondSigtermDuringAppend(list):
+    armed = True
+    def append(self, item):
+        super().append(item)
+        if self.armed:
+            self.armed = False
+            os.kill(os.getpid(), signal.SIGTERM)
+
+h = preemptible.PreemptionCheckpointHandler(
+    sys.argv[1],
+    termination_config=preemptible.TerminationConfig(
+        save_fn=lambda p: open(p, "w").write("x")
+    ),
+)
+h._session.latch._received = SecondSigtermDuringAppend()  # the latch's record of signals
+for step in h.steps(10**9):
+    if step == 3:
+        print("step 3", flush=True)
+"""
+
+
+def test_sigterm_landing_inside_the_first_sigterms_handler_is_one_stop(
+    tmp_path: Path, spawn
+) -> None:
+    child = spawn([PY, "-c", SECOND_INSIDE_FIRST, str(tmp_path / "ckpt")])
+    child.wait_line(lambda line: line == "step 3", timeout=60)
+    child.signal(signal.SIGTERM)
+    assert child.wait(30) == 143, child.output
+    assert committed(tmp_path), child.output
+    assert "the same stop delivered twice" in child.output
+
+
 def test_deliberate_second_ctrl_c_a_second_later_exits_at_once(tmp_path: Path, spawn) -> None:
     child = spawn(train_args(tmp_path, "--slow-save", "30"))
     child.wait_line(lambda line: line == "step 3", timeout=60)
