@@ -36,6 +36,24 @@ def committed(tmp_path: Path) -> list[str]:
     return sorted(p.name for p in (tmp_path / "ckpt").glob("step-*.ckpt"))
 
 
+def signal_state(pid: int) -> str:
+    """The signal lines of /proc/PID/status for the process and each of its threads."""
+    keys = ("Name", "State", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    lines = []
+    for status in [
+        Path(f"/proc/{pid}/status"),
+        *sorted(Path(f"/proc/{pid}/task").glob("*/status")),
+    ]:
+        try:
+            text = status.read_text()
+        except OSError as exc:
+            lines.append(f"{status}: {exc}")
+            continue
+        kept = [line for line in text.splitlines() if line.split(":")[0] in keys]
+        lines.append(f"{status}: " + "; ".join(kept))
+    return "\n".join(lines)
+
+
 def test_two_sigterms_50_ms_apart_are_one_stop(tmp_path: Path, spawn) -> None:
     child = spawn(train_args(tmp_path, "--slow-save", "0.5"))
     child.wait_line(lambda line: line == "step 5", timeout=60)
@@ -62,7 +80,12 @@ def test_sigterm_to_supervisor_and_trainer_at_once_is_preempted(tmp_path: Path, 
     # what systemd's KillMode=control-group or a VM shutdown does: every process at once
     os.kill(sup.pid, signal.SIGTERM)
     os.kill(trainer, signal.SIGTERM)
-    assert sup.wait(60) == 143, sup.output
+    try:
+        code = sup.wait(60)
+    except AssertionError as exc:
+        # before the fixture's cleanup kills it: what the trainer did with the two SIGTERMs
+        raise AssertionError(f"{exc}\ntrainer {trainer}:\n{signal_state(trainer)}") from None
+    assert code == 143, sup.output
     assert committed(tmp_path), sup.output
     [attempt] = attempts(tmp_path)
     assert attempt["state"] == "PREEMPTED", attempt
