@@ -36,6 +36,24 @@ def committed(tmp_path: Path) -> list[str]:
     return sorted(p.name for p in (tmp_path / "ckpt").glob("step-*.ckpt"))
 
 
+def signal_state(pid: int) -> str:
+    """The signal lines of /proc/PID/status for the process and each of its threads."""
+    keys = ("Name", "State", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    lines = []
+    for status in [
+        Path(f"/proc/{pid}/status"),
+        *sorted(Path(f"/proc/{pid}/task").glob("*/status")),
+    ]:
+        try:
+            text = status.read_text()
+        except OSError as exc:
+            lines.append(f"{status}: {exc}")
+            continue
+        kept = [line for line in text.splitlines() if line.split(":")[0] in keys]
+        lines.append(f"{status}: " + "; ".join(kept))
+    return "\n".join(lines)
+
+
 def test_two_sigterms_50_ms_apart_are_one_stop(tmp_path: Path, spawn) -> None:
     child = spawn(train_args(tmp_path, "--slow-save", "0.5"))
     child.wait_line(lambda line: line == "step 5", timeout=60)
@@ -62,10 +80,54 @@ def test_sigterm_to_supervisor_and_trainer_at_once_is_preempted(tmp_path: Path, 
     # what systemd's KillMode=control-group or a VM shutdown does: every process at once
     os.kill(sup.pid, signal.SIGTERM)
     os.kill(trainer, signal.SIGTERM)
-    assert sup.wait(60) == 143, sup.output
+    try:
+        code = sup.wait(60)
+    except AssertionError as exc:
+        # before the fixture's cleanup kills it: what the trainer did with the two SIGTERMs
+        raise AssertionError(f"{exc}\ntrainer {trainer}:\n{signal_state(trainer)}") from None
+    assert code == 143, sup.output
     assert committed(tmp_path), sup.output
     [attempt] = attempts(tmp_path)
     assert attempt["state"] == "PREEMPTED", attempt
+
+
+# A training loop whose latch gets a second SIGTERM from inside the handler of the first, right
+# after the first was recorded: where a second SIGTERM sent at the same moment (the supervisor's
+# forwarded copy) can land. Python runs the second handler inside the first, at its next call.
+SECOND_INSIDE_FIRST = """
+import os, signal, sys
+import preemptible
+
+class SecondSigtermDuringAppend(list):
+    armed = True
+    def append(self, item):
+        super().append(item)
+        if self.armed:
+            self.armed = False
+            os.kill(os.getpid(), signal.SIGTERM)
+
+h = preemptible.PreemptionCheckpointHandler(
+    sys.argv[1],
+    termination_config=preemptible.TerminationConfig(
+        save_fn=lambda p: open(p, "w").write("x")
+    ),
+)
+h._session.latch._received = SecondSigtermDuringAppend()  # the latch's record of signals
+for step in h.steps(10**9):
+    if step == 3:
+        print("step 3", flush=True)
+"""
+
+
+def test_sigterm_landing_inside_the_first_sigterms_handler_is_one_stop(
+    tmp_path: Path, spawn
+) -> None:
+    child = spawn([PY, "-c", SECOND_INSIDE_FIRST, str(tmp_path / "ckpt")])
+    child.wait_line(lambda line: line == "step 3", timeout=60)
+    child.signal(signal.SIGTERM)
+    assert child.wait(30) == 143, child.output
+    assert committed(tmp_path), child.output
+    assert "the same stop delivered twice" in child.output
 
 
 def test_deliberate_second_ctrl_c_a_second_later_exits_at_once(tmp_path: Path, spawn) -> None:

@@ -141,6 +141,44 @@ def test_a_repeat_within_the_window_is_recorded_not_acted_on(usr1_previous, capl
         latch.restore()
 
 
+class _SecondSignalDuringAppend(list[object]):
+    """The latch's list of received signals, which delivers a second ``sig`` to this process
+    from inside the first handler's ``append``: the moment a second SIGTERM of two sent at
+    once (systemd's control-group kill: the trainer's own and the supervisor's copy) can land.
+    Python runs the second handler inside the first one, at its next call."""
+
+    def __init__(self, sig: int, after: bool) -> None:
+        super().__init__()
+        self.sig, self.after, self.armed = sig, after, True
+
+    def append(self, item: object) -> None:
+        if not self.after:
+            self._second()
+        super().append(item)
+        if self.after:
+            self._second()
+
+    def _second(self) -> None:
+        if self.armed:
+            self.armed = False
+            os.kill(os.getpid(), self.sig)
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-append", "after-append"])
+def test_a_second_signal_inside_the_first_handler_is_one_stop(usr1_previous, after) -> None:
+    seen: list[Notice] = []
+    latch = SignalLatch([signal.SIGUSR1], seen.append)
+    latch._received = _SecondSignalDuringAppend(signal.SIGUSR1, after)
+    latch.install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert len(latch.received) == 2, "both deliveries ran the handler"
+        assert len(seen) == 1, "two signals at once must ask for exactly one stop"
+        assert seen[0].signum == signal.SIGUSR1
+    finally:
+        latch.restore()
+
+
 REENTRANT = """
 import logging, os, signal, sys, threading, time
 import preemptible

@@ -262,9 +262,14 @@ class SignalLatch:
         if os.getpid() != self._owner_pid:
             return  # a forked child with an inherited copy of this handler: not ours to act on
         now = time.time()
+        entry = (signum, now)
         received = self._received
-        received.append((signum, now))
-        if len(received) == 1:
+        received.append(entry)
+        # The first signal is the one whose entry went in first; not "the list holds one":
+        # Python runs the handler of a signal that arrives while this one runs inside this
+        # one (at its next call), so two SIGTERMs at once can both append before either
+        # counts, and neither would then notify: the stop would be lost.
+        if received[0] is entry:
             self._notify(Notice(source=signal_name(signum), received_at=now, signum=signum))
             return
         if self._exit_code is not None:
