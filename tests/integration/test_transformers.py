@@ -9,8 +9,11 @@ from a config, dropout 0.1, 12 steps).
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -207,3 +210,36 @@ def test_bad_options_say_what_is_valid() -> None:
         PreemptionCallback(tracker="mlflow")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="unknown signal 'SIGNOPE'"):
         PreemptionCallback(signals=["SIGNOPE"])
+
+
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+STOPPED = re.compile(r"stopped at step (\d+) on (\S+); checkpoint (\S+); exiting with (\d+)")
+
+
+def torchrun(out: Path, *extra: str) -> list[str]:
+    script = python_args("hf_train.py")[1]
+    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", script, str(out), *extra]
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_ranks_stop_at_one_step_and_resume_exactly(tmp_path: Path, spawn) -> None:
+    """SIGTERM to torchrun, which passes it to both ranks: they agree on one step, both write
+    their part of checkpoint-N (each its own RNG state), rank 0 commits, both exit 143; the
+    resumed job ends with the weights of a job never stopped."""
+    steps = ("--steps", str(STEPS))
+    ref = spawn(torchrun(tmp_path / "ref", *steps, "--weights", str(tmp_path / "ref.pt")))
+    assert ref.wait(180) == 0, ref.output
+    out = tmp_path / "out"
+    job = spawn(torchrun(out, *steps, "--sleep", "0.1"))
+    job.wait_line(lambda line: "step 4" in line, timeout=120)  # ranks share the pipe
+    os.kill(job.pid, signal.SIGTERM)
+    job.wait(120)
+    stops = STOPPED.findall(job.output)
+    assert len(stops) == 2 and len({(s[0], s[2], s[3]) for s in stops}) == 1, job.output
+    step, _, path, code = stops[0]
+    assert code == "143" and checkpoints(out) == [f"checkpoint-{step}"] == [last_checkpoint(out)]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in Path(path).iterdir()}
+    assert temporaries(out) == []
+    again = spawn(torchrun(out, *steps, "--resume", "--weights", str(out / "w.pt")))
+    assert again.wait(180) == 0, again.output
+    assert same_weights(tmp_path / "ref.pt", out / "w.pt"), again.output

@@ -135,7 +135,7 @@ def main() -> int:
     if preemption is not None and preemption.stopped is not None:
         print(f"returned after a stop, exit code {preemption.exit_code}", flush=True)
         return preemption.exit_code or 0
-    if a.weights:
+    if a.weights and trainer.is_world_process_zero():
         torch.save({k: v.clone() for k, v in model.state_dict().items()}, a.weights)
     print("done", flush=True)
     return 0
