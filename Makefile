@@ -13,7 +13,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,torch,lightning,mlflow,wandb,postgres,bayes,plot]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,torch,lightning,mlflow,wandb,postgres,bayes,plot,transformers]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -18,8 +18,8 @@ def test_all_lists_every_public_name() -> None:
 def test_import_pulls_no_heavy_library() -> None:
     code = (
         "import sys, preemptible, preemptible.cli\n"
-        "heavy = [m for m in ('torch', 'numpy', 'lightning', 'mlflow', 'wandb', 'psycopg')"
-        " if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'numpy', 'lightning', 'mlflow', 'wandb', 'psycopg',"
+        " 'transformers', 'accelerate', 'keras', 'tensorflow') if m in sys.modules]\n"
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
