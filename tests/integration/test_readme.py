@@ -358,18 +358,27 @@ TORCHRUN_STEP = re.compile(r"\bstep (\d+) loss")  # searched: ranks share one st
 
 
 def _run_torchrun(block: Block, options: dict[str, str], ctx: Ctx) -> None:
-    """The block is a whole script for ``torchrun --standalone --nproc-per-node 2``: it prints
-    ``step N ...`` now and then on rank 0 and writes ``final.pt``. SIGTERM to torchrun once it
-    printed step ``at`` or later: torchrun passes it to both ranks, which stop at the same step
-    with a checkpoint; run again, it resumes and ends with the weights of an uninterrupted run."""
+    """The block is a whole script for two processes: ``torchrun --standalone
+    --nproc-per-node 2`` (``launcher=accelerate``: ``accelerate launch --multi_gpu
+    --num_processes 2``, which is torchrun inside). It prints ``step N ...`` now and then on
+    rank 0 and writes ``final.pt``. SIGTERM to the launcher once it printed step ``at`` or
+    later: it passes it to both ranks, which stop at the same step with a checkpoint; run
+    again, it resumes and ends with the weights of an uninterrupted run."""
     tmp, spawn = ctx.tmp, ctx.spawn
     at = int(options.get("at", "300"))
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    launcher = options.get("launcher", "torchrun")
+    assert launcher in ("torchrun", "accelerate"), f"{block.where}: launcher={launcher!r}"
+    name = "train_ddp.py" if launcher == "torchrun" else "train_accelerate.py"
+    tool = str(Path(sys.executable).with_name(launcher))
     ref_dir, run_dir = tmp / "uninterrupted", tmp / "interrupted"
-    args = [torchrun, "--standalone", "--nproc-per-node", "2", "train_ddp.py"]
+    if launcher == "torchrun":
+        args = [tool, "--standalone", "--nproc-per-node", "2", name]
+    else:
+        args = [tool, "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port"]
+        args += [str(_free_port()), name]
     for d in (ref_dir, run_dir):
         d.mkdir()
-        (d / "train_ddp.py").write_text(block.text)
+        (d / name).write_text(block.text)
     env = {"OMP_NUM_THREADS": "1"}
     ref = spawn(args, cwd=ref_dir, env=env)
     first = spawn(args, cwd=run_dir, env=env)
@@ -378,10 +387,10 @@ def _run_torchrun(block: Block, options: dict[str, str], ctx: Ctx) -> None:
         return any(int(m.group(1)) >= at for m in TORCHRUN_STEP.finditer(line))
 
     first.wait_line(reached, timeout=120)
-    first.signal(signal.SIGTERM)  # torchrun alone: it forwards the signal to its workers
+    first.signal(signal.SIGTERM)  # the launcher alone: it forwards the signal to its workers
     rc = first.wait(120)
     want = int(options.get("exit", "1"))
-    assert rc == want, f"{block.where}: SIGTERM to torchrun: exit {rc}, expected {want}\n" + (
+    assert rc == want, f"{block.where}: SIGTERM to {launcher}: exit {rc}, expected {want}\n" + (
         first.output
     )
     assert sorted(run_dir.glob("ckpt/step-*.ckpt")), f"no checkpoint after the stop\n{first.output}"
@@ -391,8 +400,65 @@ def _run_torchrun(block: Block, options: dict[str, str], ctx: Ctx) -> None:
     assert ref.wait(180) == 0, f"{block.where}: the uninterrupted run failed\n{ref.output}"
     differ = _same(ref_dir / "final.pt", run_dir / "final.pt")
     assert not differ, (
-        f"{block.where}: stopped and resumed under torchrun, the run ends with other values "
+        f"{block.where}: stopped and resumed under {launcher}, the run ends with other values "
         f"than an uninterrupted one: {', '.join(differ)}"
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- the Hugging Face Trainer -------------------------------------------------------------
+
+TRAINER_LOG = re.compile(r"'loss'")
+
+
+def _run_trainer(block: Block, options: dict[str, str], ctx: Ctx) -> None:
+    """The block is a whole Trainer script (``python train_hf.py``) that saves the final model
+    with ``trainer.save_model("final")``. SIGTERM once it logged its loss ``at`` times: it
+    exits 143 with a committed ``checkpoint-N``; run again, it resumes, and the final model
+    equals an uninterrupted run's, bit for bit."""
+    from safetensors.torch import load_file
+
+    tmp, spawn = ctx.tmp, ctx.spawn
+    at = int(options.get("at", "3"))
+    ref_dir, run_dir = tmp / "uninterrupted", tmp / "interrupted"
+    for d in (ref_dir, run_dir):
+        d.mkdir()
+        (d / "train_hf.py").write_text(block.text)
+    args = [sys.executable, "train_hf.py"]
+    ref = spawn(args, cwd=ref_dir)
+    first = spawn(args, cwd=run_dir)
+    seen = [0]
+
+    def logged(line: str) -> bool:
+        seen[0] += bool(TRAINER_LOG.search(line))
+        return seen[0] >= at
+
+    first.wait_line(logged, timeout=120)
+    first.signal(signal.SIGTERM)
+    rc = first.wait(120)
+    assert rc == 143, f"{block.where}: SIGTERM: exit {rc}, expected 143\n{first.output}"
+    assert sorted(run_dir.glob("out/checkpoint-*")), f"no checkpoint after the stop\n{first.output}"
+    assert not (run_dir / "final").exists(), f"code after train() ran\n{first.output}"
+    second = spawn(args, cwd=run_dir)
+    assert second.wait(180) == 0, f"{block.where}: the resumed run failed\n{second.output}"
+    assert ref.wait(180) == 0, f"{block.where}: the uninterrupted run failed\n{ref.output}"
+    wa = load_file(str(ref_dir / "final" / "model.safetensors"))
+    wb = load_file(str(run_dir / "final" / "model.safetensors"))
+    import torch
+
+    differ = sorted(set(wa) ^ set(wb)) + [
+        k for k in set(wa) & set(wb) if not torch.equal(wa[k], wb[k])
+    ]
+    assert not differ, (
+        f"{block.where}: stopped and resumed, the Trainer ends with other weights than an "
+        f"uninterrupted run: {', '.join(differ)}"
     )
 
 
@@ -733,7 +799,8 @@ KINDS: dict[str, Kind] = {
     "python": Kind(_run_python, frozenset({"setup", "exit", "group"}), PY, 150),
     "loop": Kind(_run_loop, frozenset({"setup", "exit", "at", "group"}), PY, 240),
     "shell": Kind(_run_shell, frozenset({"signal", "at", "exit"}), SH, 150),
-    "torchrun": Kind(_run_torchrun, frozenset({"at", "exit"}), PY, 300),
+    "torchrun": Kind(_run_torchrun, frozenset({"at", "exit", "launcher"}), PY, 300),
+    "trainer": Kind(_run_trainer, frozenset({"at"}), PY, 300),
     "script": Kind(_run_script, frozenset(), SH),
     "synopsis": Kind(_run_synopsis, frozenset(), SH),
     "yaml": Kind(_run_yaml, frozenset(), YAML),
