@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from preemptible.stop._latch import DUPLICATE_WINDOW
-from tests.conftest import Child, python_args, wait_for
+from tests.conftest import Child, attempts, python_args, read_pid, supervise, wait_for
 from tests.fakes.metadata import MetadataServer
 
 pytest.importorskip("transformers")
@@ -243,3 +243,21 @@ def test_torchrun_ranks_stop_at_one_step_and_resume_exactly(tmp_path: Path, spaw
     again = spawn(torchrun(out, *steps, "--resume", "--weights", str(out / "w.pt")))
     assert again.wait(180) == 0, again.output
     assert same_weights(tmp_path / "ref.pt", out / "w.pt"), again.output
+
+
+def test_under_preemptible_run_a_stop_is_preempted_and_the_restart_resumes_exactly(
+    reference: Path, tmp_path: Path, spawn
+) -> None:
+    """The job's own SIGTERM (a pod's container, a SLURM step): the attempt is PREEMPTED (the
+    run record the callback wrote says so), the supervisor restarts the same command, which
+    resumes from checkpoint-N and finishes with the weights of a run never stopped."""
+    out, pid_file = tmp_path / "out", tmp_path / "job.pid"
+    job = hf_args(out, "--resume", "--sleep", "0.05", "--weights", str(tmp_path / "w.pt"))
+    sup = supervise(spawn, tmp_path, "--pid-file", str(pid_file), "--", *job)
+    sup.wait_line(step_line(5), timeout=120)
+    os.kill(read_pid(pid_file), signal.SIGTERM)
+    assert sup.wait(180) == 0, sup.output
+    first, second = attempts(tmp_path)
+    assert (first["state"], second["state"]) == ("PREEMPTED", "FINISHED"), (first, second)
+    assert any("resumed from" in line and "checkpoint-" in line for line in sup.lines)
+    assert same_weights(reference, tmp_path / "w.pt"), sup.output
