@@ -23,6 +23,7 @@ import torch
 from preemptible.stop._latch import DUPLICATE_WINDOW
 from tests.conftest import Child, attempts, python_args, read_pid, supervise, wait_for
 from tests.fakes.metadata import MetadataServer
+from tests.wandb_records import summary
 
 pytest.importorskip("transformers")
 
@@ -198,6 +199,17 @@ def test_exit_false_returns_and_mlflow_run_is_killed_once(tmp_path: Path, spawn)
     run = MlflowClient(tracking_uri=uri).get_run(run_id)
     assert run.info.status == "KILLED", run.info
     assert run.data.tags["preemptible.status"] == "killed"
+
+
+def test_wandb_run_of_report_to_is_finished_once_as_preempted(tmp_path: Path, spawn) -> None:
+    out = tmp_path / "out"
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
+    child = spawn(hf_args(out, "--sleep", "0.05", "--report", "wandb"), env=env)
+    child.wait_line(step_line(3), timeout=120)
+    child.signal(signal.SIGTERM)
+    assert child.wait(120) == 143, child.output
+    found = summary(tmp_path)
+    assert found["exit_codes"] == [143] and found["preempting"] is True, found
 
 
 def test_bad_options_say_what_is_valid() -> None:

@@ -4,7 +4,7 @@ saves the final weights with ``--weights``.
 
     hf_train.py OUT [--steps N] [--save-steps N] [--workers N] [--sleep S] [--resume]
                     [--weights FILE] [--no-callback] [--jit] [--return] [--limit N]
-                    [--slow-at N] [--report mlflow]
+                    [--slow-at N] [--report mlflow|wandb]
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--slow-at", type=int, default=-1)
-    p.add_argument("--report", default="none", help="report_to: none or mlflow")
+    p.add_argument("--report", default="none", help="report_to: none, mlflow or wandb")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--weights")
     p.add_argument("--no-callback", action="store_true")
