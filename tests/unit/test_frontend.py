@@ -13,10 +13,13 @@ import pytest
 
 from preemptible.frontend import (
     CheckpointLoadError,
+    CheckpointSaveError,
     ConfigError,
+    Decision,
     NamedSaver,
     Periodic,
     Phase,
+    StagedSaver,
     StopSession,
     TerminationConfig,
 )
@@ -110,3 +113,61 @@ def test_a_fixed_name_that_does_not_load_fails_the_resume(tmp_path: Path) -> Non
 def test_a_bad_name_is_one_clear_error(tmp_path: Path, name: object) -> None:
     with pytest.raises(ConfigError, match="name="):
         NamedSaver(tmp_path, name, Counter().write)  # type: ignore[arg-type]
+
+
+# -- a framework that writes its checkpoints itself, after the boundary (StagedSaver) ---------
+
+
+class LateWriter:
+    """A framework that decides at the boundary and writes its checkpoint afterwards, into
+    the directory it is pointed at (as the Hugging Face Trainer does)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.saver = StagedSaver(directory, "checkpoint-{step}")
+        self.codes: list[int] = []
+        self.session = StopSession(
+            self.saver, termination_config=TerminationConfig(exit_fn=self.codes.append)
+        )
+
+    def write(self, step: int) -> None:
+        parent = self.saver.stage(step)
+        (parent / f"checkpoint-{step}").mkdir()
+        (parent / f"checkpoint-{step}" / "model.bin").write_bytes(b"x" * step)
+
+
+def test_a_late_written_checkpoint_is_committed_at_its_name(tmp_path: Path) -> None:
+    late = LateWriter(tmp_path)
+    session = late.session
+    session.start()
+    try:
+        session.resume()
+        assert session.decide(step=1) is Decision.CONTINUE
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert session.decide(step=2) is Decision.STOP
+        late.write(2)
+        path = session.save(step=2)
+        assert path == tmp_path / "checkpoint-2" and (path / "model.bin").read_bytes() == b"xx"
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")) == []
+        session.stop(step=2)  # saved here: no second save, exit with the signal's code
+        assert late.codes == [143]
+    finally:
+        session.close()
+
+
+def test_a_staged_save_that_did_not_come_leaves_nothing(tmp_path: Path) -> None:
+    late = LateWriter(tmp_path)
+    late.session.start()
+    try:
+        parent = late.saver.stage(3)
+        assert parent.name.startswith(".tmp-checkpoint-3.") and parent.is_dir()
+        late.saver.discard()
+        assert not parent.exists()
+        with pytest.raises(CheckpointSaveError, match="no save of step 4 was written"):
+            late.session.save(step=4)  # nothing staged: an error, nothing committed
+        late.saver.stage(5)  # staged, but the framework wrote nothing there
+        with pytest.raises(CheckpointSaveError, match="wrote no"):
+            late.session.save(step=5)
+        assert list(tmp_path.glob("checkpoint-*")) == []
+        assert [p.name for p in tmp_path.iterdir()] == [".preemptible.lock"]
+    finally:
+        late.session.close()
