@@ -306,7 +306,7 @@ def _load_queries(kind: str) -> dict[str, str]:
     own = _parse_queries(sql.joinpath(kind).joinpath("queries.sql").read_text(encoding="utf-8"))
     clash = sorted(set(common) & set(own))
     if clash:
-        raise RuntimeError(f"queries {clash} are defined twice for {kind}")
+        raise StoreError(f"queries {clash} are defined twice for {kind}")
     return {**common, **own}
 
 
@@ -916,7 +916,7 @@ class Store:
                 holder=holder,
             )
             if taken != 1:
-                raise RuntimeError(f"run {picked['id']} was picked but could not be taken")
+                raise StoreError(f"run {picked['id']} was picked but could not be taken")
             tx.run("insert_attempt", id=picked["id"])
             return self._claim_from(
                 {
