@@ -8,12 +8,21 @@ for bit. ``import preemptible`` imports no torch or other heavy library.
 from __future__ import annotations
 
 from ._errors import (
+    AgreementError,
     CheckpointError,
     CheckpointLoadError,
     CheckpointLockError,
     CheckpointSaveError,
     ConfigError,
+    DatabaseGone,
+    LeaseLost,
+    NoticeError,
     PreemptibleError,
+    RunLockedError,
+    SlurmError,
+    SlurmUnreachable,
+    StoreError,
+    UnreadableField,
 )
 from ._handler import PreemptionCheckpointHandler
 from ._report import report
@@ -25,6 +34,7 @@ from .stop._termination import Notice, TerminationConfig
 __version__ = "0.1.0"
 
 __all__ = [
+    "AgreementError",
     "Checkpoint",
     "CheckpointError",
     "CheckpointLoadError",
@@ -32,11 +42,19 @@ __all__ = [
     "CheckpointSaveError",
     "CheckpointStore",
     "ConfigError",
+    "DatabaseGone",
+    "LeaseLost",
     "Notice",
+    "NoticeError",
     "PreemptibleError",
     "PreemptionCheckpointHandler",
     "RunInfo",
+    "RunLockedError",
+    "SlurmError",
+    "SlurmUnreachable",
+    "StoreError",
     "TerminationConfig",
+    "UnreadableField",
     "__version__",
     "current_run",
     "detect_platform",

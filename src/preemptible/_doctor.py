@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ._env import env_float
-from ._errors import ConfigError
+from ._errors import ConfigError, SlurmError
 from .stop._latch import DEFAULT_SIGNALS, KEEP_IGNORED
 
 OK, WARN, INFO = "ok", "warn", "info"
@@ -47,7 +47,7 @@ class _Slurm:
 
 
 def _read_slurm() -> _Slurm | None:
-    from .supervisor._slurm import SlurmError, job_fields, job_id
+    from .supervisor._slurm import job_fields, job_id
 
     job = job_id()  # a ConfigError here is the "slurm" check's WARN
     if job is None:
@@ -338,7 +338,7 @@ def _slurm_kill(
     slurm: _Slurm, explicit: float | None, grace: float | None
 ) -> tuple[str, list[str], list[str]]:
     """SLURM's KillWait/GraceTime and what preemptible run does on SLURM's own stop."""
-    from .supervisor._slurm import SlurmError, before_kill, kill_wait, partition_fields
+    from .supervisor._slurm import before_kill, kill_wait, partition_fields
 
     try:
         wait = kill_wait()

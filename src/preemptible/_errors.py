@@ -1,14 +1,24 @@
 """The one exception tree of preemptible.
 
-    PreemptibleError              everything this library raises on purpose
-    ├── ConfigError (ValueError)  a bad argument or environment value; lists what is valid
-    └── CheckpointError           a checkpoint problem; the message names the path
-        ├── CheckpointSaveError   writing or committing failed; older ones are untouched
-        ├── CheckpointLoadError   checkpoints exist but none of them loads (or does not fit)
-        └── CheckpointLockError   another writer holds the checkpoint directory
+    PreemptibleError               everything this library raises on purpose
+    ├── ConfigError (ValueError)   a bad argument, environment value or spec; lists what is valid
+    │   └── UnreadableField        a JSON field of the sweep queue cannot be read back
+    ├── CheckpointError            a checkpoint problem; the message names the path
+    │   ├── CheckpointSaveError    writing or committing failed; older ones are untouched
+    │   ├── CheckpointLoadError    checkpoints exist but none of them loads (or does not fit)
+    │   └── CheckpointLockError    another writer holds the checkpoint directory
+    ├── AgreementError             the ranks could not agree on the stop (timeout, a rank ahead)
+    ├── NoticeError (ValueError)   a platform notice source answered what it cannot understand
+    ├── RunLockedError             another live supervisor holds the run (its supervisor.lock)
+    ├── SlurmError                 scontrol is missing, failed, or did not answer in time
+    │   └── SlurmUnreachable       scontrol is missing or timed out: asking again soon waits again
+    ├── StoreError                 the sweep database refused an operation or stayed unreachable
+    │   └── DatabaseGone           the SQLite file was deleted or replaced: every agent stops
+    └── LeaseLost                  this agent no longer holds the run: its lease expired
 
-Lower-level errors (OSError, pickle and torch errors) are mapped once, where they happen,
-with ``raise ... from exc`` so the original cause stays visible.
+Lower-level errors (OSError, pickle and torch errors, the database drivers' errors) are mapped
+once, where they happen, with ``raise ... from exc`` so the original cause stays visible (or
+``from None`` where the cause would quote a secret, such as a database URL's password).
 """
 
 from __future__ import annotations
@@ -22,6 +32,10 @@ class PreemptibleError(Exception):
 
 class ConfigError(PreemptibleError, ValueError):
     """An argument or environment variable has a value preemptible cannot use."""
+
+
+class UnreadableField(ConfigError):
+    """A JSON column of the queue holds something that cannot be read back."""
 
 
 class CheckpointError(PreemptibleError):
@@ -42,3 +56,37 @@ class CheckpointLoadError(CheckpointError):
 
 class CheckpointLockError(CheckpointError):
     """Another handler or process already writes checkpoints to this directory."""
+
+
+class AgreementError(PreemptibleError):
+    """The ranks could not agree (one did not answer in time, or one passed the agreed step)."""
+
+
+class NoticeError(PreemptibleError, ValueError):
+    """A metadata server (or a stop or lease file) answered something a notice source does not
+    understand. A watcher logs it once and polls on; it never stops training."""
+
+
+class RunLockedError(PreemptibleError):
+    """Another live supervisor holds the run (its ``supervisor.lock``)."""
+
+
+class SlurmError(PreemptibleError):
+    """scontrol is missing, failed, or did not answer in time."""
+
+
+class SlurmUnreachable(SlurmError):
+    """scontrol is missing or did not answer: asking again soon would only wait again."""
+
+
+class StoreError(PreemptibleError):
+    """The sweep database refused an operation, or stayed unreachable past the retry deadline."""
+
+
+class DatabaseGone(StoreError):
+    """The SQLite file this process opened was deleted or replaced by another file: nothing
+    is recreated, and every process using it stops instead of splitting the queue."""
+
+
+class LeaseLost(PreemptibleError):
+    """This agent no longer holds the run: its lease expired and the run was requeued."""

@@ -37,6 +37,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
+from ._errors import PreemptibleError
+
 if TYPE_CHECKING:
     from .sweeps._store import AttemptRow, Store
 
@@ -52,7 +54,7 @@ TABLE_WIDTH = 140  # the status table's width when the output is not a terminal
 _STEP_LINE = re.compile(r"^(\S+) step (\d+)$")
 
 
-class DemoFailed(Exception):
+class _DemoFailed(PreemptibleError):
     """A check failed; the message says which, in one line."""
 
 
@@ -163,7 +165,7 @@ class _Demo:
             timeout=120,
         )
         if done.returncode != 0 or not done.stdout.strip():
-            raise DemoFailed(f"preemptible sweep create failed: {_last_line(done.stderr)}")
+            raise _DemoFailed(f"preemptible sweep create failed: {_last_line(done.stderr)}")
         return done.stdout.split()[-1]
 
     def _start_agent(self) -> _Agent:
@@ -185,7 +187,7 @@ class _Demo:
     def _next_event(self) -> tuple[_Agent, str | None] | None:
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise DemoFailed(
+            raise _DemoFailed(
                 f"not done after {DEADLINE:.0f} s; the agents' logs are in {self.workdir}"
             )
         try:
@@ -219,7 +221,7 @@ class _Demo:
         the run went back to the queue; the checkpoint's step."""
         first = self._attempts(index)[0]
         if first.ending != "PREEMPTED" or first.checkpoint_step is None:
-            raise DemoFailed(
+            raise _DemoFailed(
                 f"run {self._run_id(index)} was not preempted by {how} as expected (it ended "
                 f"{first.ending}, exit {first.exit_code}); see the agents' logs in {self.workdir}"
             )
@@ -253,7 +255,7 @@ class _Demo:
             event = self._next_event()
             if event is not None and event[1] is None:
                 who = event[0]
-                raise DemoFailed(f"agent {who.number} exited {who.ended()}; see {who.log}")
+                raise _DemoFailed(f"agent {who.number} exited {who.ended()}; see {who.log}")
 
     def _watch(self) -> None:
         """Follow the agents' output until every agent has exited: SIGTERM agent 1 mid-run,
@@ -299,16 +301,16 @@ class _Demo:
                         touched.stop_file.unlink()  # not taken: it must not stop another run
                     step = self._preempted(STOP_FILE_RUN, "the stop file")
                     if not taken:
-                        raise DemoFailed("the run did not take the stop file")
+                        raise _DemoFailed("the run did not take the stop file")
                     self.echo(
                         f"  5. stop file touched during step {self.stop_file_at} of run "
                         f"{self._run_id(STOP_FILE_RUN)} ({self._agent_of(attempts[0].agent)}): "
                         f"run PREEMPTED at step {step}, back in the queue"
                     )
         if not sigtermed:
-            raise DemoFailed(f"agent 1's run never reached step {self.sigterm_at}")
+            raise _DemoFailed(f"agent 1's run never reached step {self.sigterm_at}")
         if not stop_file_done:
-            raise DemoFailed(
+            raise _DemoFailed(
                 f"run {self._run_id(STOP_FILE_RUN)} never reached step {self.stop_file_at}"
             )
 
@@ -316,7 +318,7 @@ class _Demo:
         code = agent.ended()
         if agent.number == 1:
             if code != 128 + signal.SIGTERM:
-                raise DemoFailed(f"agent 1 exited {code}, not 143; see {agent.log}")
+                raise _DemoFailed(f"agent 1 exited {code}, not 143; see {agent.log}")
             step = self._preempted(SIGTERM_RUN, "SIGTERM")
             self.echo(
                 f"  3. SIGTERM to agent 1 during step {self.sigterm_at} of run "
@@ -326,7 +328,7 @@ class _Demo:
             self._start_agent()
             self.echo("  4. agent 3 started, so that two agents keep working")
         elif code != 0:
-            raise DemoFailed(f"agent {agent.number} exited {code}; see {agent.log}")
+            raise _DemoFailed(f"agent {agent.number} exited {code}; see {agent.log}")
 
     def _finish(self) -> int:
         from .sweeps._status import snapshot
@@ -340,13 +342,13 @@ class _Demo:
         doc = snapshot(self.store, self.sweep_id)
         not_finished = [f"{r.id} {r.state}" for r in runs if r.state != "FINISHED"]
         if len(runs) != len(doc["runs"]) or not_finished:
-            raise DemoFailed(f"runs not FINISHED: {', '.join(not_finished)}")
+            raise _DemoFailed(f"runs not FINISHED: {', '.join(not_finished)}")
         resumed = []
         for index in (SIGTERM_RUN, STOP_FILE_RUN):
             attempts = self._attempts(index)
             endings = [a.ending for a in attempts]
             if endings != ["PREEMPTED", "FINISHED"]:
-                raise DemoFailed(f"run {self._run_id(index)}: attempts ended {endings}")
+                raise _DemoFailed(f"run {self._run_id(index)}: attempts ended {endings}")
             resumed.append(
                 f"{self._run_id(index)} by {self._agent_of(attempts[1].agent)} "
                 f"from step {attempts[0].checkpoint_step}"
@@ -428,9 +430,9 @@ class _Demo:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            raise DemoFailed(f"the uninterrupted run of {params} did not end in time") from None
+            raise _DemoFailed(f"the uninterrupted run of {params} did not end in time") from None
         if proc.returncode != 0:
-            raise DemoFailed(f"the uninterrupted run of {params} failed: {_last_line(err)}")
+            raise _DemoFailed(f"the uninterrupted run of {params} failed: {_last_line(err)}")
         resumed = self.home / "runs" / self._run_id(index) / "final.pt"
         a = torch.load(reference, weights_only=True)
         b = torch.load(resumed, weights_only=True)
@@ -463,7 +465,7 @@ def run_sweep_demo(workdir: Path, *, seed: int | None, echo: Callable[[str], Non
             previous[stop] = signal.signal(stop, _interrupt)
     try:
         return demo.run()
-    except DemoFailed as exc:
+    except _DemoFailed as exc:
         echo(f"  FAILED: {exc}")
         return 1
     finally:

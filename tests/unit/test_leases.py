@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from preemptible import ConfigError
+from preemptible import ConfigError, NoticeError
 from preemptible.notices import sources_for
-from preemptible.notices._http import BadAnswer
 from preemptible.notices._lease import LEASE_FILE_ENV, LeaseFile, boot_id, write_lease
 from preemptible.stop._termination import StopRequests
 from preemptible.sweeps._agent import AgentConfig, lease_times
@@ -105,7 +104,7 @@ def test_a_lease_long_past_its_end_writes_nothing_more(tmp_path: Path) -> None:
 def test_a_garbled_lease_file_is_a_bad_answer(tmp_path: Path, text: str) -> None:
     path = tmp_path / "lease.json"
     path.write_text(text)
-    with pytest.raises(BadAnswer):
+    with pytest.raises(NoticeError):
         LeaseFile(path).poll()
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from preemptible import ConfigError, detect_platform
+from preemptible import ConfigError, NoticeError, detect_platform
 from preemptible.notices import default_config, detect
-from preemptible.notices._sources import EC2, GCE, Azure, BadAnswer, Composite, StopFile
+from preemptible.notices._sources import EC2, GCE, Azure, Composite, StopFile
 from tests.fakes.metadata import MetadataServer
 
 PLATFORM_VARS = (
@@ -175,7 +175,7 @@ def test_bad_servers_raise_quickly(kind: str, fault: str, server: MetadataServer
         "azure": lambda: Azure(server.url, timeout=0.5),
     }[kind]()
     started = time.monotonic()
-    with pytest.raises((BadAnswer, OSError)):
+    with pytest.raises((NoticeError, OSError)):
         source.poll()
     assert time.monotonic() - started < 2.0, "a slow server must not hold the watcher"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from preemptible import ConfigError
+from preemptible import ConfigError, NoticeError
 from preemptible.notices import default_config, detect, grace_period_from_env, sources_for
-from preemptible.notices._sources import EC2, GCE, Azure, BadAnswer, Composite, Source, StopFile
+from preemptible.notices._sources import EC2, GCE, Azure, Composite, Source, StopFile
 from tests.fakes.metadata import MetadataServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -83,7 +83,7 @@ def test_a_redirect_is_a_bad_answer_and_its_target_never_hears_from_us(
     target.state.azure_event("Preempt", not_before_in=30)
     server.state.fault[kind] = "redirect"
     server.state.redirect_to = target.url
-    with pytest.raises(BadAnswer, match="302 redirect refused"):
+    with pytest.raises(NoticeError, match="302 redirect refused"):
         make(kind, server.url).poll()
     assert target.state.requests == [], "the redirect's Location was contacted"
     assert server.state.requests, "the configured server was asked"
@@ -108,11 +108,11 @@ def test_gce_preempted_counts_only_as_a_200_true(server: MetadataServer) -> None
     gce = GCE(server.host)
     for answer in ("MAYBE", "true", ""):
         server.state.gce_preempted = answer
-        with pytest.raises(BadAnswer, match="not TRUE/FALSE"):
+        with pytest.raises(NoticeError, match="not TRUE/FALSE"):
             gce.poll()
     server.state.gce_preempted = "TRUE"
     server.state.fault["gce"] = "404"
-    with pytest.raises(BadAnswer, match="HTTP 404"):
+    with pytest.raises(NoticeError, match="HTTP 404"):
         gce.poll()
 
 
@@ -201,7 +201,7 @@ def test_credentials_are_used_but_never_shown(
         server.state.redirect_to = f"http://other:{SECRET}@127.0.0.1:9"
         server.state.drip_seconds = 0.05
         source.timeout = 0.3
-        with pytest.raises((BadAnswer, OSError)) as caught:
+        with pytest.raises((NoticeError, OSError)) as caught:
             source.poll()
         errors.append(caught.value)
     with caplog.at_level(logging.WARNING, logger="preemptible"):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .._env import env_float
-from .._errors import CheckpointSaveError, ConfigError, PreemptibleError
+from .._errors import AgreementError, CheckpointSaveError, ConfigError
 
 logger = logging.getLogger("preemptible")
 
@@ -44,10 +44,6 @@ _handlers = itertools.count()  # one key namespace per handler, in creation orde
 def torch_module(name: str) -> Any:
     """A torch module, typed loosely (torch's own stubs do not export what is used here)."""
     return importlib.import_module(name)
-
-
-class AgreementError(PreemptibleError):
-    """The ranks could not agree (one did not answer in time, or one passed the agreed step)."""
 
 
 # -- the process group -------------------------------------------------------------------------

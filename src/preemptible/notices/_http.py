@@ -23,17 +23,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
 
-from .._errors import ConfigError
+from .._errors import ConfigError, NoticeError
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 BODY_LIMIT = 1 << 20
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]{1,5}))?")
-
-
-class BadAnswer(ValueError):
-    """A metadata server answered something this watcher does not understand."""
 
 
 @dataclass(frozen=True)
@@ -227,7 +223,7 @@ def request(
     timeout: float = 2.0,
 ) -> Response:
     """One request to ``url`` (credential-free: it appears in errors), done within ``timeout``
-    seconds in all. HTTP error statuses are returned; a redirect raises ``BadAnswer`` and its
+    seconds in all. HTTP error statuses are returned; a redirect raises ``NoticeError`` and its
     Location is never contacted; network errors and the deadline raise ``OSError``
     (``TimeoutError`` for the deadline)."""
     what = f"{method} {url}"
@@ -252,7 +248,7 @@ def request(
         )
         resp.begin()
         if 300 <= resp.status < 400:
-            raise BadAnswer(
+            raise NoticeError(
                 f"{what}: HTTP {resp.status} redirect refused; metadata requests "
                 "are never redirected"
             )
@@ -261,7 +257,7 @@ def request(
     except TimeoutError:
         raise deadline.expired() from None
     except http.client.HTTPException as exc:
-        raise BadAnswer(f"{what}: not a valid HTTP answer ({type(exc).__name__})") from exc
+        raise NoticeError(f"{what}: not a valid HTTP answer ({type(exc).__name__})") from exc
     except OSError as exc:
         if isinstance(exc, ssl.SSLError) or exc.errno is None or exc.strerror is None:
             raise OSError(f"{what}: {exc}") from exc

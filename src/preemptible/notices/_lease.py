@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._errors import NoticeError
 from ..stop._termination import Notice
-from ._http import BadAnswer
 
 logger = logging.getLogger("preemptible")
 
@@ -82,7 +82,7 @@ def write_lease(
 def _number(doc: dict[str, Any], key: str) -> float:
     value = doc.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise BadAnswer(f"{key} is {value!r}, not a number")
+        raise NoticeError(f"{key} is {value!r}, not a number")
     return float(value)
 
 
@@ -102,7 +102,7 @@ def _lost(detail: str) -> None:
 class LeaseFile:
     """``PREEMPTIBLE_LEASE_FILE``: a stop Notice with the lease's deadline ``warn_s`` before
     it (module docstring). A missing file is no notice (the agent writes it before the run
-    starts; a run started by hand with the variable set has none); a garbled one a BadAnswer."""
+    starts; a run started by hand with the variable set has none); a garbled one a NoticeError."""
 
     name = "lease"
 
@@ -123,9 +123,9 @@ class LeaseFile:
             with os.fdopen(fd, "rb") as fh:
                 doc = json.loads(fh.read(_MAX_BYTES))
         except (OSError, ValueError, RecursionError) as exc:
-            raise BadAnswer(f"{self.display} is not a lease file ({exc})") from exc
+            raise NoticeError(f"{self.display} is not a lease file ({exc})") from exc
         if not isinstance(doc, dict):
-            raise BadAnswer(f"{self.display} is not a lease file")
+            raise NoticeError(f"{self.display} is not a lease file")
         if doc.get("boot_id") and doc.get("boot_id") == self._boot:
             left = _number(doc, "deadline_monotonic") - time.monotonic()
         else:  # written on another boot: only the wall clocks can be compared

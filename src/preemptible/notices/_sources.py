@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .._env import env_float, env_str
-from .._errors import ConfigError
+from .._errors import ConfigError, NoticeError
 from ..stop._termination import Notice
-from ._http import BadAnswer, Endpoint, parse_endpoint, request
+from ._http import Endpoint, parse_endpoint, request
 
 logger = logging.getLogger("preemptible")
 
@@ -72,7 +72,7 @@ class GCE:
         headers = self._endpoint.headers({"Metadata-Flavor": "Google"})
         resp = request("GET", self.base + key, headers=headers, timeout=self.timeout)
         if resp.status != 200:
-            raise BadAnswer(f"GET {self.base}{key}: HTTP {resp.status}")
+            raise NoticeError(f"GET {self.base}{key}: HTTP {resp.status}")
         return resp.body.strip()
 
     def poll(self) -> Notice | None:
@@ -86,14 +86,14 @@ class GCE:
                 started, self.notice_seconds, "GCE preempted this Spot/preemptible VM"
             )
         if preempted != "FALSE":
-            raise BadAnswer(f"instance/preempted answered {preempted[:80]!r}, not TRUE/FALSE")
+            raise NoticeError(f"instance/preempted answered {preempted[:80]!r}, not TRUE/FALSE")
         event = self._get("maintenance-event")
         if event == "TERMINATE_ON_HOST_MAINTENANCE":
             return self._notice(
                 started, GCE_MAINTENANCE_NOTICE, "GCE host maintenance will terminate this VM"
             )
         if event not in ("NONE", "MIGRATE_ON_HOST_MAINTENANCE"):
-            raise BadAnswer(f"instance/maintenance-event answered {event[:80]!r}")
+            raise NoticeError(f"instance/maintenance-event answered {event[:80]!r}")
         self._clear_at = started
         return None
 
@@ -137,7 +137,7 @@ class EC2:
                 timeout=self.timeout,
             )
             if resp.status != 200 or not resp.body.strip():
-                raise BadAnswer(f"PUT {self.base}/latest/api/token: HTTP {resp.status}")
+                raise NoticeError(f"PUT {self.base}/latest/api/token: HTTP {resp.status}")
             self._token = resp.body.strip()
             self._token_expires = time.monotonic() + self.TOKEN_TTL - 60
         return self._endpoint.headers({"X-aws-ec2-metadata-token": self._token})
@@ -151,7 +151,7 @@ class EC2:
                 self._token = None
                 continue
             return resp.status, resp.body
-        raise BadAnswer(f"GET {self.base}{path}: HTTP 401 even with a fresh token")
+        raise NoticeError(f"GET {self.base}{path}: HTTP 401 even with a fresh token")
 
     def poll(self) -> Notice | None:
         status, body = self._get("/latest/meta-data/spot/instance-action")
@@ -160,14 +160,14 @@ class EC2:
                 action = json.loads(body)
                 deadline = _iso_time(action["time"])
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise BadAnswer(f"spot/instance-action answered {body[:80]!r}") from exc
+                raise NoticeError(f"spot/instance-action answered {body[:80]!r}") from exc
             return Notice(
                 source="ec2",
                 deadline=deadline,
                 detail=f"EC2 Spot interruption: {action.get('action')} at {action['time']}",
             )
         if status != 404:
-            raise BadAnswer(f"spot/instance-action: HTTP {status}")
+            raise NoticeError(f"spot/instance-action: HTTP {status}")
         if not self._warned:
             status, body = self._get("/latest/meta-data/events/recommendations/rebalance")
             if status == 200:
@@ -178,7 +178,7 @@ class EC2:
                     detail=f"EC2 rebalance recommendation {body.strip()[:80]}",
                 )
             if status != 404:
-                raise BadAnswer(f"events/recommendations/rebalance: HTTP {status}")
+                raise NoticeError(f"events/recommendations/rebalance: HTTP {status}")
         return None
 
 
@@ -202,14 +202,14 @@ class Azure:
         headers = self._endpoint.headers({"Metadata": "true"})
         resp = request("GET", self.url, headers=headers, timeout=self.timeout)
         if resp.status != 200:
-            raise BadAnswer(f"GET {self.url}: HTTP {resp.status}")
+            raise NoticeError(f"GET {self.url}: HTTP {resp.status}")
         try:
             events = json.loads(resp.body)["Events"]
             for event in events:
                 if event.get("EventType") in self.STOPS:
                     return self._notice(event)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise BadAnswer(f"scheduledevents answered {resp.body[:80]!r}") from exc
+            raise NoticeError(f"scheduledevents answered {resp.body[:80]!r}") from exc
         return None
 
     def _notice(self, event: dict[str, Any]) -> Notice:
@@ -229,7 +229,7 @@ class Azure:
                 ),
             )
             if resp.status != 200:
-                raise BadAnswer(f"acknowledging event {event_id}: HTTP {resp.status}")
+                raise NoticeError(f"acknowledging event {event_id}: HTTP {resp.status}")
 
         return Notice(
             source="azure",
@@ -260,12 +260,12 @@ class SlurmTimeLimit:
     def end_time(self) -> float | None:
         scontrol = shutil.which("scontrol")
         if scontrol is None:
-            raise BadAnswer("scontrol is not on PATH")
+            raise NoticeError("scontrol is not on PATH")
         out = subprocess.run(
             [scontrol, "show", "job", "-o", self.job_id], capture_output=True, text=True, timeout=10
         )
         if out.returncode != 0:
-            raise BadAnswer(f"scontrol show job {self.job_id}: {out.stderr.strip()[:120]}")
+            raise NoticeError(f"scontrol show job {self.job_id}: {out.stderr.strip()[:120]}")
         fields = dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
         if fields.get("TimeLimit") in (None, "UNLIMITED", "Partition_Limit"):
             return None
@@ -296,7 +296,7 @@ class StopFile:
 
     The file is removed when the notice is taken, so the resumed run does not stop again at
     once. A directory or other non-file there is not a request: refused when the source is
-    made, a BadAnswer when one appears later. When the file cannot be removed (a read-only
+    made, a NoticeError when one appears later. When the file cannot be removed (a read-only
     directory, another user's file in a sticky /tmp), it still stops the run once, and a
     file that was already there, unchanged, when this source was made (the resumed run) is
     ignored until it is touched again: a stop request that cannot be taken away must not
@@ -333,7 +333,7 @@ class StopFile:
         if found is None:
             return None
         if not stat.S_ISREG(found.st_mode):
-            raise BadAnswer(f"{self.display} is {_kind(found)}, not a file: not a stop request")
+            raise NoticeError(f"{self.display} is {_kind(found)}, not a file: not a stop request")
         identity = _identity(found)
         try:
             self.path.unlink()

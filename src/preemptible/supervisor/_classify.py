@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._errors import ConfigError
 from ..stop._termination import signal_exit_code
 from ._record import RunRecord
 
@@ -68,7 +69,7 @@ class Ending:
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.exit_code, self.signal)) + self.lost != 1:
-            raise ValueError("an Ending has exactly one of exit_code, signal, lost")
+            raise ConfigError("an Ending has exactly one of exit_code, signal, lost")
 
     def describe(self) -> str:
         if self.lost:

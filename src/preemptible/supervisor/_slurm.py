@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .._env import env_choice, env_str
-from .._errors import ConfigError
+from .._errors import ConfigError, SlurmError, SlurmUnreachable
 
 logger = logging.getLogger("preemptible")
 
@@ -34,14 +34,6 @@ NEAR = 600.0
 # While the job is allocated, SLURM's end is its EndTime; in any other state it is ending now.
 _ALLOCATED = {"RUNNING", "SUSPENDED", "CONFIGURING", "RESIZING", "SIGNALING"}
 _ID = re.compile(r"^[0-9]{1,18}$")
-
-
-class SlurmError(Exception):
-    """scontrol is missing, failed, or did not answer in time."""
-
-
-class SlurmUnreachable(SlurmError):
-    """scontrol is missing or did not answer: asking again soon would only wait again."""
 
 
 # After a call times out, further calls fail at once for a while: every second spent waiting

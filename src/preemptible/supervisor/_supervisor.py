@@ -54,7 +54,7 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 from .._env import env_str
-from .._errors import ConfigError, PreemptibleError
+from .._errors import ConfigError, PreemptibleError, RunLockedError
 from .._files import open_in_place, write_text_atomic
 from .._run import RECORD_NAME, read_record
 from ..checkpoint._history import tail_lines as _tail
@@ -94,10 +94,6 @@ PASSED_UP = (
     "checkpoint",
     "checkpoint_dir",
 )
-
-
-class RunLockedError(PreemptibleError):
-    """Another live supervisor holds the run (its ``supervisor.lock``)."""
 
 
 def check_run_id(run_id: str, source: str = "--run-id") -> str:

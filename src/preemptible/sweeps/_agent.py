@@ -55,7 +55,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .._errors import ConfigError, PreemptibleError
+from .._errors import (
+    ConfigError,
+    DatabaseGone,
+    LeaseLost,
+    PreemptibleError,
+    RunLockedError,
+    StoreError,
+)
 from .._report import read_summary
 from .._run import read_record
 from ..checkpoint._store import CheckpointStore
@@ -67,10 +74,7 @@ from ._sample import Observation, propose
 from ._spec import SweepSpec, parse_spec
 from ._store import (
     Claim,
-    DatabaseGone,
-    LeaseLost,
     Store,
-    StoreError,
     clean_step,
     open_store,
     printable,
@@ -234,7 +238,7 @@ class Agent:
     def _run(self, claim: Claim) -> int | None:
         """One attempt of ``claim``; the agent's exit code when it must stop, else None."""
         from ..supervisor import Supervisor, SupervisorConfig
-        from ..supervisor._supervisor import RunLockedError, check_run_id
+        from ..supervisor._supervisor import check_run_id
 
         try:  # before anything is made from it: the id names a directory under --home
             check_run_id(claim.run_id, "the sweep database")

@@ -16,11 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._errors import ConfigError
-
-
-class UnreadableField(ConfigError):
-    """A JSON column of the queue holds something that cannot be read back."""
+from .._errors import UnreadableField
 
 
 def _no_constant(name: str) -> Any:

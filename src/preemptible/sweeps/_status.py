@@ -46,14 +46,13 @@ from rich.table import Table
 from rich.text import Text
 
 from .._env import env_float
-from .._errors import ConfigError, PreemptibleError
+from .._errors import ConfigError, PreemptibleError, StoreError
 from ._fields import DECODER, decode_object, field_error
 from ._spec import GOALS
 from ._store import (
     DEFAULT_RETRY_TIMEOUT,
     LEASE_EXPIRED,
     Store,
-    StoreError,
     _metric,
     _Tx,
     open_store,

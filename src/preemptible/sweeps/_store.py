@@ -65,7 +65,8 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 from .._env import env_float, env_str
-from .._errors import ConfigError, PreemptibleError
+from .._errors import ConfigError, LeaseLost, PreemptibleError, StoreError
+from .._errors import DatabaseGone as DatabaseGone  # importable from here, as before
 from ._fields import decode_object, field_error, strict_object
 from ._redact import redact_url, userinfo_problem
 from ._sample import Observation  # what ``propose`` reads: (params, metric, finished)
@@ -94,19 +95,6 @@ MIN_STEP, MAX_STEP = -(2**63), 2**63 - 1  # checkpoint_step: a bigint (SQLite: I
 _MAX_SUMMARY_DEPTH = 32
 _MAX_WARNED = 10_000
 _warned: set[tuple[str, str]] = set()  # (run, metric) whose dropped value was logged
-
-
-class StoreError(PreemptibleError):
-    """The sweep database refused an operation, or stayed unreachable past the retry deadline."""
-
-
-class LeaseLost(PreemptibleError):
-    """This agent no longer holds the run: its lease expired and the run was requeued."""
-
-
-class DatabaseGone(StoreError):
-    """The SQLite file this process opened was deleted or replaced by another file: nothing
-    is recreated, and every process using it stops instead of splitting the queue."""
 
 
 def takeover_margin(lease_seconds: float | None) -> float:
@@ -318,7 +306,7 @@ def _load_queries(kind: str) -> dict[str, str]:
     own = _parse_queries(sql.joinpath(kind).joinpath("queries.sql").read_text(encoding="utf-8"))
     clash = sorted(set(common) & set(own))
     if clash:
-        raise RuntimeError(f"queries {clash} are defined twice for {kind}")
+        raise StoreError(f"queries {clash} are defined twice for {kind}")
     return {**common, **own}
 
 
@@ -928,7 +916,7 @@ class Store:
                 holder=holder,
             )
             if taken != 1:
-                raise RuntimeError(f"run {picked['id']} was picked but could not be taken")
+                raise StoreError(f"run {picked['id']} was picked but could not be taken")
             tx.run("insert_attempt", id=picked["id"])
             return self._claim_from(
                 {

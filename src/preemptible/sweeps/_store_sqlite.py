@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ._store import DatabaseGone
+from .._errors import DatabaseGone
 
 logger = logging.getLogger("preemptible")
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .._errors import ConfigError
 from ._base import BaseTracker, Status
 
 # MLflow knows three terminal statuses; a preemption is closest to KILLED (stopped from
@@ -32,7 +33,7 @@ class MLflowTracker(BaseTracker):
         if run_id is None:
             active = mlflow.active_run()
             if active is None:
-                raise ValueError("no active MLflow run; start one or pass run_id=")
+                raise ConfigError("no active MLflow run; start one or pass run_id=")
             run_id = active.info.run_id
         self.run_id: str = run_id
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .._errors import ConfigError
 from ._base import BaseTracker, Status
 
 # W&B derives the run state from the exit code (0 = finished, else failed) and from
@@ -21,7 +22,7 @@ class WandbTracker(BaseTracker):
         self._wandb = wandb
         found = run if run is not None else wandb.run
         if found is None:
-            raise ValueError("no active W&B run; call wandb.init() or pass run=")
+            raise ConfigError("no active W&B run; call wandb.init() or pass run=")
         self.run: Any = found
         self.artifact_name = artifact_name or f"checkpoint-{self.run.id}"
         self._preempting = False
