@@ -40,15 +40,22 @@ from preemptible.keras import PreemptionCallback  # noqa: E402
 
 backend = keras.backend.backend()
 if backend == "torch":
+    import random
+
     import torch
 
     torch.set_num_threads(1)
+    # keras.utils.set_random_seed(0) without the TensorFlow seed: that import costs each torch
+    # process 3 s of CPU (the README's example, run by its test, calls set_random_seed itself)
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
 else:
     import tensorflow as tf
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
-keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(0)
 
 real_savez = np.savez
 
