@@ -143,3 +143,68 @@ def test_a_torn_newer_checkpoint_is_set_aside_and_one_of_another_model_refused(
     with pytest.raises(CheckpointLoadError, match="model variables, this model has"):
         other.fit(X, Y, batch_size=8, callbacks=[PreemptionCallback(tmp_path)], verbose=0)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+class SignalAt(keras.callbacks.Callback):
+    """Sends SIGTERM to this process as training batch ``batch`` of ``epoch`` begins (None:
+    the epoch's first validation batch)."""
+
+    def __init__(self, epoch: int, batch: int | None) -> None:
+        super().__init__()
+        self.epoch, self.batch = epoch, batch
+        self.current = -1
+        self.sent = False
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.current = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self.batch == batch:
+            self._send()
+
+    def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self.batch is None:
+            self._send()
+
+    def _send(self) -> None:
+        if self.current == self.epoch and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def values(model: Any) -> list[Any]:
+    return [keras.ops.convert_to_numpy(v) for v in [*model.variables, *model.optimizer.variables]]
+
+
+@pytest.mark.parametrize(
+    ("batch", "saved"),
+    [(1, "keras-5.npz"), (None, "keras-6.npz")],  # mid-epoch; in validation: the epoch's end
+    ids=["mid-epoch", "validation"],
+)
+def test_a_stop_in_process_resumes_exactly(batch: int | None, saved: str, tmp_path: Path) -> None:
+    """The stop's exit_fn returns (fit() then ends), the fit is run again with a new model:
+    its variables end equal to an uninterrupted fit's. Epoch 1 has 3 batches."""
+    from preemptible.frontend import TerminationConfig
+
+    fit = dict(x=X, y=Y, batch_size=8, epochs=3, shuffle=True, verbose=0)
+    fit["validation_data"] = (X[:16], Y[:16])
+    fit["validation_batch_size"] = 4
+    reference = tiny()
+    reference.fit(**fit)
+
+    codes: list[int] = []  # an exit_fn that returns: fit() ends after the stop
+    config = TerminationConfig(termination_watcher_fn=lambda: False, exit_fn=codes.append)
+    stopped = tiny()
+    watcher = SignalAt(epoch=1, batch=batch)
+    cb = PreemptionCallback(tmp_path, termination_config=config)
+    stopped.fit(**fit, callbacks=[watcher, cb])
+    assert codes == [143]
+    assert [p.name for p in tmp_path.glob("keras-*.npz")] == [saved]
+
+    resumed = tiny()
+    cb = PreemptionCallback(tmp_path, termination_config=config)
+    resumed.fit(**fit, callbacks=[cb])
+    assert cb.resume_path == tmp_path / saved and codes == [143]
+    assert all(
+        np.array_equal(a, b) for a, b in zip(values(reference), values(resumed), strict=True)
+    )
