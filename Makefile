@@ -9,11 +9,12 @@ STAMP := $(VENV)/.installed
 venv: $(STAMP)
 
 # torch goes in first and alone: pip takes 2.13.0 from the machine's local CPU wheel, and
-# nothing installed after it can then pull a multi-GB CUDA build.
+# nothing installed after it can then pull a multi-GB CUDA build. tensorflow-cpu is the Keras
+# tests' second backend (KERAS_BACKEND=tensorflow), not a dependency of preemptible.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,torch,lightning,mlflow,wandb,postgres,bayes,plot,transformers]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,torch,lightning,mlflow,wandb,postgres,bayes,plot,transformers,keras]' tensorflow-cpu
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -11,7 +11,8 @@ python    run it (the venv's python, a tmp working directory) after ``setup=NAME
           in tests/readme/ that defines the names the block uses but does not define:
           ``plain`` (default: model, opt, state, train_step, total_steps, batch, train_batch,
           validate, ...), ``lightning`` (a LightningModule model, train_loader, val_loader,
-          an active MLflow run), ``bare`` (nothing). ``exit=N`` (default 0).
+          an active MLflow run), ``keras`` (``make_model()``, ``x``, ``y``: a Keras model on
+          the torch backend), ``bare`` (nothing). ``exit=N`` (default 0).
 loop      a training loop: run it uninterrupted, and again with a SIGTERM once the setup
           printed step ``at=N`` (default 13); that run must exit with the setup's stop code
           (``exit=`` overrides) leaving a checkpoint, and the same program run once more must
@@ -79,6 +80,11 @@ class Setup:
 SETUPS = {
     "plain": Setup("plain", resumed="preemptible: resumed from ckpt/step-{step:010d}"),
     "lightning": Setup("lightning_fit", stop_exit=143, checkpoint="ckpt/resume.ckpt"),
+    "keras": Setup(
+        "keras_model",
+        checkpoint="ckpt/keras-*.npz",
+        resumed="preemptible: resumed from ckpt/keras-{step}.npz at step {step}",
+    ),
     "bare": Setup("bare"),  # nothing defined: for blocks that need no names
 }
 

@@ -3,7 +3,7 @@
 The stop path is stacked: base modules < stop (latch, termination, controller) < notices,
 trackers and the data sampler < checkpoint (store, state, savers) < distributed (group,
 agreement, sharded) < the front-end kit (``preemptible.frontend``) < front ends (the handler,
-Lightning, the next ones).
+Lightning, Keras, the next ones).
 A module imports only its own layer's package or lower ones, and a front end only the kit's
 public names (and the trackers'): what a new front end needs, the kit must offer.
 """
@@ -37,8 +37,9 @@ LAYERS = {
     "_handler": 6,
     "lightning": 6,
     "transformers": 6,
+    "keras": 6,
 }
-FRONT_ENDS = ("_handler", "lightning", "transformers")
+FRONT_ENDS = ("_handler", "lightning", "transformers", "keras")
 
 
 def module_name(path: Path) -> str:
