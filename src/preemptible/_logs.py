@@ -47,8 +47,9 @@ if not any(isinstance(f, _RankFilter) for f in logger.filters):
 
 
 def announce(message: str, *args: Any) -> None:
-    """An INFO line a person must see even when the program configured no logging."""
-    if logger.hasHandlers():
+    """An INFO line a person must see even when the program's logging would not show it (no
+    handler, or a level above INFO: ``logging.basicConfig()`` alone leaves WARNING)."""
+    if logger.hasHandlers() and logger.isEnabledFor(logging.INFO):
         logger.info(message, *args)
     else:
         record = logging.LogRecord("preemptible", logging.INFO, "", 0, message, args, None)

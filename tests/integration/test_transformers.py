@@ -144,6 +144,26 @@ def test_kill_during_a_save_then_a_second_signal_keep_the_committed_checkpoint(
     assert same_weights(reference, out / "w.pt")
 
 
+def test_a_signal_during_a_periodic_save_stops_at_that_step(tmp_path: Path, spawn) -> None:
+    """The Trainer's own checkpoint-8 is being written when SIGTERM comes: once it is committed
+    it is the stop's checkpoint; no step more is trained, nothing is saved twice. Run again
+    without a resume, the run says that it starts from 0 beside a checkpoint."""
+    out = tmp_path / "out"
+    slow = ("--save-steps", "4", "--slow-at", "8", "--slow-seconds", "1")
+    child = spawn(hf_args(out, *slow))
+    child.wait_line(lambda line: line == "saving step 8", timeout=120)
+    child.signal(signal.SIGTERM)
+    assert child.wait(60) == 143, child.output
+    assert "step 9" not in child.lines, child.output
+    assert any("stopped at step 8 on SIGTERM" in line for line in child.lines), child.output
+    assert checkpoints(out) == ["checkpoint-4", "checkpoint-8"] and temporaries(out) == []
+    fresh = spawn(hf_args(out, "--steps", "1"))
+    assert fresh.wait(120) == 0, fresh.output
+    assert any(
+        "training starts at step 0" in line and "checkpoint-8" in line for line in fresh.lines
+    ), fresh.output
+
+
 WINDOW = 6.0  # seconds of notice the fake GCE gives
 
 

@@ -63,15 +63,16 @@ class Steps(TrainerCallback):
 
 class SlowSave(Trainer):
     """``--slow-at N``: a save of step N or later says ``saving step N`` on stdout halfway (the
-    model and optimizer written, the RNG states not yet), then takes a minute more."""
+    model and optimizer written, the RNG states not yet), then takes ``--slow-seconds`` more."""
 
     slow_at = -1
+    slow_seconds = 60.0
 
     def _save_rng_state(self, output_dir):  # type: ignore[no-untyped-def]
         if 0 <= self.slow_at <= self.state.global_step:
             sys.stdout.write(f"saving step {self.state.global_step}\n")
             sys.stdout.flush()
-            time.sleep(60)
+            time.sleep(self.slow_seconds)
         super()._save_rng_state(output_dir)
 
 
@@ -84,6 +85,7 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--slow-at", type=int, default=-1)
+    p.add_argument("--slow-seconds", type=float, default=60.0)
     p.add_argument("--report", default="none", help="report_to: none, mlflow or wandb")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--weights")
@@ -128,7 +130,7 @@ def main() -> int:
 
         preemption = PreemptionCallback(exit=not a.returns)
         callbacks.append(preemption)
-    SlowSave.slow_at = a.slow_at
+    SlowSave.slow_at, SlowSave.slow_seconds = a.slow_at, a.slow_seconds
     trainer = SlowSave(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
     resume = get_last_checkpoint(a.out) if a.resume and os.path.isdir(a.out) else None
     trainer.train(resume_from_checkpoint=resume)

@@ -272,12 +272,6 @@ class StopSession:
         Under torch.distributed a notice is acted on at the last safe step, with no insurance."""
         return self._poll(step, position, context, insurance=True)
 
-    @property
-    def end_save_due(self) -> bool:
-        """``finished()`` here would commit the end (the run resumed or saved before)."""
-        started = self.saves.started
-        return started is not None and started < self._at
-
     def _poll(self, step: int | None, pos: int | None, ctx: Any, *, insurance: bool) -> Decision:
         at = self._where(step, pos)
         if at != self._boundary:
@@ -336,16 +330,18 @@ class StopSession:
         position: int | None = None,
         context: Any = None,
         tell_tracker: bool = True,
+        commit: bool = True,
     ) -> None:
         """Training ended without a stop: record it, tell the tracker (``tell_tracker=False``:
         the program goes on with the tracker's run). When this run resumed or saved before its
         end, the end is committed too, so that running the same command again trains nothing
-        (collective under torch.distributed)."""
+        (collective under torch.distributed); ``commit=False``: the framework saves by itself
+        (``StagedSaver``), its own checkpoints are what a rerun resumes."""
         pos = self._where(step, position)
         if self.stopped:
             return
         started, resumed_at = self.saves.started, self.saves.resumed_at
-        if started is not None and started < pos:
+        if commit and started is not None and started < pos:
             self._save(context)
         elif resumed_at is not None and pos == resumed_at:
             announce(

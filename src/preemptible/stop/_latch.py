@@ -282,7 +282,7 @@ class SignalLatch:
             return  # the same stop delivered twice; logged by log_pending()
         _raw_stderr(
             f"{prefix()}received {signal_name(signum)} again; exiting now without saving "
-            "(the previous checkpoint stays valid)\n"
+            "(the checkpoints committed before stay as they are)\n"
         )
         os._exit(1)
 

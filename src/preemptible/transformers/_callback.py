@@ -144,18 +144,30 @@ class PreemptionCallback(TrainerCallback):
             session.note_saved(
                 found if found.is_dir() else found.parent, step=state.global_step, resumed=True
             )
+            if state.max_steps and state.global_step >= state.max_steps:
+                logger.warning(
+                    "preemptible: %s is of a finished run (step %d of %d); the Trainer trains "
+                    "one step past it when resumed: load the model from it instead",
+                    found.name,
+                    state.global_step,
+                    state.max_steps,
+                )
+        elif newest := _newest_checkpoint(saver):
+            logger.warning(
+                "preemptible: training starts at step 0, but %s holds %s: to go on from it, "
+                "pass resume_from_checkpoint=get_last_checkpoint(output_dir) to train()",
+                args.output_dir,
+                newest,
+            )
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._unstage(args)  # a save that was possible (the best one) and did not come
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         session = self.session
-        if session is None:
+        if session is None or session.stopped:
             return
-        if not self._ask(session.decide(step=state.global_step), state, control) and (
-            control.should_training_stop and session.end_save_due
-        ):
-            control.should_save = True  # the end, so that running it again trains nothing
+        self._ask(session.decide(step=state.global_step), state, control)
         self._stage_if_saving(args, state, control)
 
     def _ask(self, decision: Decision, state: Any, control: Any) -> bool:
@@ -173,7 +185,7 @@ class PreemptionCallback(TrainerCallback):
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         session = self.session
-        if session is None:
+        if session is None or session.stopped:
             return
         if self._stopping:
             # the stop's checkpoint is committed: no second save or evaluation of this step
@@ -190,7 +202,7 @@ class PreemptionCallback(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         session, staged = self.session, self._staged
-        if session is None:
+        if session is None or session.stopped:
             return
         self._unstage(args, discard=False)
         if staged is None or staged.step != state.global_step:
@@ -220,8 +232,12 @@ class PreemptionCallback(TrainerCallback):
                 best_model_checkpoint=state.best_model_checkpoint,
                 use_mtime=False,
             )
-        if self._stop_on_save:  # decided at the epoch's end: nothing of training is left
+        if not self._stopping and session.decide(step=state.global_step) is Decision.STOP:
+            self._stop_on_save = True  # it came during this save, which is the stop's then
+        if self._stop_on_save:  # nothing of training is left to finish first
             self._stop_on_save = self._stopping = False
+            control.should_save = control.should_evaluate = False
+            control.should_training_stop = True  # exit=False: train() returns
             session.stop(step=state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -233,7 +249,10 @@ class PreemptionCallback(TrainerCallback):
             if not session.stopped:
                 # the Trainer's integrations finished their runs already; a tracker of one's
                 # own is told here
-                session.finished(step=state.global_step, tell_tracker=not self._auto_tracker)
+                # the Trainer's own checkpoints are what a rerun resumes: no end save of ours
+                session.finished(
+                    step=state.global_step, tell_tracker=not self._auto_tracker, commit=False
+                )
         finally:
             session.close()
 
@@ -268,6 +287,12 @@ class PreemptionCallback(TrainerCallback):
         if session is not None:
             first = session.controller.requests.first_stop()
             self.stopped = first
+
+
+def _newest_checkpoint(saver: StagedSaver) -> str | None:
+    """The name of the highest-numbered committed ``checkpoint-N`` (as the Trainer finds it)."""
+    found = saver.store.committed(saver.pattern)
+    return max(found, key=lambda c: c.step).path.name if found else None
 
 
 def _repoint(written: Path, final: Path, args: Any, state: Any) -> None:
