@@ -247,9 +247,8 @@ class PreemptionCallback(TrainerCallback):
         self._unstage(args)
         try:
             if not session.stopped:
-                # the Trainer's integrations finished their runs already; a tracker of one's
-                # own is told here
-                # the Trainer's own checkpoints are what a rerun resumes: no end save of ours
+                # the Trainer's integrations finished their runs already (a tracker of one's
+                # own is told here); its own checkpoints are what a rerun resumes: no end save
                 session.finished(
                     step=state.global_step, tell_tracker=not self._auto_tracker, commit=False
                 )
