@@ -46,7 +46,13 @@ from ..distributed._staged import StagedSaver
 from ..stop._controller import Decision
 from ..stop._latch import DEFAULT_SIGNALS, SignalLatch, normalize_signals, signal_name
 from ..stop._termination import Durations, Notice, TerminationConfig
-from ._config import checkpoint_directory, is_rank_zero, termination_config_of
+from ._config import (
+    checkpoint_directory,
+    exit_code_of,
+    is_rank_zero,
+    saving_config,
+    termination_config_of,
+)
 from ._periodic import Periodic
 from ._phase import Phase
 from ._session import StopSession
@@ -82,9 +88,11 @@ __all__ = [
     "TerminationConfig",
     "capture_rng",
     "checkpoint_directory",
+    "exit_code_of",
     "is_rank_zero",
     "normalize_signals",
     "restore_rng",
+    "saving_config",
     "signal_name",
     "termination_config_of",
 ]

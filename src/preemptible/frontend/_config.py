@@ -30,6 +30,23 @@ def termination_config_of(config: TerminationConfig | None) -> TerminationConfig
     return config
 
 
+def saving_config(config: TerminationConfig | None, front_end: str) -> TerminationConfig:
+    """``termination_config_of`` for a front end whose framework writes the checkpoint itself:
+    a ``save_fn`` would never be called, so it is refused (``front_end`` names who saves)."""
+    config = termination_config_of(config)
+    if config.save_fn is not None:
+        raise ConfigError(f"termination_config.save_fn is not used by {front_end}; leave it None")
+    return config
+
+
+def exit_code_of(code: int | None) -> int | None:
+    """A front end's fixed exit code for every stop, checked (None: 128 + signum)."""
+    whole = isinstance(code, int) and not isinstance(code, bool)
+    if code is not None and not (whole and 0 <= code <= 255):
+        raise ConfigError(f"exit_code={code!r} is not valid; use None (128 + signum) or 0-255")
+    return code
+
+
 def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path:
     """The front end's own directory, else the supervisor's (``PREEMPTIBLE_CHECKPOINT_DIR``);
     warn once when they differ."""

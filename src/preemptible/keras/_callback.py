@@ -22,7 +22,7 @@ from ..frontend import (
     TerminationConfig,
     checkpoint_directory,
     normalize_signals,
-    termination_config_of,
+    saving_config,
 )
 from ..trackers import Tracker
 from ._state import (
@@ -96,13 +96,10 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
         tracker: Tracker | None = None,
     ) -> None:
         super().__init__()
-        config = termination_config_of(termination_config)
-        if config.save_fn is not None:
-            raise ConfigError(
-                "termination_config.save_fn is not used by the Keras PreemptionCallback (it "
-                "saves the model, optimizer and random states itself); leave it None"
-            )
-        self.termination_config = config
+        self.termination_config = saving_config(
+            termination_config,
+            "the Keras PreemptionCallback (it saves the model, optimizer and random states itself)",
+        )
         self.signals = normalize_signals(signals)
         self.store = CheckpointStore(checkpoint_directory(checkpoint_dir), keep=keep)
         self.periodic = None

@@ -13,14 +13,14 @@ import lightning.pytorch as pl
 
 from ..frontend import (
     CheckpointStore,
-    ConfigError,
     NamedSaver,
     Phase,
     StopSession,
     TerminationConfig,
     capture_rng,
+    exit_code_of,
     normalize_signals,
-    termination_config_of,
+    saving_config,
 )
 from ..trackers import Tracker
 from ._resume import ExactResume, run_validation, validation_due
@@ -104,21 +104,12 @@ class GracefulInterruptCallback(pl.Callback):
         super().__init__()
         self.save_dir = Path(save_dir)
         self.tracker = tracker
-        whole = isinstance(exit_code, int) and not isinstance(exit_code, bool)
-        if exit_code is not None and not (whole and 0 <= exit_code < 256):
-            raise ConfigError(
-                f"exit_code={exit_code!r} is not valid; use None (128 + signum) or 0-255"
-            )
-        self.exit_code = exit_code
+        self.exit_code = exit_code_of(exit_code)
         # None: the same set as PreemptionCheckpointHandler (INT, TERM, HUP, USR1, USR2)
         self.signals = normalize_signals(signals or None)
-        config = termination_config_of(termination_config)
-        if config.save_fn is not None:
-            raise ConfigError(
-                "termination_config.save_fn is not used by GracefulInterruptCallback (Lightning "
-                "saves resume.ckpt itself); leave it None"
-            )
-        self.termination_config = config
+        self.termination_config = saving_config(
+            termination_config, "GracefulInterruptCallback (Lightning saves resume.ckpt itself)"
+        )
         self.trainer: pl.Trainer | None = None
         self._creator = os.getpid()
         self._session: StopSession | None = None

@@ -40,8 +40,9 @@ from ..frontend import (
     StagedSaver,
     StopSession,
     TerminationConfig,
+    exit_code_of,
     normalize_signals,
-    termination_config_of,
+    saving_config,
 )
 from ..trackers import Tracker, TrackerGroup
 
@@ -86,7 +87,7 @@ class PreemptionCallback(TrainerCallback):
         exit: bool = True,
         exit_code: int | None = None,
     ) -> None:
-        config = termination_config_of(termination_config)
+        config = saving_config(termination_config, "PreemptionCallback (the Trainer saves)")
         self.signals = normalize_signals(signals)
         if not (tracker is None or tracker == "auto" or isinstance(tracker, Tracker)):
             raise ConfigError(
@@ -94,12 +95,9 @@ class PreemptionCallback(TrainerCallback):
             )
         if not isinstance(exit, bool):
             raise ConfigError(f"exit={exit!r} is not valid; use True or False")
-        code_ok = isinstance(exit_code, int) and not isinstance(exit_code, bool)
-        if exit_code is not None and not (code_ok and 0 <= exit_code <= 255):
-            raise ConfigError(f"exit_code={exit_code!r} is not valid; use an integer 0-255 or None")
         self.exit = exit
         self.tracker = tracker
-        self.fixed_code = exit_code
+        self.fixed_code = exit_code_of(exit_code)
         self.exit_code: int | None = None  # the code the stop exits (or would exit) with
         self.stopped: Notice | None = None  # what stopped training (exit=False: read it)
         self.checkpoint: Path | None = None  # the newest committed checkpoint-N
