@@ -63,10 +63,6 @@ class StagedSaver(BaseSaver):
         step, parent = self._staged
         return parent / self.name(step)
 
-    @property
-    def staged_step(self) -> int | None:
-        return None if self._staged is None else self._staged[0]
-
     def stage(self, step: int) -> Path:
         """A temporary parent directory for the framework's save of ``step`` (the same on
         every rank: call it on every rank at the same boundary)."""

@@ -95,7 +95,6 @@ class PreemptionCallback(TrainerCallback):
             )
         if not isinstance(exit, bool):
             raise ConfigError(f"exit={exit!r} is not valid; use True or False")
-        self.exit = exit
         self.tracker = tracker
         self.fixed_code = exit_code_of(exit_code)
         self.exit_code: int | None = None  # the code the stop exits (or would exit) with
