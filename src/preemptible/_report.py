@@ -25,11 +25,11 @@ from typing import Any
 
 from ._errors import ConfigError
 from ._files import write_text_atomic
-from ._run import current_run, read_json_object
+from ._paths import SUMMARY_NAME, read_json_object
+from ._run import current_run
 
 logger = logging.getLogger("preemptible")
 
-SUMMARY_NAME = "summary.json"
 WRITE_EVERY = 1.0
 """Seconds between two writes of summary.json (the last values are written at exit too)."""
 MAX_KEY = 200

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -23,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from ._files import write_text_atomic
+from ._paths import RECORD_NAME, read_json_object
 
 logger = logging.getLogger("preemptible")
 
-RECORD_NAME = "record.json"
 MAX_RECORD_BYTES = 1 << 20
 _warned = False
 _updating = threading.Lock()  # a read-merge-write: two threads (a watcher's) must not interleave
@@ -69,20 +68,6 @@ def read_record(run_dir: Path) -> dict[str, Any]:
     """The record as written, or {} when it is missing or unreadable. The values are whatever
     the child wrote: a reader that acts on them checks their types."""
     return read_json_object(run_dir / RECORD_NAME, MAX_RECORD_BYTES)
-
-
-def read_json_object(path: Path, max_bytes: int) -> dict[str, Any]:
-    """A JSON object written by an attempt, or {} when it is missing, unreadable, not an
-    object, or not a regular file (non-blocking: a FIFO planted there must not hang)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return {}
-            data = json.loads(fh.read(max_bytes + 1)[:max_bytes])
-    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or bad UTF-8
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def update_record(**fields: Any) -> Path | None:

@@ -11,10 +11,11 @@ import pytest
 
 from preemptible import TerminationConfig
 from preemptible._errors import ConfigError
+from preemptible._paths import JOURNAL_NAME
 from preemptible._run import RECORD_NAME, read_record, update_record
 from preemptible.stop._termination import exit_process
 from preemptible.supervisor import Supervisor, SupervisorConfig
-from preemptible.supervisor._supervisor import JOURNAL_NAME, exit_seconds, measured_exits
+from preemptible.supervisor._journal import exit_seconds, measured_exits
 
 
 def test_the_record_times_the_final_commit_and_keeps_the_newest(

@@ -26,6 +26,7 @@ LAYERS = {
     "_env": 0,
     "_files": 0,
     "_logs": 0,
+    "_paths": 0,
     "_run": 0,
     "stop": 1,
     "notices": 2,

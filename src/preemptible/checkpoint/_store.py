@@ -42,6 +42,7 @@ from .._files import (
     pid_alive,
     remove_path,
 )
+from .._paths import MAX_STEP
 
 logger = logging.getLogger("preemptible")
 
@@ -55,8 +56,6 @@ _TEMP = re.compile(r"^\.tmp-step-(\d+)\.ckpt\.(?:([A-Za-z0-9-]+)\.)?(\d+)\.[0-9a
 _NAMED_TEMP = re.compile(r"^\.tmp-(.+)\.([A-Za-z0-9-]+)\.(\d+)\.[0-9a-f]{8}$")
 _OLD = re.compile(r"^\.old-(.+)\.[0-9a-f]+$")
 
-MAX_STEP = 2**63 - 1
-"""The largest step a checkpoint name may carry (what databases and trackers store)."""
 LOCK_NAME = ".preemptible.lock"
 """The advisory lock file of ``CheckpointStore.lock()``; it never looks like a checkpoint."""
 
@@ -115,7 +114,12 @@ def _describe_holder(fd: int) -> str:
 class CheckpointStore:
     """Committed checkpoints in one directory, newest (highest step) first."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, keep: int = 2) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, keep: int = 2, create: bool = True
+    ) -> None:
+        """``create=False``: for a reader (a supervisor's resume lookup, ``preemptible
+        runs``), which must not leave behind a directory it looked into; a missing one has no
+        checkpoints."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"keep={keep!r} is not valid; use an integer >= 1")
         self.directory = Path(directory)
@@ -123,8 +127,11 @@ class CheckpointStore:
         self._lock_fd: int | None = None
         self._lock_key: tuple[int, int] | None = None
         self._warned_foreign: set[str] = set()
+        if not create and not os.path.lexists(self.directory):
+            return
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            if create:
+                self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CheckpointSaveError(
                 f"checkpoint directory {self.directory} cannot be created: {exc.strerror or exc}",

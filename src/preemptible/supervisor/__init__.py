@@ -1,17 +1,13 @@
 """The supervisor behind ``preemptible run``."""
 
 from ._classify import Ending, RunState, classify, exit_code_for
+from ._config import SupervisorConfig
+from ._deadlines import term_timeout
+from ._journal import Attempt, Received
+from ._policy import RestartPolicy
 from ._record import RunRecord, load_record
-from ._supervisor import (
-    Attempt,
-    Received,
-    RestartPolicy,
-    Supervisor,
-    SupervisorConfig,
-    check_run_id,
-    default_run_id,
-    term_timeout,
-)
+from ._runid import check_run_id, default_run_id
+from ._supervisor import Supervisor
 
 __all__ = [
     "Attempt",

@@ -12,12 +12,12 @@ a failed attempt into exit 0 (classification only lets an exit status of 0 finis
 from __future__ import annotations
 
 import math
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._run import RECORD_NAME, read_record
+from .._paths import MAX_STEP
+from .._run import read_record
 
 STATES = ("stopping", "stopped", "save_failed", "finished")
 MAX_SIGNUM = 64  # Linux's highest real-time signal
@@ -53,22 +53,17 @@ class RunRecord:
             preempting_at=_time(data.get("preempting_at")),
             stopped_at=_time(data.get("stopped_at")),
             signum=_int(data.get("signum"), 1, MAX_SIGNUM),
-            step=_int(data.get("step"), 0, 2**63 - 1),
+            step=_int(data.get("step"), 0, MAX_STEP),
             checkpoint=_text(data.get("checkpoint")),
             checkpoint_dir=_text(data.get("checkpoint_dir")),
             resume_from=_text(data.get("resume_from")),
-            resume_step=_int(data.get("resume_step"), 0, 2**63 - 1),
+            resume_step=_int(data.get("resume_step"), 0, MAX_STEP),
         )
 
 
 def load_record(attempt_dir: Path) -> RunRecord:
     """The checked record of an attempt; empty when there is none or it is not a plain file
     (a FIFO would block the reader, a device could be endless)."""
-    try:
-        if not stat.S_ISREG((attempt_dir / RECORD_NAME).stat().st_mode):
-            return RunRecord()
-    except (OSError, ValueError):
-        return RunRecord()
     return RunRecord.from_json(read_record(attempt_dir))
 
 

@@ -11,23 +11,20 @@ Every file is read non-blocking, bounded and checked, as all inputs written by j
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Any
 
+from .._errors import PreemptibleError
 from .._files import held_flocks
-from .._run import read_json_object
-from ..checkpoint._history import tail_lines as _tail
-from ..checkpoint._store import MAX_STEP
+from .._paths import RunPaths, read_journal, read_json_object
+from ..checkpoint._store import _FINAL as STEP_NAME
+from ..checkpoint._store import CheckpointStore
 from ._classify import RunState
+from ._journal import JOURNAL_TAIL_BYTES
 from ._record import _int, _time, load_record
-from ._supervisor import JOURNAL_NAME, JOURNAL_TAIL_BYTES, LOCK_NAME
 
-_STEP_NAME = re.compile(r"^step-(\d{1,19})\.ckpt$")
-_ATTEMPT_DIR = re.compile(r"^attempt-([0-9]{1,9})$")
 _MAX_RUNS = 10_000
 _STATES = {str(s) for s in RunState}
 
@@ -45,11 +42,11 @@ def list_runs(home: Path) -> list[dict[str, Any]]:
 
 
 def _row(run_dir: Path, held: set[tuple[int, int, int]]) -> dict[str, Any]:
-    journal = [_entry(line) for line in _tail(run_dir / JOURNAL_NAME, JOURNAL_TAIL_BYTES)]
-    attempts = [a for a in journal if a]
+    run = RunPaths(run_dir)
+    attempts = [a for a in read_journal(run.journal, JOURNAL_TAIL_BYTES) if a]
     last = attempts[-1] if attempts else {}
-    beat = read_json_object(run_dir / "heartbeat.json", 1 << 14)
-    running = _is_held(run_dir / LOCK_NAME, held)
+    beat = read_json_object(run.heartbeat, 1 << 14)
+    running = _is_held(run.lock, held)
     state = last.get("state") if last.get("state") in _STATES else None
     if running:
         state = "RUNNING"
@@ -59,58 +56,40 @@ def _row(run_dir: Path, held: set[tuple[int, int, int]]) -> dict[str, Any]:
     return {
         "run_id": run_dir.name,
         "state": state or "UNKNOWN",
-        "attempts": max([n for n in numbers if n is not None] + [_attempt_dirs(run_dir)]),
+        "attempts": max([n for n in numbers if n is not None] + [run.newest_attempt()]),
         "exit_code": _int(last.get("exit_code"), -(2**31), 2**31),
         "ending": last.get("ending") if isinstance(last.get("ending"), str) else None,
         "updated_at": max(
             (t for t in (_time(last.get("ended_at")), _time(beat.get("at"))) if t is not None),
             default=None,
         ),
-        "checkpoint": _newest_checkpoint(run_dir),
+        "checkpoint": _newest_checkpoint(run),
     }
 
 
-def _entry(line: str) -> dict[str, Any]:
-    try:
-        data = json.loads(line)
-    except (ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _attempt_dirs(run_dir: Path) -> int:
-    try:
-        names = [e.name for e in os.scandir(run_dir)]
-    except OSError:
-        return 0
-    return max((int(m.group(1)) for n in names if (m := _ATTEMPT_DIR.match(n))), default=0)
-
-
-def _newest_checkpoint(run_dir: Path) -> str | None:
+def _newest_checkpoint(run: RunPaths) -> str | None:
     """The newest ``step-N.ckpt`` where the run's attempts said they save (their record),
     else in the run's own checkpoint directory; or the checkpoint of another name the newest
-    attempt's record says it committed."""
-    places = [run_dir / "checkpoints"]
-    newest = _attempt_dirs(run_dir)
+    attempt's record says it committed. Looked up, never created."""
+    places = [run.checkpoints]
+    newest = run.newest_attempt()
     named: Path | None = None  # the newest checkpoint of any name its record gives
     if newest:
-        record = load_record(run_dir / f"attempt-{newest}")
+        record = load_record(run.attempt(newest))
         where = record.checkpoint_dir
         if where is not None and os.path.isabs(where):
             places.insert(0, Path(where))
             if record.resume_from is not None and Path(record.resume_from).parent == Path(where):
                 named = Path(record.resume_from)
-    if named is not None and not _STEP_NAME.match(named.name) and os.path.lexists(named):
+    if named is not None and not STEP_NAME.match(named.name) and os.path.lexists(named):
         return str(named)  # a framework's own name (Lightning's resume.ckpt)
     for place in places:
         try:
-            names = [e.name for e in os.scandir(place)]
-        except OSError:
+            latest = CheckpointStore(place, create=False).latest()
+        except (OSError, PreemptibleError):
             continue
-        steps = [int(m.group(1)) for n in names if (m := _STEP_NAME.match(n))]
-        steps = [s for s in steps if s <= MAX_STEP]
-        if steps:
-            return str(place / f"step-{max(steps):010d}.ckpt")
+        if latest is not None:
+            return str(latest.path)
     return None
 
 

@@ -238,7 +238,7 @@ class Agent:
     def _run(self, claim: Claim) -> int | None:
         """One attempt of ``claim``; the agent's exit code when it must stop, else None."""
         from ..supervisor import Supervisor, SupervisorConfig
-        from ..supervisor._supervisor import check_run_id
+        from ..supervisor._runid import check_run_id
 
         try:  # before anything is made from it: the id names a directory under --home
             check_run_id(claim.run_id, "the sweep database")
@@ -638,7 +638,7 @@ def _newest_step(directory: Path) -> int | None:
     """The step of the run's newest checkpoint; None if there is none, it cannot be read, or
     its step does not fit the queue's 64-bit column (a hand-made file name, say)."""
     try:
-        newest = CheckpointStore(directory).latest()
+        newest = CheckpointStore(directory, create=False).latest()
     except (OSError, ValueError, OverflowError):
         return None
     if newest is None:

@@ -19,12 +19,12 @@ from pathlib import Path
 
 from .._errors import ConfigError
 from .._files import held_flocks
+from .._paths import LOCK_NAME as SUPERVISOR_LOCK
 from ..checkpoint._store import LOCK_NAME as CHECKPOINT_LOCK
 from ..notices._lease import boot_id
 from ..supervisor._record import load_record
+from ..supervisor._runid import check_run_id
 from ..supervisor._runs import _is_held
-from ..supervisor._supervisor import LOCK_NAME as SUPERVISOR_LOCK
-from ..supervisor._supervisor import check_run_id
 
 logger = logging.getLogger("preemptible")
 

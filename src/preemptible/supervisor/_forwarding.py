@@ -1,0 +1,139 @@
+"""How a supervisor passes the stop signals it receives on to the job's process group.
+
+INT, TERM, HUP, USR1 and USR2 are passed on to the whole group of the running attempt's job
+(a trainer under ``bash -c`` or torchrun too). The same signal again within
+``DUPLICATE_WINDOW`` (0.5 s) of the last one passed on is the same stop delivered twice (a
+process tree signalled as a whole, two quick SIGTERMs from an orchestrator): it is recorded,
+not passed on. A signal that arrives while no attempt is running is passed on once the next
+one has started. The handler only records and calls ``killpg``; logging happens later, in
+the supervisor's loop (``log_since``), which a wakeup fd wakes on every signal, SIGCHLD too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import signal
+import time
+from types import FrameType
+from typing import Any
+
+from ..stop._latch import DUPLICATE_WINDOW, KEEP_IGNORED, signal_name
+from ._config import MAX_RESTART_DELAY
+from ._journal import Received
+from ._process import ProcessGroup
+
+logger = logging.getLogger("preemptible")
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class Forwarder:
+    """The signals a supervisor received (``signals``), passed on to ``group`` while an
+    attempt runs; ``forward=False`` records them only (``--no-forward-signals``)."""
+
+    def __init__(self, *, forward: bool) -> None:
+        self.forward = forward
+        self.signals: list[Received] = []  # received since the supervisor started
+        self.requested: list[Received] = []  # of those, the stops asked for by request()
+        self.group: ProcessGroup | None = None
+        self._pending: list[int] = []
+        self._last_forward: tuple[int, float] | None = None  # (signum, monotonic time)
+        self._logged = 0
+        self._wake_r = self._wake_w = -1
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Bookkeeping and killpg only: this runs between two bytecodes of the main loop.
+        now = time.monotonic()
+        last = self._last_forward
+        duplicate = last is not None and last[0] == signum and now - last[1] <= DUPLICATE_WINDOW
+        forward = self.forward and not duplicate
+        self.signals.append(Received(signum, time.time(), forward))
+        if not forward:
+            return
+        self._last_forward = (signum, now)
+        self._pass_on(signum)
+
+    def _pass_on(self, signum: int) -> None:
+        group = self.group
+        if group is not None:
+            group.signal(signum)  # the whole group: a trainer under bash -c or torchrun too
+        else:
+            self._pending.append(signum)  # the attempt is starting; passed on once it has
+
+    def request(self, signum: int) -> None:
+        """A stop as a received ``signum`` would be, from another thread (listed in
+        ``requested`` too); the wait in ``sleep`` looks again at once."""
+        received = Received(signum, time.time(), True)
+        self.requested.append(received)
+        self.signals.append(received)
+        self._last_forward = (signum, time.monotonic())
+        self._pass_on(signum)
+        with contextlib.suppress(OSError, ValueError):
+            os.write(self._wake_w, b"\0")
+
+    def attach(self, group: ProcessGroup) -> None:
+        """The attempt's group has started: what arrived while it started is passed on now."""
+        self.group = group
+        while self._pending:
+            group.signal(self._pending.pop(0))
+
+    def log_since(self, first: int) -> None:
+        """Log, outside the handler, the signals after the attempt's first one (``first``,
+        an index into ``signals``: it is logged with the escalation)."""
+        while self._logged < len(self.signals):
+            index = self._logged
+            self._logged += 1
+            if index <= first:
+                continue
+            s, before = self.signals[index], self.signals[index - 1]
+            if s.forwarded:
+                logger.warning("preemptible: %s again; passed on to the job", signal_name(s.signum))
+            elif self.forward:
+                logger.info(
+                    "preemptible: %s again %.3f s later: the same stop delivered twice "
+                    "(within %.1f s), not passed on",
+                    signal_name(s.signum),
+                    s.at - before.at,
+                    DUPLICATE_WINDOW,
+                )
+
+    def install(self) -> None:
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+            os.set_inheritable(fd, False)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        for sig in FORWARDED:
+            if sig in KEEP_IGNORED and signal.getsignal(sig) == signal.SIG_IGN:
+                # started under nohup (or as a background job): the hang-up stays ignored,
+                # here and in the job, which inherits the ignored disposition
+                logger.info(
+                    "preemptible: %s ignored since the supervisor started; not passed on",
+                    signal.Signals(sig).name,
+                )
+                continue
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        # SIGCHLD needs a Python handler for the wakeup fd to see it.
+        self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda s, f: None)
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+        self._previous.clear()
+        signal.set_wakeup_fd(-1)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait up to ``seconds``, returning early when any signal (SIGCHLD too) arrives."""
+        if seconds > 0:
+            with contextlib.suppress(InterruptedError):
+                select.select([self._wake_r], [], [], min(seconds, MAX_RESTART_DELAY))
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self._wake_r, 512):
+                pass

@@ -1,0 +1,67 @@
+"""Which checkpoint the next attempt of a run resumes from.
+
+The supervisor looks where the job really saves: its own checkpoint directory, or the one
+the job's record names (its handler may keep a directory of its own); and the newest
+checkpoint there, ``step-N.ckpt``, or one of a framework's own name (Lightning's
+``resume.ckpt``) that the record says is newer. Looking never creates a directory.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .._errors import PreemptibleError
+from ..checkpoint._store import CheckpointStore
+from ._record import RunRecord
+
+logger = logging.getLogger("preemptible")
+
+
+class Resumes:
+    """Where the next attempt resumes from: ``directory`` (where the job saves) and the
+    newest checkpoint of any name a record named there."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._named: tuple[int, Path] | None = None  # (step, path) the record named
+
+    def target(self) -> Path | None:
+        """The checkpoint the next attempt resumes from: the newest ``step-N.ckpt`` of the
+        directory, or the one the job's record names when it is newer (OSError or a
+        PreemptibleError when the directory cannot be read)."""
+        latest = CheckpointStore(self.directory, create=False).latest()
+        named = self._named
+        if named is not None and not (named[1].is_file() or named[1].is_dir()):
+            named = None
+        if named is not None and (latest is None or named[0] > latest.step):
+            return named[1]
+        return None if latest is None else latest.path
+
+    def newest_name(self) -> str:
+        """The checkpoint the next attempt would resume from, for a log line."""
+        try:
+            latest = self.target()
+        except (OSError, PreemptibleError):
+            return "unknown"
+        return "none" if latest is None else latest.name
+
+    def follow(self, record: RunRecord) -> None:
+        """Resume from where the job says it saves (its handler may have a directory of its
+        own), when that is an existing directory; else keep the supervisor's. The newest
+        checkpoint it names counts when it lies in that directory."""
+        if record.resume_from is not None and record.checkpoint_dir is not None:
+            named = Path(record.resume_from)
+            if named.is_absolute() and named.parent == Path(record.checkpoint_dir):
+                self._named = (record.resume_step or 0, named)
+        if record.checkpoint_dir is None:
+            return
+        where = Path(record.checkpoint_dir)
+        if not where.is_absolute() or not where.is_dir():
+            return
+        if where.resolve() == self.directory.resolve():
+            return  # the same directory (--checkpoint-dir ckpt, the job's ckpt/)
+        logger.info(
+            "preemptible: the job keeps its checkpoints in %s, not in %s", where, self.directory
+        )
+        self.directory = where
