@@ -10,6 +10,7 @@ A run of ``preemptible run`` (or of ``preemptible agent``) lives in ``HOME/runs/
     attempt-N/          one per attempt, the attempt's PREEMPTIBLE_RUN_DIR:
         record.json     what the attempt tells its supervisor (``_run.py``)
         summary.json    the values it reported (``_report.py``)
+        lease.json      a sweep run's lease, renewed by the agent (``notices/_lease.py``)
 
 Everything in a run directory is written by a job or a supervisor that may have been killed
 half-way, or by anything else with access: it is read as untrusted input, non-blocking (a
@@ -32,6 +33,7 @@ JOURNAL_NAME = "attempts.jsonl"
 HEARTBEAT_NAME = "heartbeat.json"
 LOCK_NAME = "supervisor.lock"
 PARAMS_NAME = "params.json"
+LEASE_NAME = "lease.json"
 CHECKPOINTS_NAME = "checkpoints"
 ATTEMPT_PREFIX = "attempt-"
 MAX_ATTEMPT_DIGITS = 9
@@ -79,6 +81,9 @@ class RunPaths:
 
     def summary(self, number: int) -> Path:
         return self.attempt(number) / SUMMARY_NAME
+
+    def lease(self, number: int) -> Path:
+        return self.attempt(number) / LEASE_NAME
 
     def attempt_numbers(self, *, directories_only: bool = True) -> list[int]:
         """The numbers of the ``attempt-N`` entries, unsorted; [] when the run directory cannot

@@ -23,10 +23,10 @@ import itertools
 from collections.abc import Iterator
 from typing import TypeVar
 
-import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
 
 from ._errors import ConfigError
+from ._torch import initialized_dist
 
 __all__ = ["ResumableDistributedSampler"]
 
@@ -85,4 +85,4 @@ class ResumableDistributedSampler(DistributedSampler[T_co]):
 
 
 def _in_process_group() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    return initialized_dist() is not None

@@ -28,6 +28,7 @@ LAYERS = {
     "_logs": 0,
     "_paths": 0,
     "_run": 0,
+    "_torch": 0,
     "stop": 1,
     "notices": 2,
     "trackers": 2,

@@ -408,8 +408,8 @@ def test_the_agent_reads_a_step_too_large_as_unknown(
         step = 10**25
 
     class FakeStore:
-        def __init__(self, directory: Path) -> None:
-            pass
+        def __init__(self, directory: Path, *, create: bool = True) -> None:
+            assert not create  # a read: the agent must not create the directory
 
         def latest(self) -> Huge:
             return Huge()

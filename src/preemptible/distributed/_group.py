@@ -19,7 +19,6 @@ import itertools
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 
 from .._env import env_float
 from .._errors import AgreementError, CheckpointSaveError, ConfigError
+from .._torch import initialized_dist
 
 logger = logging.getLogger("preemptible")
 
@@ -59,10 +59,9 @@ def dist_timeout() -> float:
 def process_group() -> tuple[int, int] | None:
     """(rank, world size) of the initialized default group with more than one rank; None when
     not distributed. Never imports torch: no torch, no process group."""
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
+    dist = initialized_dist()
     try:
-        if dist is None or not dist.is_available() or not dist.is_initialized():
+        if dist is None:
             return None
         world = int(dist.get_world_size())
         return (int(dist.get_rank()), world) if world > 1 else None

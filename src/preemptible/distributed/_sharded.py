@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import CheckpointLoadError, ConfigError
+from .._torch import initialized_dist
 from ._group import pack, process_group, torch_module, unpack
 
 logger = logging.getLogger("preemptible")
@@ -149,9 +150,8 @@ class BackgroundShards:
     def __init__(self, timeout: float) -> None:
         self._stager: Any = None  # made at the first save, when the state's devices are known
         self._group = None
-        torch = sys.modules.get("torch")
-        dist = getattr(torch, "distributed", None) if torch is not None else None
-        if dist is not None and dist.is_available() and dist.is_initialized():
+        dist = initialized_dist()
+        if dist is not None:
             self._group = dist.new_group(
                 backend="gloo", timeout=datetime.timedelta(seconds=timeout)
             )

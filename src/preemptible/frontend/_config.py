@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 from .._env import env_str
 from .._errors import ConfigError
+from .._torch import initialized_dist
 from ..stop._termination import TerminationConfig
 
 logger = logging.getLogger("preemptible")
@@ -76,10 +76,9 @@ def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path:
 
 def is_rank_zero() -> bool:
     """Rank 0 of an initialized torch.distributed group, or not distributed at all."""
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
+    dist = initialized_dist()
     try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
+        if dist is not None:
             return int(dist.get_rank()) == 0
     except Exception:  # pragma: no cover - a half-initialized group
         pass

@@ -36,7 +36,6 @@ from ..stop._termination import Notice
 logger = logging.getLogger("preemptible")
 
 LEASE_FILE_ENV = "PREEMPTIBLE_LEASE_FILE"
-LEASE_FILE_NAME = "lease.json"
 LOST_EXIT_CODE = 143  # as for SIGTERM: the attempt was stopped, not failed
 _MAX_BYTES = 1 << 14
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")

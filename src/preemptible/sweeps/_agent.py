@@ -63,10 +63,11 @@ from .._errors import (
     RunLockedError,
     StoreError,
 )
+from .._paths import LEASE_NAME, RunPaths
 from .._report import read_summary
 from .._run import read_record
 from ..checkpoint._store import CheckpointStore
-from ..notices._lease import LEASE_FILE_ENV, LEASE_FILE_NAME, write_lease
+from ..notices._lease import LEASE_FILE_ENV, write_lease
 from ..stop._termination import signal_exit_code
 from ._command import build_command
 from ._lease import HostView
@@ -246,9 +247,9 @@ class Agent:
             logger.error("preemptible: %s; the run cannot run on any agent", exc)
             self._finish_unstartable(claim)
             return None
-        run_dir = self.config.home / "runs" / claim.run_id
-        attempt_dir = run_dir / f"attempt-{claim.attempt}"
-        lease_file = attempt_dir / LEASE_FILE_NAME
+        run = RunPaths.under(self.config.home, claim.run_id)
+        attempt_dir = run.attempt(claim.attempt)
+        lease_file = run.lease(claim.attempt)
         logger.info(
             "preemptible: run %s (#%d) attempt %d: %s",
             claim.run_id,
@@ -263,7 +264,7 @@ class Agent:
                 self.spec,
                 claim.params,
                 interpreter=sys.executable,
-                params_file=run_dir / "params.json",
+                params_file=run.params,
             )
             supervisor = Supervisor(
                 SupervisorConfig(
@@ -437,7 +438,7 @@ class _Lease:
     ) -> None:
         self.agent, self.claim, self.supervisor = agent, claim, supervisor
         self.attempt_dir = attempt_dir
-        self.file = attempt_dir / LEASE_FILE_NAME
+        self.file = attempt_dir / LEASE_NAME
         config = agent.config
         self._span, self.warn = lease_times(config.lease, config.heartbeat)
         self.deadline = renewed_at + self._span  # monotonic: gone by then
