@@ -182,6 +182,11 @@ class Supervisor:
                 f"cannot create the run directory {self.run_dir}: {exc.strerror or exc}; "
                 "give --home (PREEMPTIBLE_HOME) a writable directory"
             ) from exc
+        # the attempts are told this directory (PREEMPTIBLE_CHECKPOINT_DIR): it exists when
+        # they start, as it always has; made here, on purpose, not by the resume lookup, which
+        # only reads. One that cannot be made is the job's to report, with its own message.
+        with contextlib.suppress(OSError):
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.containment = choose()
         if self.containment.parent is not None:
             remove_stale(self.containment.parent)
