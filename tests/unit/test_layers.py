@@ -11,6 +11,7 @@ public names (and the trackers'): what a new front end needs, the kit must offer
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ LAYERS = {
     "_logs": 0,
     "_paths": 0,
     "_run": 0,
+    "_text": 0,
     "_torch": 0,
     "stop": 1,
     "notices": 2,
@@ -164,3 +166,64 @@ def test_no_module_of_the_stop_path_is_too_long_to_read_in_one_sitting() -> None
         if (n := len(p.read_text().splitlines())) > 530
     }
     assert long == {}, long
+
+
+def _graph(key: Callable[[str], str | None]) -> dict[str, set[str]]:
+    """Who imports whom among the package's modules (function-local and type-checking imports
+    too), each module named by ``key``; a module's imports of its own key are left out."""
+    modules = {module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        own = key(name)
+        if own is None:
+            continue
+        for target, names in imports(path):
+            if not target.startswith("preemptible"):
+                continue
+            for imported in [f"{target}.{n}" for n in names] or [target]:
+                found = imported if imported in modules else target
+                while found and found not in modules:
+                    found = found.rpartition(".")[0]
+                if not found or modules[found].name == "__init__.py":
+                    continue  # a package's __init__ only gathers its modules' names
+                other = key(found)
+                if other is not None and other != own:
+                    graph.setdefault(own, set()).add(other)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: each one a path that comes back to where it began."""
+    found = []
+    for start in sorted(graph):
+        path, todo, seen = [start], [iter(sorted(graph[start]))], {start}
+        while todo:
+            nxt = next(todo[-1], None)
+            if nxt is None:
+                todo.pop()
+                seen.discard(path.pop())
+            elif nxt == start:
+                found.append([*path, start])
+            elif nxt not in seen and nxt > start:  # each circle once, from its least module
+                path.append(nxt)
+                seen.add(nxt)
+                todo.append(iter(sorted(graph.get(nxt, ()))))
+    return found
+
+
+def test_no_two_modules_import_each_other_in_a_circle() -> None:
+    assert _circles(_graph(lambda name: name)) == []
+
+
+def test_no_two_folders_import_each_other_in_a_circle() -> None:
+    assert _circles(_graph(top)) == []
+
+
+def test_the_supervisor_never_imports_the_sweeps() -> None:
+    """``preemptible run`` is below ``preemptible agent``: the agent runs each run under the
+    supervisor, and the supervisor knows nothing of queues."""
+    assert "sweeps" not in _graph(top).get("supervisor", set())
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]

@@ -108,8 +108,7 @@ def render_runs(rows: list[dict[str, Any]], now: float) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from ..sweeps._status import format_age
-    from ..sweeps._store import printable
+    from .._text import format_age, printable
 
     table = Table(box=None, header_style="bold")
     for name in ("run", "state", "attempts", "exit", "last seen", "newest checkpoint"):

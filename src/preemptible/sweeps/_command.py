@@ -12,14 +12,23 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._env import env_str
 from .._errors import ConfigError
 from .._files import write_text_atomic
 
-if TYPE_CHECKING:
-    from ._spec import SweepSpec
+
+class Commanded(Protocol):
+    """What a command is built from: a sweep spec's ``program`` and ``command`` (a protocol,
+    so that this module, which the spec's checks use, does not import the spec)."""
+
+    @property
+    def program(self) -> str | None: ...
+
+    @property
+    def command(self) -> tuple[str, ...]: ...
+
 
 DEFAULT_COMMAND = ("${env}", "${interpreter}", "${program}", "${args}")
 ENV = "/usr/bin/env"
@@ -59,7 +68,7 @@ def uses_macro(command: tuple[str, ...], name: str) -> bool:
 
 
 def build_command(
-    spec: SweepSpec, params: Mapping[str, Any], *, interpreter: str, params_file: Path
+    spec: Commanded, params: Mapping[str, Any], *, interpreter: str, params_file: Path
 ) -> list[str]:
     """The argv of a run with ``params``; writes ``params_file`` only if the command uses it.
 

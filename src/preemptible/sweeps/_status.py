@@ -47,6 +47,8 @@ from rich.text import Text
 
 from .._env import env_float
 from .._errors import ConfigError, PreemptibleError, StoreError
+from .._text import format_age as format_age  # importable from here, as before
+from .._text import printable
 from ._fields import DECODER, decode_object, field_error
 from ._spec import GOALS
 from ._store import (
@@ -56,7 +58,6 @@ from ._store import (
     _metric,
     _Tx,
     open_store,
-    printable,
 )
 
 if TYPE_CHECKING:
@@ -709,20 +710,6 @@ def _short(value: Any) -> str:
         text = json.dumps(value, separators=(",", ":"))
     text = " ".join(text.split())  # one line
     return text if len(text) <= _VALUE_WIDTH else text[: _VALUE_WIDTH - 1] + "…"
-
-
-def format_age(seconds: float | None) -> str:
-    """``42s``, ``3m12s``, ``2h05m``, ``3d04h``; ``-`` for none."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 # -- --watch ----------------------------------------------------------------------------------

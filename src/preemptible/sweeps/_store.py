@@ -67,6 +67,7 @@ from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 from .._env import env_float, env_str
 from .._errors import ConfigError, LeaseLost, PreemptibleError, StoreError
 from .._errors import DatabaseGone as DatabaseGone  # importable from here, as before
+from .._text import printable as printable  # importable from here, as before
 from ._fields import decode_object, field_error, strict_object
 from ._redact import redact_url, userinfo_problem
 from ._sample import Observation  # what ``propose`` reads: (params, metric, finished)
@@ -467,14 +468,6 @@ def clean_step(step: object, where: str) -> int | None:
         MAX_STEP,
     )
     return None
-
-
-def printable(text: str) -> str:
-    """``text`` with every character that is not printable (escape sequences, other control
-    characters, bidirectional overrides, line separators) as its repr escape: ``\\x1b``."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _check_seconds(name: str, value: float) -> None:
