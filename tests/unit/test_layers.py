@@ -227,3 +227,38 @@ def test_the_supervisor_never_imports_the_sweeps() -> None:
 
 def test_the_circle_finder_finds_a_circle() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_every_part_stops_on_the_same_signals() -> None:
+    """The latch, the supervisor, the agent and the guardian (which ignores them, and as a
+    script of its own spells them out) use one set of stop signals."""
+    from preemptible.stop import _latch, _signals
+    from preemptible.supervisor import _forwarding, _guard
+    from preemptible.sweeps import _agent
+
+    assert _latch.DEFAULT_SIGNALS == _forwarding.FORWARDED == _signals.STOP_SIGNALS
+    assert _agent.STOP_SIGNALS is _signals.STOP_SIGNALS
+    assert tuple(_guard.IGNORED) == _signals.STOP_SIGNALS
+
+
+def test_no_module_but_the_signal_helpers_installs_a_stop_signal_handler_in_a_loop() -> None:
+    """``signal.signal`` is called in ``stop/_signals.py``, the latch (its handler put back
+    where someone replaced it, and a forked child's ignore), the supervisor's SIGCHLD
+    wake-up, the guardian (a script of its own) and the demo (its Ctrl+C); nowhere else."""
+    allowed = {
+        "preemptible.stop._signals",
+        "preemptible.stop._latch",
+        "preemptible.supervisor._forwarding",
+        "preemptible.supervisor._guard",
+        "preemptible._sweep_demo",
+    }
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "signal"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "signal"
+            ):
+                assert module_name(path) in allowed, f"{module_name(path)}:{node.lineno}"

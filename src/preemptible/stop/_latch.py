@@ -42,36 +42,19 @@ from types import FrameType
 from typing import Any
 
 from .._logs import prefix
+from ._signals import (
+    DUPLICATE_WINDOW as DUPLICATE_WINDOW,  # importable from here, as before
+)
+from ._signals import KEEP_IGNORED as KEEP_IGNORED
+from ._signals import STOP_SIGNALS, install_handlers, restore_handlers, within_duplicate_window
+from ._signals import signal_name as signal_name
 from ._termination import Notice
 
 logger = logging.getLogger("preemptible")
 
-DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
-
-# Signals a process keeps ignoring when it started with them ignored (POSIX convention; Python
-# itself leaves an inherited SIG_IGN for SIGINT alone).
-KEEP_IGNORED: frozenset[int] = frozenset({signal.SIGHUP, signal.SIGINT})
-
-# Two deliveries of the same signal this close together are one stop delivered twice (a
-# process tree signalled as a whole, then again by `preemptible run`'s forwarding; systemd's
-# control-group kill; two quick SIGTERMs from an orchestrator), not a person's second signal.
-# A deliberate second Ctrl+C comes later than this and still exits at once.
-DUPLICATE_WINDOW = 0.5
+DEFAULT_SIGNALS = STOP_SIGNALS  # the latch's default: every stop signal
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def normalize_signals(signals: Iterable[int | str] | None) -> tuple[signal.Signals, ...]:
@@ -166,15 +149,10 @@ class SignalLatch:
             )
             return False
         self._owner_pid = os.getpid()
-        kept = []
-        for sig in self.signals:
-            current = signal.getsignal(sig)
-            if sig in KEEP_IGNORED and current == signal.SIG_IGN:
-                kept.append(sig)  # started under nohup / as a background job: keep ignoring
-                continue
-            self._previous[sig] = current
-            signal.signal(sig, self._handle)
-        self.kept_ignored = tuple(kept)
+        # started under nohup / as a background job, a hang-up or Ctrl+C stays ignored
+        previous, kept = install_handlers(self.signals, self._handle)
+        self._previous.update(previous)
+        self.kept_ignored = kept
         if kept:
             logger.info(
                 "preemptible: %s ignored since this process started (nohup or a background "
@@ -194,14 +172,9 @@ class SignalLatch:
                 "installed until close() runs in the main thread"
             )
             return
-        for sig, prev in self._previous.items():
-            current = signal.getsignal(sig)
-            if current != self._handle:
-                # Someone installed a handler over ours; theirs stays, and restoring ours
-                # on top of it would break their restore later.
-                logger.debug("preemptible: %s handler was replaced; leaving it", signal_name(sig))
-                continue
-            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+        for sig in restore_handlers(self._previous, ours=self._handle):
+            # Someone installed a handler over ours; theirs stays.
+            logger.debug("preemptible: %s handler was replaced; leaving it", signal_name(sig))
         self._previous.clear()
         self._exit_code = None
         _unregister_guard(self)
@@ -278,7 +251,7 @@ class SignalLatch:
                 f"committed; exiting now with {self._exit_code}\n"
             )
             os._exit(self._exit_code)
-        if now - received[0][1] < DUPLICATE_WINDOW:
+        if within_duplicate_window(now - received[0][1]):
             return  # the same stop delivered twice; logged by log_pending()
         _raw_stderr(
             f"{prefix()}received {signal_name(signum)} again; exiting now without saving "

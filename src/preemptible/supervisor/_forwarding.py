@@ -20,14 +20,21 @@ import time
 from types import FrameType
 from typing import Any
 
-from ..stop._latch import DUPLICATE_WINDOW, KEEP_IGNORED, signal_name
+from ..stop._signals import (
+    DUPLICATE_WINDOW,
+    STOP_SIGNALS,
+    install_handlers,
+    restore_handlers,
+    signal_name,
+    within_duplicate_window,
+)
 from ._config import MAX_RESTART_DELAY
 from ._journal import Received
 from ._process import ProcessGroup
 
 logger = logging.getLogger("preemptible")
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED = STOP_SIGNALS
 
 
 class Forwarder:
@@ -49,7 +56,9 @@ class Forwarder:
         # Bookkeeping and killpg only: this runs between two bytecodes of the main loop.
         now = time.monotonic()
         last = self._last_forward
-        duplicate = last is not None and last[0] == signum and now - last[1] <= DUPLICATE_WINDOW
+        duplicate = (
+            last is not None and last[0] == signum and within_duplicate_window(now - last[1])
+        )
         forward = self.forward and not duplicate
         self.signals.append(Received(signum, time.time(), forward))
         if not forward:
@@ -107,22 +116,20 @@ class Forwarder:
             os.set_blocking(fd, False)
             os.set_inheritable(fd, False)
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        for sig in FORWARDED:
-            if sig in KEEP_IGNORED and signal.getsignal(sig) == signal.SIG_IGN:
-                # started under nohup (or as a background job): the hang-up stays ignored,
-                # here and in the job, which inherits the ignored disposition
-                logger.info(
-                    "preemptible: %s ignored since the supervisor started; not passed on",
-                    signal.Signals(sig).name,
-                )
-                continue
-            self._previous[sig] = signal.signal(sig, self._on_signal)
+        # started under nohup (or as a background job): the hang-up stays ignored, here and
+        # in the job, which inherits the ignored disposition
+        previous, kept = install_handlers(FORWARDED, self._on_signal)
+        self._previous.update(previous)
+        for sig in kept:
+            logger.info(
+                "preemptible: %s ignored since the supervisor started; not passed on",
+                signal_name(sig),
+            )
         # SIGCHLD needs a Python handler for the wakeup fd to see it.
         self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda s, f: None)
 
     def uninstall(self) -> None:
-        for sig, prev in self._previous.items():
-            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+        restore_handlers(self._previous)
         self._previous.clear()
         signal.set_wakeup_fd(-1)
         for fd in (self._wake_r, self._wake_w):

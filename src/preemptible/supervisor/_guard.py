@@ -362,13 +362,18 @@ def cgroup_remove(path: Path) -> bool:
     return True
 
 
+# The stop signals (stop/_signals.py's STOP_SIGNALS; this script imports only the standard
+# library, so it spells them out, and a unit test checks that the two agree).
+IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
 # -- the guardian -------------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
     """``_guard.py CONFIG``: CONFIG is JSON with ``supervisor`` and ``job`` (pids), ``spare``
     (pids never to touch), ``protect`` (process groups never to signal as a whole),
     ``marker`` (the attempt's environment entry) and ``cgroup`` (a path, or null)."""
     config = json.loads(argv[1])
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+    for sig in IGNORED:
         signal.signal(sig, signal.SIG_IGN)  # a group signal or a terminal's Ctrl+C is not for us
     cgroup = Path(config["cgroup"]) if config.get("cgroup") else None
     tracker = None

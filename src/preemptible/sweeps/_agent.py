@@ -68,6 +68,7 @@ from .._report import read_summary
 from .._run import read_record
 from ..checkpoint._store import CheckpointStore
 from ..notices._lease import LEASE_FILE_ENV, write_lease
+from ..stop._signals import STOP_SIGNALS, install_handlers, restore_handlers
 from ..stop._termination import signal_exit_code
 from ._command import build_command
 from ._lease import HostView
@@ -85,7 +86,6 @@ from ._store import (
 logger = logging.getLogger("preemptible")
 
 # what an agent takes as a stop: the signals the supervisor passes on to a run
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_HEARTBEAT = 10.0
 DEFAULT_LEASE = 60.0
 DEFAULT_MAX_CONSECUTIVE_FAILURES = 5  # as W&B's agent
@@ -160,14 +160,11 @@ class Agent:
         self._signals.append(signum)  # bookkeeping only; the loop looks at it
 
     def _install(self) -> None:
-        for sig in STOP_SIGNALS:
-            if signal.getsignal(sig) == signal.SIG_IGN:
-                continue  # nohup: the hang-up stays ignored
-            self._previous[sig] = signal.signal(sig, self._on_signal)
+        # nohup: the hang-up stays ignored
+        self._previous.update(install_handlers(STOP_SIGNALS, self._on_signal)[0])
 
     def _restore(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        restore_handlers(self._previous)
         self._previous.clear()
 
     def _wait(self, seconds: float) -> None:
