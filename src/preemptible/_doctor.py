@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ._env import env_float
+from ._env import env_float, env_str
 from ._errors import ConfigError, SlurmError
 from .stop._latch import DEFAULT_SIGNALS, KEEP_IGNORED
 
@@ -243,7 +243,7 @@ def _pid1() -> Check:
         comm = Path("/proc/1/comm").read_text().strip()
     except OSError:
         return Check("pid 1", INFO, "cannot read /proc/1/comm")
-    container = Path("/.dockerenv").exists() or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    container = Path("/.dockerenv").exists() or bool(env_str("KUBERNETES_SERVICE_HOST"))
     if not container:
         with contextlib.suppress(OSError):
             cgroup = Path("/proc/1/cgroup").read_text()
@@ -310,7 +310,7 @@ def _slurm_job(slurm: _Slurm | None) -> list[Check]:
 
 
 def _nccl() -> Check | None:
-    distributed = any(os.environ.get(v) for v in ("WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS"))
+    distributed = any(env_str(v) for v in ("WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS"))
     if not distributed and shutil.which("nvidia-smi") is None:
         return None
     return Check(

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._env import env_str
 from ._files import write_text_atomic
 from ._paths import RECORD_NAME, read_json_object
 
@@ -40,6 +41,7 @@ class RunInfo:
     run_dir: Path | None
     checkpoint_dir: Path | None
     resume_from: Path | None
+    checkpoint_dir_default: bool = False  # the supervisor chose checkpoint_dir (none was given)
 
     @property
     def supervised(self) -> bool:
@@ -47,20 +49,22 @@ class RunInfo:
 
 
 def _path_env(name: str) -> Path | None:
-    value = os.environ.get(name)
+    value = env_str(name)
     return Path(value) if value else None
 
 
 def current_run() -> RunInfo:
-    """The ids and paths the supervisor gave this attempt, read from the environment."""
-    attempt = os.environ.get("PREEMPTIBLE_ATTEMPT", "").strip()
+    """The ids and paths the supervisor gave this attempt, read from the environment: the
+    one reader of the variables a supervisor sets for its attempts (a test checks)."""
+    attempt = (env_str("PREEMPTIBLE_ATTEMPT") or "").strip()
     valid = attempt.isascii() and attempt.isdecimal() and len(attempt) <= 9
     return RunInfo(
-        run_id=os.environ.get("PREEMPTIBLE_RUN_ID") or None,
+        run_id=env_str("PREEMPTIBLE_RUN_ID"),
         attempt=int(attempt) if valid else None,
         run_dir=_path_env("PREEMPTIBLE_RUN_DIR"),
         checkpoint_dir=_path_env("PREEMPTIBLE_CHECKPOINT_DIR"),
         resume_from=_path_env("PREEMPTIBLE_RESUME_FROM"),
+        checkpoint_dir_default=env_str("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT") == "1",
     )
 
 

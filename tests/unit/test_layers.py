@@ -262,3 +262,64 @@ def test_no_module_but_the_signal_helpers_installs_a_stop_signal_handler_in_a_lo
                 and node.func.value.id == "signal"
             ):
                 assert module_name(path) in allowed, f"{module_name(path)}:{node.lineno}"
+
+
+ATTEMPT_VARIABLES = {
+    "PREEMPTIBLE_RUN_ID",
+    "PREEMPTIBLE_ATTEMPT",
+    "PREEMPTIBLE_RUN_DIR",
+    "PREEMPTIBLE_CHECKPOINT_DIR",
+    "PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT",
+    "PREEMPTIBLE_RESUME_FROM",
+}
+
+
+def _environment_reads(tree: ast.AST) -> list[tuple[int, str, bool]]:
+    """(line, variable, raw) of every read of an environment variable named by a literal:
+    ``os.environ.get``/``os.getenv``/``os.environ[...]`` (raw) or ``_env``'s readers."""
+    reads = []
+    for node in ast.walk(tree):
+        name = None
+        raw = False
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = ast.unparse(node.func)
+            if func in ("os.environ.get", "os.getenv", "environ.get"):
+                name, raw = node.args[0].value, True
+            elif func in ("env_str", "env_float", "env_int", "env_choice"):
+                name = node.args[0].value
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Load)
+            and ast.unparse(node.value) in ("os.environ", "environ")
+            and isinstance(node.slice, ast.Constant)
+        ):
+            name, raw = node.slice.value, True
+        if isinstance(name, str):
+            reads.append((node.lineno, name, raw))
+    return reads
+
+
+def test_only_current_run_reads_what_a_supervisor_tells_its_attempts() -> None:
+    for path in sorted(SRC.rglob("*.py")):
+        if module_name(path) == "preemptible._run":
+            continue
+        for line, name, _raw in _environment_reads(ast.parse(path.read_text())):
+            assert name not in ATTEMPT_VARIABLES, (
+                f"{module_name(path)}:{line} reads {name}: use preemptible.current_run()"
+            )
+
+
+def test_preemptible_and_platform_variables_are_read_through_the_env_readers() -> None:
+    """A raw read skips the checks the readers make (empty means unset, a number is a number)."""
+    for path in sorted(SRC.rglob("*.py")):
+        if module_name(path) == "preemptible._env":
+            continue
+        for line, name, raw in _environment_reads(ast.parse(path.read_text())):
+            assert not (raw and name.startswith(("PREEMPTIBLE_", "SLURM_", "KUBERNETES_"))), (
+                f"{module_name(path)}:{line} reads {name} raw: use preemptible._env"
+            )
+
+
+def test_the_environment_read_finder_finds_reads() -> None:
+    tree = ast.parse("import os\nos.environ.get('A')\nos.environ['B']\nenv_str('C')\n")
+    assert _environment_reads(tree) == [(2, "A", True), (3, "B", True), (4, "C", False)]

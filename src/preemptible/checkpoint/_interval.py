@@ -41,10 +41,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from .._env import env_float, env_str
+from .._env import env_float
 from .._errors import ConfigError
+from .._run import current_run
 from ._history import History, read_history
 
 HOUR = 3600.0
@@ -213,8 +213,8 @@ class SaveInterval:
 
         if history is None:
             if run_dir is None:
-                attempt_dir = env_str("PREEMPTIBLE_RUN_DIR")
-                run_dir = Path(attempt_dir).parent if attempt_dir else None
+                attempt_dir = current_run().run_dir
+                run_dir = attempt_dir.parent if attempt_dir is not None else None
             history = read_history(run_dir) if run_dir is not None else History()
         self.history = history
 

@@ -7,8 +7,8 @@ import logging
 import os
 from pathlib import Path
 
-from .._env import env_str
 from .._errors import ConfigError
+from .._run import current_run
 from .._torch import initialized_dist
 from ..stop._termination import TerminationConfig
 
@@ -51,7 +51,8 @@ def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path:
     """The front end's own directory, else the supervisor's (``PREEMPTIBLE_CHECKPOINT_DIR``);
     warn once when they differ."""
     global _warned_dirs
-    from_env = env_str("PREEMPTIBLE_CHECKPOINT_DIR")
+    run = current_run()
+    from_env = None if run.checkpoint_dir is None else str(run.checkpoint_dir)
     if given is None:
         if from_env is None:
             raise ConfigError(
@@ -61,7 +62,7 @@ def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path:
         return Path(from_env)
     path = Path(given)
     if from_env is not None and Path(from_env).resolve() != path.resolve():
-        defaulted = env_str("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT") == "1"
+        defaulted = run.checkpoint_dir_default
         if not defaulted and not _warned_dirs:
             _warned_dirs = True
             logger.warning(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._env import env_choice, env_float, env_str
+from .._run import current_run
 from ..stop._termination import TerminationConfig
 
 if TYPE_CHECKING:
@@ -99,7 +100,8 @@ def sources_for(platform: str) -> list[Source]:
         sources.append(StopFile(stop_file))
     from ._supervised import for_this_attempt
 
-    orphaned = for_this_attempt(env_str("PREEMPTIBLE_RUN_DIR"))
+    attempt_dir = current_run().run_dir
+    orphaned = for_this_attempt(None if attempt_dir is None else str(attempt_dir))
     if orphaned is not None:
         sources.append(orphaned)  # under a supervisor: stop if it and its guardian are gone
     from ._lease import LEASE_FILE_ENV, LeaseFile

@@ -11,8 +11,8 @@ import hashlib
 import re
 from pathlib import Path
 
-from .._env import env_str
 from .._errors import ConfigError
+from .._run import current_run
 from . import _slurm
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -31,9 +31,8 @@ def check_run_id(run_id: str, source: str = "--run-id") -> str:
 def parent_run() -> str | None:
     """The run whose attempt this process is part of (a supervisor gave it
     ``PREEMPTIBLE_RUN_ID`` and ``PREEMPTIBLE_RUN_DIR``), or None."""
-    if env_str("PREEMPTIBLE_RUN_DIR") is None:
-        return None
-    return env_str("PREEMPTIBLE_RUN_ID")
+    run = current_run()
+    return run.run_id if run.supervised else None
 
 
 def default_run_id(command: list[str], checkpoint_dir: Path | None) -> tuple[str, str]:

@@ -331,8 +331,9 @@ class Supervisor:
         )
         # Not given: the handler may keep its own directory without a warning. A nested run
         # that took its parent's default directory from the environment passes that on.
-        inherited = os.environ.get("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT") == "1" and (
-            str(self.checkpoint_dir) == os.environ.get("PREEMPTIBLE_CHECKPOINT_DIR")
+        outer = current_run()  # this supervisor's own run, when it is nested
+        inherited = outer.checkpoint_dir_default and (
+            str(self.checkpoint_dir) == str(outer.checkpoint_dir)
         )
         if self.config.checkpoint_dir is None or (self.parent is not None and inherited):
             env["PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT"] = "1"
