@@ -24,6 +24,7 @@ from typing import Any
 from ._env import env_str
 from ._files import write_text_atomic
 from ._paths import RECORD_NAME, read_json_object
+from ._states import STOPPED_EARLY, RecordState
 
 logger = logging.getLogger("preemptible")
 
@@ -105,9 +106,9 @@ def _update(run_dir: Path, fields: dict[str, Any]) -> Path:
     # marked preemptible from the start from one marked while it was being stopped.
     if fields.get("preempting") and "preempting_at" not in record:
         record["preempting_at"] = now
-    if fields.get("state") in ("stopping", "stopped") and "stopped_at" not in record:
+    if fields.get("state") in STOPPED_EARLY and "stopped_at" not in record:
         record["stopped_at"] = now
-    if fields.get("state") == "stopped":
+    if fields.get("state") == RecordState.STOPPED:
         # the final checkpoint is committed: the exit starts here (the supervisor measures it
         # to the moment the process is gone, and budgets that for the next attempt's exit)
         record["committed_at"] = now

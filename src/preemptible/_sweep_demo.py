@@ -38,6 +38,7 @@ from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
 from ._errors import PreemptibleError
+from ._states import Ending, QueueState
 
 if TYPE_CHECKING:
     from .sweeps._store import AttemptRow, Store
@@ -220,7 +221,7 @@ class _Demo:
         """Check that the first attempt of run ``index`` ended PREEMPTED with a checkpoint and
         the run went back to the queue; the checkpoint's step."""
         first = self._attempts(index)[0]
-        if first.ending != "PREEMPTED" or first.checkpoint_step is None:
+        if first.ending != Ending.PREEMPTED or first.checkpoint_step is None:
             raise _DemoFailed(
                 f"run {self._run_id(index)} was not preempted by {how} as expected (it ended "
                 f"{first.ending}, exit {first.exit_code}); see the agents' logs in {self.workdir}"
@@ -251,7 +252,7 @@ class _Demo:
         return self._finish()
 
     def _wait_for_claim(self) -> None:
-        while self.store.runs(self.sweep_id)[SIGTERM_RUN].state != "RUNNING":
+        while self.store.runs(self.sweep_id)[SIGTERM_RUN].state != QueueState.RUNNING:
             event = self._next_event()
             if event is not None and event[1] is None:
                 who = event[0]
@@ -340,14 +341,14 @@ class _Demo:
         )
         runs = self.store.runs(self.sweep_id)
         doc = snapshot(self.store, self.sweep_id)
-        not_finished = [f"{r.id} {r.state}" for r in runs if r.state != "FINISHED"]
+        not_finished = [f"{r.id} {r.state}" for r in runs if r.state != QueueState.FINISHED]
         if len(runs) != len(doc["runs"]) or not_finished:
             raise _DemoFailed(f"runs not FINISHED: {', '.join(not_finished)}")
         resumed = []
         for index in (SIGTERM_RUN, STOP_FILE_RUN):
             attempts = self._attempts(index)
             endings = [a.ending for a in attempts]
-            if endings != ["PREEMPTED", "FINISHED"]:
+            if endings != [Ending.PREEMPTED, Ending.FINISHED]:
                 raise _DemoFailed(f"run {self._run_id(index)}: attempts ended {endings}")
             resumed.append(
                 f"{self._run_id(index)} by {self._agent_of(attempts[1].agent)} "

@@ -19,6 +19,7 @@ import click
 
 from . import __version__
 from ._errors import PreemptibleError
+from ._states import Control
 
 # No auto_envvar_prefix: an option reads an environment variable only where it names one
 # (envvar=..., shown in --help). Automatic PREEMPTIBLE_<OPTION> names turned variables set for
@@ -370,12 +371,12 @@ def sweep_create(spec: Path, name: str | None, db: str | None) -> None:
     click.echo(sweep_id)
 
 
-def _control(sweep_id: str, db: str | None, control: str, *, now: bool = False) -> None:
+def _control(sweep_id: str, db: str | None, control: Control, *, now: bool = False) -> None:
     from .sweeps._store import open_store
 
     try:
         with open_store(db, create=False) as store:
-            store.set_control(sweep_id, control, now=now)  # type: ignore[arg-type]
+            store.set_control(sweep_id, control, now=now)
     except PreemptibleError as exc:
         _fail(str(exc))
     click.echo(f"sweep {sweep_id}: {control}{' (now)' if now else ''}")
@@ -386,7 +387,7 @@ def _control(sweep_id: str, db: str | None, control: str, *, now: bool = False) 
 @_db_option
 def sweep_stop(sweep_id: str, db: str | None) -> None:
     """No new runs are claimed; running runs finish."""
-    _control(sweep_id, db, "stopped")
+    _control(sweep_id, db, Control.STOPPED)
 
 
 @sweep.command("pause", context_settings=CONTEXT)
@@ -394,7 +395,7 @@ def sweep_stop(sweep_id: str, db: str | None) -> None:
 @_db_option
 def sweep_pause(sweep_id: str, db: str | None) -> None:
     """No new runs are claimed until `sweep resume`; agents wait."""
-    _control(sweep_id, db, "paused")
+    _control(sweep_id, db, Control.PAUSED)
 
 
 @sweep.command("resume", context_settings=CONTEXT)
@@ -402,7 +403,7 @@ def sweep_pause(sweep_id: str, db: str | None) -> None:
 @_db_option
 def sweep_resume(sweep_id: str, db: str | None) -> None:
     """Claims start again after `sweep pause` or `sweep stop`."""
-    _control(sweep_id, db, "running")
+    _control(sweep_id, db, Control.RUNNING)
 
 
 @sweep.command("cancel", context_settings=CONTEXT)
@@ -416,7 +417,7 @@ def sweep_resume(sweep_id: str, db: str | None) -> None:
 def sweep_cancel(sweep_id: str, now: bool, db: str | None) -> None:
     """Running runs get SIGTERM (they save), then SIGKILL after the term timeout; pending
     runs are cancelled."""
-    _control(sweep_id, db, "cancelled", now=now)
+    _control(sweep_id, db, Control.CANCELLED, now=now)
 
 
 @main.command(context_settings=CONTEXT)

@@ -29,6 +29,7 @@ LAYERS = {
     "_logs": 0,
     "_paths": 0,
     "_run": 0,
+    "_states": 0,
     "_text": 0,
     "_torch": 0,
     "stop": 1,

@@ -488,7 +488,7 @@ def test_timeline_draws_one_bar_per_attempt(store: Store, clock: Clock, tmp_path
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"{sweep}-{i}" for i in range(5)]
     assert ax.get_title() == f"sweep {sweep} (demo)"
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend == ["FINISHED", "PREEMPTED", "CRASHED", "FAILED", "running", "preemption"]
+    assert legend == ["FINISHED", "PREEMPTED", "CRASHED", "FAILED", "still running", "preemption"]
 
     out = plot_timeline(doc, tmp_path / "timeline.png")
     assert out == tmp_path / "timeline.png"

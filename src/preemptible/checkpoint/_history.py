@@ -15,11 +15,11 @@ from typing import Any
 
 from .._paths import RunPaths, read_journal
 from .._paths import tail_lines as tail_lines  # its old home
+from .._states import RecordState, RunState, parse
 
 HOUR = 3600.0
 JOURNAL_MAX_BYTES = 4 << 20  # only the tail of a larger journal is read
 MAX_DURATION = 366 * 24 * HOUR  # a journal line claiming a longer attempt is skipped
-STATES = ("FINISHED", "FAILED", "PREEMPTED", "KILLED", "CRASHED")
 
 
 @dataclass(frozen=True)
@@ -55,12 +55,12 @@ def read_history(run_dir: str | os.PathLike[str]) -> History:
         journaled.add(number)
         attempts += 1
         uptime += duration
-        if state == "CRASHED" or (
-            state == "PREEMPTED" and not _record(run.attempt(number)).stopped
+        if state is RunState.CRASHED or (
+            state is RunState.PREEMPTED and not _record(run.attempt(number)).stopped
         ):
             interruptions += 1
             losses += 1
-        elif state == "PREEMPTED":
+        elif state is RunState.PREEMPTED:
             interruptions += 1
     numbers = run.attempt_numbers()
     if numbers:
@@ -76,18 +76,19 @@ def read_history(run_dir: str | os.PathLike[str]) -> History:
     return History(uptime, interruptions, losses, attempts, skipped, save_cost)
 
 
-def _attempt_fields(entry: dict[str, Any]) -> tuple[int, str, float] | None:
+def _attempt_fields(entry: dict[str, Any]) -> tuple[int, RunState, float] | None:
     """(attempt number, state, duration) of one journal entry, or None when it is odd."""
-    number, state, duration = entry.get("attempt"), entry.get("state"), entry.get("duration_s")
+    number, duration = entry.get("attempt"), entry.get("duration_s")
+    state = parse(RunState, entry.get("state"))
     if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number < 10**9:
         return None
-    if state not in STATES:
+    if state is None:
         return None
     if isinstance(duration, bool) or not isinstance(duration, int | float):
         return None
     if not 0 <= duration <= MAX_DURATION:  # False for nan; no float() of a huge int
         return None
-    return number, str(state), float(duration)
+    return number, state, float(duration)
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ def _record(attempt_dir: Path) -> _Record:
 
     record = read_record(attempt_dir)
     checkpoint, cost = record.get("checkpoint"), record.get("save_s")
-    stopped = record.get("state") == "stopped" and isinstance(checkpoint, str) and checkpoint != ""
+    committed = isinstance(checkpoint, str) and checkpoint != ""
+    stopped = record.get("state") == RecordState.STOPPED and committed
     if isinstance(cost, bool) or not isinstance(cost, int | float):
         return _Record(stopped)
     valid = 0 <= cost < MAX_DURATION  # False for nan; no float() of a huge int

@@ -32,6 +32,7 @@ from typing import Any
 from .. import _run
 from .._errors import CheckpointSaveError, PreemptibleError
 from .._logs import announce, set_rank
+from .._states import RecordState
 from ..checkpoint._savers import Saver
 from ..distributed._agreement import StopAgreement, agreement_of
 from ..distributed._group import Ranks
@@ -349,7 +350,7 @@ class StopSession:
             )
         self._finished = True
         if self.is_zero:
-            _run.update_record(state="finished", step=self.step)
+            _run.update_record(state=RecordState.FINISHED, step=self.step)
         if tell_tracker:
             self.controller.tell_tracker("finished")
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _run
+from .._states import RecordState
 from ._latch import SignalLatch, patch_dataloader_workers
 from ._termination import Durations, Notice, StopRequests, TerminationConfig, Watcher
 
@@ -152,7 +153,7 @@ class StopController:
         # the end of a grace window), the supervisor still knows a stop was under way.
         if record:
             _run.update_record(
-                state="stopping",
+                state=RecordState.STOPPING,
                 preempting=True,
                 reason=notice.source,
                 signum=notice.signum,
@@ -165,11 +166,11 @@ class StopController:
             except Exception as exc:
                 if save_failed is None:
                     if record:  # the stop did not keep its promise: a failure, not a stop
-                        _run.update_record(state="save_failed", error=_one_line(exc))
+                        _run.update_record(state=RecordState.SAVE_FAILED, error=_one_line(exc))
                     raise
                 path = save_failed(exc)
         if record and committed and path is not None:
-            _run.update_record(state="stopped", checkpoint=os.path.abspath(path))
+            _run.update_record(state=RecordState.STOPPED, checkpoint=os.path.abspath(path))
         self._acknowledge()
         self.tell_tracker(tracker_status(notice), upload=path)
         if after_tracker is not None:

@@ -36,7 +36,6 @@ an attempt FINISHED, so no record turns a failure into the supervisor's exit cod
 
 from __future__ import annotations
 
-import enum
 import math
 import signal
 from collections.abc import Mapping
@@ -44,19 +43,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigError
+from .._states import RecordState, StrState
+from .._states import RunState as RunState  # importable from here, as before
 from ..stop._termination import signal_exit_code
 from ._record import RunRecord
-
-
-class RunState(str, enum.Enum):
-    FINISHED = "FINISHED"
-    FAILED = "FAILED"
-    PREEMPTED = "PREEMPTED"
-    KILLED = "KILLED"
-    CRASHED = "CRASHED"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -90,17 +80,25 @@ def as_record(record: RunRecord | Mapping[str, Any]) -> RunRecord:
     return record if isinstance(record, RunRecord) else RunRecord.from_json(dict(record))
 
 
-def mark_kind(record: RunRecord | Mapping[str, Any], first_signal_at: float | None) -> str:
-    """ "none", "stopping" or "start" (the table's three columns)."""
+class Mark(StrState):
+    """When the run marked itself as preempting: the table's three columns."""
+
+    NONE = "none"  # never
+    STOPPING = "stopping"  # while it was being stopped
+    START = "start"  # before any stop began: preemptible from the start
+
+
+def mark_kind(record: RunRecord | Mapping[str, Any], first_signal_at: float | None) -> Mark:
+    """Which of the table's three columns the record puts the attempt in."""
     rec = as_record(record)
     if rec.preempting_at is None and not rec.stopped_early:
-        return "none"
+        return Mark.NONE
     stop_began = min(
         (t for t in (rec.stopped_at, first_signal_at) if t is not None), default=math.inf
     )
     if rec.preempting_at is not None and rec.preempting_at < stop_began:
-        return "start"
-    return "stopping"
+        return Mark.START
+    return Mark.STOPPING
 
 
 def classify(
@@ -116,13 +114,13 @@ def classify(
     kind = mark_kind(rec, first_signal_at)
     if ending.exit_code == 0:
         return RunState.PREEMPTED if rec.stopped_early else RunState.FINISHED
-    if rec.state == "save_failed" and ending.exit_code is not None:
+    if rec.state is RecordState.SAVE_FAILED and ending.exit_code is not None:
         return RunState.FAILED  # its stop raised instead of committing: say so, like its tracker
-    if kind == "start":
+    if kind is Mark.START:
         return RunState.PREEMPTED
     if ending.lost or ending.signal == signal.SIGKILL:
         return RunState.CRASHED
-    if kind == "stopping":
+    if kind is Mark.STOPPING:
         return RunState.PREEMPTED
     died_by = ending.signal if ending.exit_code is None else forwarded
     if died_by is None:

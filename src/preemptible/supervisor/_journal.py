@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from .._files import open_in_place
 from .._paths import read_journal
 from .._run import read_record
+from .._states import RecordState
 from ..stop._latch import signal_name
 from ._classify import Ending, RunState
 from ._record import _time
@@ -71,7 +72,7 @@ def exit_seconds(attempt_dir: Path, gone: float, duration: float) -> float | Non
     input: a bad one must not set the next attempt's budget)."""
     record = read_record(attempt_dir)
     committed = _time(record.get("committed_at"))
-    if record.get("state") != "stopped" or committed is None:
+    if record.get("state") != RecordState.STOPPED or committed is None:
         return None
     seconds = gone - committed
     return seconds if 0 <= seconds <= duration else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ._classify import RunState
+from .._states import RunState, spend
 from ._config import SupervisorConfig
 from ._journal import Attempt
 
@@ -23,27 +23,31 @@ class RestartPolicy:
     def delay_after(self, attempts: list[Attempt]) -> float | None:
         """Seconds to wait before the next attempt, or None to stop (logged)."""
         c = self.config
-        if attempts[-1].state is RunState.PREEMPTED:
-            if c.max_preemptions is not None and self.preemptions >= c.max_preemptions:
+        spent = spend(
+            preempted=attempts[-1].state is RunState.PREEMPTED,
+            preemptions=self.preemptions,
+            failures=self.failures,
+            max_preemptions=c.max_preemptions,
+            max_failures=c.max_failures,
+        )
+        if not spent.again:
+            if spent.preempted:
                 logger.error(
                     "preemptible: preempted %d times; --max-preemptions is %d; giving up",
-                    self.preemptions + 1,
+                    spent.preemptions,
                     c.max_preemptions,
                 )
-                return None
-            self.preemptions += 1
+            elif c.max_failures:
+                logger.error(
+                    "preemptible: %d attempts failed or crashed; --max-failures is %d; giving up",
+                    spent.failures,
+                    c.max_failures,
+                )
+            return None
+        self.preemptions, self.failures = spent.preemptions, spent.failures
+        if spent.preempted:
             delay = c.restart_delay
         else:
-            if self.failures >= c.max_failures:
-                if c.max_failures:
-                    logger.error(
-                        "preemptible: %d attempts failed or crashed; --max-failures is %d; "
-                        "giving up",
-                        self.failures + 1,
-                        c.max_failures,
-                    )
-                return None
-            self.failures += 1
             # the exponent is capped so that no budget can overflow the float
             backoff = c.restart_delay * 2.0 ** min(self.failures - 1, 64)
             delay = min(backoff, max(c.max_restart_delay, c.restart_delay))

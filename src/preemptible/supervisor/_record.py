@@ -18,8 +18,8 @@ from typing import Any
 
 from .._paths import MAX_STEP
 from .._run import read_record
+from .._states import STOPPED_EARLY, RecordState, parse
 
-STATES = ("stopping", "stopped", "save_failed", "finished")
 MAX_SIGNUM = 64  # Linux's highest real-time signal
 _MAX_TEXT = 4096
 
@@ -28,7 +28,7 @@ _MAX_TEXT = 4096
 class RunRecord:
     """The checked fields of one attempt's ``record.json``; None where absent or invalid."""
 
-    state: str | None = None
+    state: RecordState | None = None
     preempting_at: float | None = None
     stopped_at: float | None = None
     signum: int | None = None
@@ -40,16 +40,15 @@ class RunRecord:
 
     @property
     def stopped_early(self) -> bool:
-        return self.state in ("stopping", "stopped")
+        return self.state in STOPPED_EARLY
 
     @classmethod
     def from_json(cls, data: object) -> RunRecord:
         """Sanitize whatever ``json.loads`` returned (any type) into a record."""
         if not isinstance(data, dict):
             return cls()
-        state = data.get("state")
         return cls(
-            state=state if isinstance(state, str) and state in STATES else None,
+            state=parse(RecordState, data.get("state")),
             preempting_at=_time(data.get("preempting_at")),
             stopped_at=_time(data.get("stopped_at")),
             signum=_int(data.get("signum"), 1, MAX_SIGNUM),

@@ -19,14 +19,13 @@ from typing import Any
 from .._errors import PreemptibleError
 from .._files import held_flocks
 from .._paths import RunPaths, read_journal, read_json_object
+from .._states import HeartbeatState, LiveState, RunState, parse
 from ..checkpoint._store import _FINAL as STEP_NAME
 from ..checkpoint._store import CheckpointStore
-from ._classify import RunState
 from ._journal import JOURNAL_TAIL_BYTES
 from ._record import _int, _time, load_record
 
 _MAX_RUNS = 10_000
-_STATES = {str(s) for s in RunState}
 
 
 def list_runs(home: Path) -> list[dict[str, Any]]:
@@ -47,15 +46,15 @@ def _row(run_dir: Path, held: set[tuple[int, int, int]]) -> dict[str, Any]:
     last = attempts[-1] if attempts else {}
     beat = read_json_object(run.heartbeat, 1 << 14)
     running = _is_held(run.lock, held)
-    state = last.get("state") if last.get("state") in _STATES else None
+    state: str | None = parse(RunState, last.get("state"))
     if running:
-        state = "RUNNING"
-    elif beat.get("state") == "running":
-        state = "LOST"  # its supervisor died without a word (SIGKILL, a machine gone)
+        state = LiveState.RUNNING
+    elif beat.get("state") == HeartbeatState.RUNNING:
+        state = LiveState.LOST  # its supervisor died without a word (SIGKILL, a machine gone)
     numbers = [_int(a.get("attempt"), 1, 2**31) for a in attempts]
     return {
         "run_id": run_dir.name,
-        "state": state or "UNKNOWN",
+        "state": state or LiveState.UNKNOWN,
         "attempts": max([n for n in numbers if n is not None] + [run.newest_attempt()]),
         "exit_code": _int(last.get("exit_code"), -(2**31), 2**31),
         "ending": last.get("ending") if isinstance(last.get("ending"), str) else None,
@@ -113,7 +112,12 @@ def render_runs(rows: list[dict[str, Any]], now: float) -> Any:
     table = Table(box=None, header_style="bold")
     for name in ("run", "state", "attempts", "exit", "last seen", "newest checkpoint"):
         table.add_column(name, no_wrap=name != "newest checkpoint")
-    colors = {"FINISHED": "green", "RUNNING": "cyan", "PREEMPTED": "yellow", "FAILED": "red"}
+    colors = {
+        RunState.FINISHED: "green",
+        LiveState.RUNNING: "cyan",
+        RunState.PREEMPTED: "yellow",
+        RunState.FAILED: "red",
+    }
     for r in rows:
         seen = None if r["updated_at"] is None else max(0.0, now - r["updated_at"])
         table.add_row(

@@ -54,6 +54,7 @@ from .._errors import RunLockedError as RunLockedError  # its old home
 from .._files import write_text_atomic
 from .._paths import RECORD_NAME, RunPaths
 from .._run import current_run, read_record
+from .._states import HeartbeatState, RecordState
 from ..stop._termination import EXIT_SECONDS_ENV, signal_exit_code
 from . import _slurm
 from ._cgroup import Containment, cgroup_name, choose, remove_stale
@@ -399,7 +400,9 @@ class Supervisor:
                     )
                 next_watch = now + WATCH_INTERVAL
             if now >= next_beat:
-                self.files.heartbeat(state="running", attempt=number, child_pid=group.pid)
+                self.files.heartbeat(
+                    state=HeartbeatState.RUNNING, attempt=number, child_pid=group.pid
+                )
                 next_beat = now + self.config.heartbeat_interval
             wake = min(next_beat, next_watch, plan.next_at())
             self._sleep(min(max(wake - now, 0.0), 1.0))
@@ -427,10 +430,10 @@ class Supervisor:
         # is in _say_end's line), and where its training got to
         step = "?" if record.step is None else record.step
         where = ""
-        if record.stopped_early or record.state == "save_failed":
+        if record.stopped_early or record.state is RecordState.SAVE_FAILED:
             saved = record.checkpoint or f"none (the newest is {self.resumes.newest_name()})"
             where = f", stopped at step {step}, checkpoint {saved}"
-        elif record.state == "finished" and state is not RunState.FINISHED:
+        elif record.state is RecordState.FINISHED and state is not RunState.FINISHED:
             # a stop that came after the loop ended (the handler is gone): the process died
             # by it, but its training is committed
             newest = self.resumes.newest_name()
@@ -492,7 +495,7 @@ class Supervisor:
         """Readers must not take a finished run's last beat for a live one."""
         last = self.attempts[-1] if self.attempts else None
         self.files.heartbeat(
-            state="ended",
+            state=HeartbeatState.ENDED,
             attempt=last.number if last else None,
             run_state=str(last.state) if last else None,
             exit_code=self._exit_code,

@@ -66,6 +66,7 @@ from .._errors import (
 from .._paths import LEASE_NAME, RunPaths
 from .._report import read_summary
 from .._run import read_record
+from .._states import Control, Ending, QueueState
 from ..checkpoint._store import CheckpointStore
 from ..notices._lease import LEASE_FILE_ENV, write_lease
 from ..stop._signals import STOP_SIGNALS, install_handlers, restore_handlers
@@ -221,13 +222,13 @@ class Agent:
         """Whether this agent is done: the sweep is stopped or cancelled, or it has nothing
         pending or running. While another agent's run may still come back, it waits."""
         sweep = self.store.sweep(self.sweep.id)
-        if sweep.control in ("stopped", "cancelled"):
+        if sweep.control in (Control.STOPPED, Control.CANCELLED):
             logger.info("preemptible: sweep %s is %s; agent exits", sweep.id, sweep.control)
             return True
-        if sweep.control == "paused":
+        if sweep.control == Control.PAUSED:
             return False
         states = {r.state for r in self.store.runs(sweep.id)}
-        if states & {"PENDING", "RUNNING"}:
+        if states & {QueueState.PENDING, QueueState.RUNNING}:
             return False
         logger.info("preemptible: sweep %s has nothing left to run; agent exits", sweep.id)
         return True
@@ -317,8 +318,8 @@ class Agent:
             s.signum for s in supervisor.signals if not any(s is r for r in supervisor.requested)
         ]
         ending = str(attempt.state)
-        if beat.expired and ending != "FINISHED":
-            ending = "PREEMPTED"  # stopped for this agent's lease, not for anything it did
+        if beat.expired and ending != Ending.FINISHED:
+            ending = Ending.PREEMPTED  # stopped for this agent's lease, not for anything it did
         record = read_record(attempt_dir)
         try:
             state = self.store.finish(
@@ -351,7 +352,7 @@ class Agent:
             )
         if received:
             return self._stopped(received[0])
-        quick = ending in ("FAILED", "CRASHED") and attempt.duration < QUICK_FAILURE
+        quick = ending in (Ending.FAILED, Ending.CRASHED) and attempt.duration < QUICK_FAILURE
         if not quick:
             self._streak = 0
             return None
@@ -414,7 +415,7 @@ class Agent:
             agent=self.id,
             attempt=claim.attempt,
             epoch=claim.epoch,
-            ending="FAILED",
+            ending=Ending.FAILED,
             exit_code=None,
             duration=0.0,
             checkpoint_step=None,
@@ -537,7 +538,7 @@ class _Lease:
                     "preemptible: heartbeat of run %s: %s; the run goes on", claim.run_id, exc
                 )
                 continue
-            if control.control == "cancelled" and (not cancelled or control.cancel_now):
+            if control.control == Control.CANCELLED and (not cancelled or control.cancel_now):
                 now = control.cancel_now
                 logger.warning(
                     "preemptible: sweep %s cancelled%s; stopping run %s",

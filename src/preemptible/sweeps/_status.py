@@ -47,6 +47,7 @@ from rich.text import Text
 
 from .._env import env_float
 from .._errors import ConfigError, PreemptibleError, StoreError
+from .._states import Ending, QueueState
 from .._text import format_age as format_age  # importable from here, as before
 from .._text import printable
 from ._fields import DECODER, decode_object, field_error
@@ -65,35 +66,32 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("preemptible")
 
-STATES = (
-    *("PENDING", "RUNNING", "FINISHED", "PREEMPTED"),
-    *("FAILED", "CRASHED", "KILLED", "CANCELLED"),
-)
+STATES = tuple(QueueState)  # the order of the counts line
 STATE_STYLES = {
-    "FINISHED": "green",
-    "RUNNING": "blue",
-    "PENDING": "dim",
-    "PREEMPTED": "yellow",
-    "CRASHED": "yellow",
-    "FAILED": "red",
-    "KILLED": "red",
-    "CANCELLED": "grey50",
+    QueueState.FINISHED: "green",
+    QueueState.RUNNING: "blue",
+    QueueState.PENDING: "dim",
+    QueueState.PREEMPTED: "yellow",
+    QueueState.CRASHED: "yellow",
+    QueueState.FAILED: "red",
+    QueueState.KILLED: "red",
+    QueueState.CANCELLED: "grey50",
 }
 # Bar colours of the timeline by how the attempt ended (None: still running).
 ENDING_COLOURS: dict[str | None, str] = {
-    "FINISHED": "#2ca02c",
-    "PREEMPTED": "#ffbf00",
-    "CRASHED": "#ff7f0e",
-    "FAILED": "#d62728",
-    "KILLED": "#8c1c13",
-    "CANCELLED": "#7f7f7f",
-    "RELEASED": "#c7c7c7",
+    Ending.FINISHED: "#2ca02c",
+    Ending.PREEMPTED: "#ffbf00",
+    Ending.CRASHED: "#ff7f0e",
+    Ending.FAILED: "#d62728",
+    Ending.KILLED: "#8c1c13",
+    Ending.CANCELLED: "#7f7f7f",
+    Ending.RELEASED: "#c7c7c7",
     None: "#1f77b4",
 }
 PLOT_INSTALL = "pip install 'preemptible[plot]'"
 MAX_ROWS = 100  # the table shows at most this many runs (--watch: what fits the terminal)
 UNREADABLE = "(unreadable)"
-_PROBLEMS = ("FAILED", "CRASHED", "KILLED", "PREEMPTED")  # final states worth a row
+_PROBLEMS = (QueueState.FAILED, QueueState.CRASHED, QueueState.KILLED, QueueState.PREEMPTED)
 _VALUE_WIDTH = 24  # a parameter value longer than this is shortened
 _MAX_LABELS = 50  # the timeline labels at most this many runs on its y axis
 _WARN_LIMIT = 10  # unreadable fields named one by one; then one line says how many more
@@ -359,14 +357,12 @@ def _pick_rows(scanned: Sequence[_Scanned], best: str | None, limit: int) -> lis
     def latest(rows: Iterable[_Scanned]) -> list[_Scanned]:
         return heapq.nlargest(limit, rows, key=lambda r: (r[4], r[0]))
 
+    running = QueueState.RUNNING
     groups = [
-        (
-            heapq.nsmallest(limit, (r for r in scanned if r[2] == "RUNNING"), key=lambda r: r[4]),
-            0.4,
-        ),
+        (heapq.nsmallest(limit, (r for r in scanned if r[2] == running), key=lambda r: r[4]), 0.4),
         ([r for r in scanned if r[1] == best], 1.0),
         (latest(r for r in scanned if r[2] in _PROBLEMS), 0.3),
-        (latest(r for r in scanned if r[2] == "PENDING" and r[3] > 0), 0.1),
+        (latest(r for r in scanned if r[2] == QueueState.PENDING and r[3] > 0), 0.1),
         (latest(scanned), 1.0),
     ]
     chosen: dict[str, int] = {}
@@ -451,7 +447,7 @@ def _run_doc(
             step = a["checkpoint_step"]
     newest = log[-1] if log else None
     heartbeat_age = None
-    if state == "RUNNING":
+    if state == QueueState.RUNNING:
         # updated_at of a RUNNING run is its last claim, heartbeat or relayed report: each is
         # the lease holder showing it is alive (the lease length itself is not stored)
         heartbeat_age = max(0.0, now - updated_at)
@@ -932,7 +928,7 @@ def timeline_figure(doc: Mapping[str, Any]) -> Figure:
             colours.append(ENDING_COLOURS.get(ending, "#9467bd"))
             if ending not in seen:
                 seen.append(ending)
-            if ending == "PREEMPTED" or a.get("lost"):
+            if ending == Ending.PREEMPTED or a.get("lost"):
                 marks_x.append(x1)
                 marks_y.append(y)
     # one collection for all bars: an artist per bar takes seconds for a sweep of 1000 runs
@@ -956,7 +952,7 @@ def timeline_figure(doc: Mapping[str, Any]) -> Figure:
         ax.text(0.5, 0.5, "no attempts yet", transform=ax.transAxes, ha="center", va="center")
     order = [e for e in ENDING_COLOURS if e in seen] + [e for e in seen if e not in ENDING_COLOURS]
     handles: list[Any] = [
-        Patch(color=ENDING_COLOURS.get(e, "#9467bd"), label=e or "running") for e in order
+        Patch(color=ENDING_COLOURS.get(e, "#9467bd"), label=e or "still running") for e in order
     ]
     if marks_x:
         handles.append(

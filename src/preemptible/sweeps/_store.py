@@ -62,11 +62,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from .._env import env_float, env_str
 from .._errors import ConfigError, LeaseLost, PreemptibleError, StoreError
 from .._errors import DatabaseGone as DatabaseGone  # importable from here, as before
+from .._states import Control, Ending, QueueState, spend
 from .._text import printable as printable  # importable from here, as before
 from ._fields import decode_object, field_error, strict_object
 from ._redact import redact_url, userinfo_problem
@@ -75,10 +76,10 @@ from ._sample import Observation  # what ``propose`` reads: (params, metric, fin
 logger = logging.getLogger("preemptible")
 
 T = TypeVar("T")
-ControlName = Literal["running", "stopped", "paused", "cancelled"]
-CONTROLS = ("running", "stopped", "paused", "cancelled")
-ENDINGS = ("FINISHED", "FAILED", "PREEMPTED", "KILLED", "CRASHED", "CANCELLED")
-RELEASED = "RELEASED"  # the attempt's ending when a stopping agent hands its run back
+ControlName = Control | str  # a Control, or its value
+CONTROLS = tuple(c.value for c in Control)
+ENDINGS = tuple(e.value for e in Ending if e is not Ending.RELEASED)  # what an attempt reports
+RELEASED = Ending.RELEASED  # the attempt's ending when a stopping agent hands its run back
 LEASE_EXPIRED = "(lease expired)"  # closed_by of an attempt ended by someone else's expiry
 LEASE_MARGIN = 0.2
 """The share of a lease that separates its holder's own deadline from a takeover: the holder
@@ -208,7 +209,9 @@ class Claim:
     epoch: int = 0  # the lease epoch: heartbeats, finish, release and abandon carry it
 
 
-class Control(NamedTuple):
+class Orders(NamedTuple):
+    """What a heartbeat answers: the sweep's control and whether a cancel is immediate."""
+
     control: str
     cancel_now: bool
 
@@ -512,20 +515,25 @@ def settle(
     max_preemptions: int,
     max_failures: int,
     control: str,
-) -> tuple[str, int, int]:
+) -> tuple[QueueState, int, int]:
     """(run state, preemptions, failures) after an attempt ended ``ending`` (module docstring).
-    ``lost``: the lease expired; it counts as a preemption whatever the ending."""
-    if ending == "FINISHED":
-        return "FINISHED", preemptions, failures
-    if control == "cancelled" or ending == "CANCELLED":
-        return "CANCELLED", preemptions, failures
-    if ending == "KILLED" and not lost:
-        return "KILLED", preemptions, failures
-    if lost or ending == "PREEMPTED":
-        preemptions += 1
-        return ("PENDING" if preemptions <= max_preemptions else ending), preemptions, failures
-    failures += 1
-    return ("PENDING" if failures <= max_failures else ending), preemptions, failures
+    ``lost``: the lease expired; it counts as a preemption whatever the ending. The budgets are
+    spent by the same rule as ``preemptible run``'s restarts (``_states.spend``)."""
+    if ending == Ending.FINISHED:
+        return QueueState.FINISHED, preemptions, failures
+    if control == Control.CANCELLED or ending == Ending.CANCELLED:
+        return QueueState.CANCELLED, preemptions, failures
+    if ending == Ending.KILLED and not lost:
+        return QueueState.KILLED, preemptions, failures
+    spent = spend(
+        preempted=lost or ending == Ending.PREEMPTED,
+        preemptions=preemptions,
+        failures=failures,
+        max_preemptions=max_preemptions,
+        max_failures=max_failures,
+    )
+    state = QueueState.PENDING if spent.again else QueueState(ending)
+    return state, spent.preemptions, spent.failures
 
 
 # -- the store --------------------------------------------------------------------------------
@@ -785,20 +793,20 @@ class Store:
         sweep stays cancelled."""
         if control not in CONTROLS:
             raise ConfigError(f"control={control!r} is not valid; use one of {', '.join(CONTROLS)}")
-        if now and control != "cancelled":
+        if now and control != Control.CANCELLED:
             raise ConfigError("now=True goes only with control='cancelled'")
 
         def change(tx: _Tx) -> None:
             row = tx.one("lock_sweep", id=sweep_id)
             if row is None:
                 raise self._no_sweep(sweep_id)
-            if row["control"] == "cancelled" and control != "cancelled":
+            if row["control"] == Control.CANCELLED and control != Control.CANCELLED:
                 raise ConfigError(
                     f"sweep {sweep_id!r} is cancelled; a cancelled sweep cannot be {control}"
                 )
-            cancel_now = int(control == "cancelled" and (now or bool(row["cancel_now"])))
+            cancel_now = int(control == Control.CANCELLED and (now or bool(row["cancel_now"])))
             tx.run("set_control", id=sweep_id, control=control, cancel_now=cancel_now)
-            if control == "cancelled":
+            if control == Control.CANCELLED:
                 tx.run("cancel_pending", sweep_id=sweep_id)
 
         self._transact(change)
@@ -817,7 +825,7 @@ class Store:
             row = tx.one("lock_sweep", id=sweep_id)
             if row is None:
                 raise self._no_sweep(sweep_id)
-            if row["control"] == "cancelled":
+            if row["control"] == Control.CANCELLED:
                 raise ConfigError(f"sweep {sweep_id!r} is cancelled; it takes no new runs")
             first, cap = row["runs_created"], row["run_cap"]
             if cap is not None and first + len(texts) > cap:
@@ -866,13 +874,13 @@ class Store:
                     return self._claim(tx, mine["id"])
             self._expire(tx, local)
             sweep = self._sweep(tx, sweep_id)
-            if sweep.control != "running":
+            if sweep.control != Control.RUNNING:
                 return None
             picked = self._pick(tx, sweep_id, local)
             if picked is None and propose is not None:
                 locked = tx.one("lock_sweep", id=sweep_id)  # one creator at a time
                 assert locked is not None
-                if locked["control"] != "running":
+                if locked["control"] != Control.RUNNING:
                     return None
                 # a run may have come back, or been added, while this waited for the lock
                 picked = self._pick(tx, sweep_id, local)
@@ -965,7 +973,7 @@ class Store:
 
     def heartbeat(
         self, run_id: str, *, agent: str, lease: float, attempt: int, epoch: int | None = None
-    ) -> Control:
+    ) -> Orders:
         """Extend the lease by ``lease`` seconds from now (database clock); the sweep's control,
         so that the agent sees a stop, pause or cancel within one heartbeat. Raises LeaseLost
         when the run is no longer this agent's claim ``epoch`` (another agent took it over); a
@@ -974,7 +982,7 @@ class Store:
         _check_seconds("lease", lease)
         fence = -1 if epoch is None else epoch
 
-        def beat(tx: _Tx) -> Control:
+        def beat(tx: _Tx) -> Orders:
             renewed = tx.run(
                 "heartbeat", id=run_id, agent=agent, lease=lease, attempt=attempt, epoch=fence
             )
@@ -982,7 +990,7 @@ class Store:
                 raise self._lease_lost(tx, run_id, agent, attempt)
             row = tx.one("control_of_run", id=run_id)
             assert row is not None
-            return Control(row["control"], bool(row["cancel_now"]))
+            return Orders(row["control"], bool(row["cancel_now"]))
 
         return self._transact(beat)
 
@@ -1065,7 +1073,7 @@ class Store:
                     if (
                         row is not None
                         and row["lease_epoch"] == epoch
-                        and row["state"] != "RUNNING"
+                        and row["state"] != QueueState.RUNNING
                     ):
                         return  # an earlier try did it, its acknowledgement lost
                 raise self._lease_lost(tx, run_id, agent, attempt)
@@ -1094,12 +1102,12 @@ class Store:
                 if (
                     run["attempt_closed_by"] == LEASE_EXPIRED
                     and run["attempt"] == attempt
-                    and run["state"] != "RUNNING"
+                    and run["state"] != QueueState.RUNNING
                     and not stale
                 ):
                     return self._late(tx, run, agent, attempt, ending, values)
                 raise self._lease_lost(tx, run_id, agent, attempt)
-            if run["state"] != "RUNNING" or run["attempt"] != attempt:
+            if run["state"] != QueueState.RUNNING or run["attempt"] != attempt:
                 raise self._lease_lost(tx, run_id, agent, attempt)
             if run["lease_owner"] != agent or (epoch is not None and run["lease_epoch"] != epoch):
                 raise self._lease_lost(tx, run_id, agent, attempt)
@@ -1123,7 +1131,9 @@ class Store:
         run: Mapping[str, Any], ending: str, preemptions: int
     ) -> tuple[str, Sequence[int]]:
         if ending == RELEASED:
-            state = "CANCELLED" if run["control"] == "cancelled" else "PENDING"
+            state = (
+                QueueState.CANCELLED if run["control"] == Control.CANCELLED else QueueState.PENDING
+            )
             return state, (preemptions, run["failures"])
         state, *counts = settle(
             ending,
@@ -1149,7 +1159,8 @@ class Store:
         had run out) when no other attempt has started since: it replaces the lost ending.
         The takeover counted a preemption (unless it cancelled the run): taken back."""
         run_id = run["id"]
-        preemptions = run["preemptions"] - (0 if run["attempt_outcome"] == "CANCELLED" else 1)
+        taken_back = run["attempt_outcome"] != QueueState.CANCELLED
+        preemptions = run["preemptions"] - taken_back
         state, counts = self._outcome(run, ending, max(preemptions, 0))
         changed = tx.run(
             "resettle_run",
@@ -1221,7 +1232,7 @@ class Store:
         for r in tx.all("expired_runs"):
             if not self._gone(r, local):
                 continue
-            ending = "PREEMPTED" if r["marked_preempting"] else "CRASHED"
+            ending = Ending.PREEMPTED if r["marked_preempting"] else Ending.CRASHED
             state, *counts = settle(
                 ending,
                 lost=True,
@@ -1368,5 +1379,5 @@ class Store:
             if params is None:  # unreadable: it can tell a sampler nothing (claims fail it)
                 continue
             metric = _metric(_loads(r["summary"]), name)
-            seen.append(Observation(params, metric, r["state"] == "FINISHED"))
+            seen.append(Observation(params, metric, r["state"] == QueueState.FINISHED))
         return seen
