@@ -111,12 +111,50 @@ class RunPaths:
         return max(self.attempt_numbers(), default=0)
 
 
+class NotRegularFile(OSError):
+    """The path is there but is not a regular file (``kind`` says what it is instead)."""
+
+    def __init__(self, path: Path, mode: int) -> None:
+        self.kind = file_kind(mode)
+        super().__init__(f"{path} is {self.kind}, not a regular file")
+
+
+def file_kind(mode: int) -> str:
+    """What an ``st_mode`` is, in words (for a message)."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_bounded(path: Path, max_bytes: int) -> bytes:
+    """Up to ``max_bytes + 1`` bytes of a regular file (one more than allowed, so a caller can
+    tell a file that is too large). Opened non-blocking and checked before reading: a FIFO
+    would block, a device be endless. Raises OSError: FileNotFoundError and the like as
+    ``open`` does, NotRegularFile for anything but a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, mode)
+        with open(fd, "rb", closefd=False) as fh:
+            return fh.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+
+
 def read_regular(path: Path, max_bytes: int) -> bytes | None:
     """Up to ``max_bytes`` of a regular file, or None when it is missing, unreadable or not a
-    regular file. Opened non-blocking and checked before reading: a FIFO would block, a
-    device be endless."""
-    read = _read(path, max_bytes, tail=False)
-    return None if read is None else read[0]
+    regular file (``read_bounded``, for readers to whom all of those mean "nothing there")."""
+    try:
+        return read_bounded(path, max_bytes)[:max_bytes]
+    except (OSError, ValueError):
+        return None
 
 
 def _read(path: Path, max_bytes: int, *, tail: bool) -> tuple[bytes, int] | None:

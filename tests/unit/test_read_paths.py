@@ -86,3 +86,31 @@ def test_the_journal_reader_keeps_objects_and_marks_odd_lines(tmp_path: Path) ->
     assert read_journal(journal, 1 << 16) == [{"attempt": 1}, {}, {}, {"attempt": 2}]
     assert read_journal(tmp_path / "missing", 1 << 16) == []
     assert tail_lines(journal, 16) == ['{"attempt": 2}']  # the first line read was cut
+
+
+def test_read_bounded_says_what_a_path_is_and_reads_one_byte_past_the_limit(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    from preemptible._errors import NoticeError
+    from preemptible._paths import NotRegularFile, read_bounded, read_regular
+    from preemptible.notices._lease import LeaseFile
+
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 100)
+    assert read_bounded(big, 10) == b"x" * 11  # the caller can tell it is too large
+    assert read_regular(big, 10) == b"x" * 10
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((tmp_path, "a directory"), (fifo, "a FIFO")):
+        with pytest.raises(NotRegularFile) as caught:
+            read_bounded(path, 10)
+        assert caught.value.kind == kind
+        assert read_regular(path, 10) is None
+    with pytest.raises(FileNotFoundError):
+        read_bounded(tmp_path / "missing", 10)
+    # the lease reader: a missing file is no lease, a FIFO a bad one (never a wait)
+    assert LeaseFile(tmp_path / "missing").remaining() is None
+    with pytest.raises(NoticeError, match="a FIFO"):
+        LeaseFile(fifo).remaining()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import NoticeError
+from .._paths import read_bounded
 from ..stop._termination import Notice
 
 logger = logging.getLogger("preemptible")
@@ -115,12 +116,9 @@ class LeaseFile:
     def remaining(self) -> tuple[float, dict[str, Any]] | None:
         """Seconds until the lease's deadline (negative: past), and the file; None without one."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            doc = json.loads(read_bounded(self.path, _MAX_BYTES)[:_MAX_BYTES])
         except (FileNotFoundError, NotADirectoryError):
             return None
-        try:
-            with os.fdopen(fd, "rb") as fh:
-                doc = json.loads(fh.read(_MAX_BYTES))
         except (OSError, ValueError, RecursionError) as exc:
             raise NoticeError(f"{self.display} is not a lease file ({exc})") from exc
         if not isinstance(doc, dict):
