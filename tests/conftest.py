@@ -266,3 +266,17 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 # ---- end of the sweep store block -----------------------------------------------------------
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Two lanes under ``-n 2 --dist loadgroup`` (``make test``'s integration tier): the tests
+    marked ``waits`` and those that submit SLURM jobs (one lane, so that jobs never queue
+    behind each other on the one node) in one, every other test in the other, each lane one
+    test at a time. A waiting test costs the other lane little CPU, so the tests that time
+    real processes against deadlines still run almost as if alone. Runs before xdist's own
+    hook, which reads the groups."""
+    for item in items:
+        waits = item.get_closest_marker("waits") or "sbatch" in getattr(item, "fixturenames", ())
+        lane = "waits" if waits else "serial"
+        item.add_marker(pytest.mark.xdist_group(lane))

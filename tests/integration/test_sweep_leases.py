@@ -126,6 +126,7 @@ def lease_ended(db: str, run_id: str, margin: bool) -> bool:
 
 
 # -- the reproduction ------------------------------------------------------------------
+@pytest.mark.waits
 def test_a_stopped_agent_s_run_that_reaches_its_end_is_finished_after_one_attempt(
     tmp_path: Path, spawn: Callable[..., Child], store_url: str
 ) -> None:
@@ -152,6 +153,7 @@ def test_a_stopped_agent_s_run_that_reaches_its_end_is_finished_after_one_attemp
     assert "could not start" not in b.output and "attempt 1 of run" not in b.output
 
 
+@pytest.mark.waits
 def test_a_stopped_agent_s_run_stops_itself_before_the_lease_ends_and_resumes_exactly(
     tmp_path: Path, spawn: Callable[..., Child]
 ) -> None:
@@ -187,6 +189,7 @@ def test_a_stopped_agent_s_run_stops_itself_before_the_lease_ends_and_resumes_ex
 
 
 # -- two hosts, one checkpoint directory -------------------------------------------------------
+@pytest.mark.waits
 def test_an_agent_on_another_host_takes_over_only_after_the_stopped_holder_s_run_is_gone(
     tmp_path: Path, spawn: Callable[..., Child], store_url: str
 ) -> None:
@@ -283,6 +286,7 @@ def test_runs_that_finish_while_postgresql_is_down_past_their_lease_are_not_run_
 
 
 # -- a host whose wall clock steps -------------------------------------------------------------
+@pytest.mark.waits
 def test_a_step_of_the_host_s_wall_clock_neither_stops_nor_doubles_a_run(
     tmp_path: Path, spawn: Callable[..., Child], store_url: str
 ) -> None:
@@ -315,6 +319,7 @@ def test_a_step_of_the_host_s_wall_clock_neither_stops_nor_doubles_a_run(
 
 
 # -- the SQLite file deleted under running agents ----------------------------------------------
+@pytest.mark.waits
 def test_the_sqlite_file_deleted_under_running_agents_stops_each_with_one_line(
     tmp_path: Path, spawn: Callable[..., Child]
 ) -> None:
