@@ -40,6 +40,7 @@ import yaml
 
 from .._errors import ConfigError
 from ._command import DEFAULT_COMMAND, macro_problem, uses_macro
+from ._hyperband import early_terminate_problem
 
 Method = Literal["grid", "random", "bayes"]
 Goal = Literal["minimize", "maximize"]
@@ -399,8 +400,10 @@ def _parse(data: object) -> SweepSpec:
     for key in ("description", "project", "entity"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             _fail(key, f"must be text, not {_what(raw[key])}")
-    if raw.get("early_terminate") is not None and not isinstance(raw["early_terminate"], dict):
-        _fail("early_terminate", f"must be a mapping, not {_what(raw['early_terminate'])}")
+    if raw.get("early_terminate") is not None:  # checked here; not yet acted on (ignored)
+        problem = early_terminate_problem(raw["early_terminate"])
+        if problem is not None:
+            _fail("", problem)  # the line names its own key path: early_terminate.eta: ...
 
     method = raw.get("method")
     if method is None:
@@ -411,6 +414,8 @@ def _parse(data: object) -> SweepSpec:
         _fail("parameters", "required: the parameters to sweep, e.g. {lr: {min: 0.0001, max: 0.1}}")
     parameters = _parameters("parameters", raw["parameters"], 0)
     metric = _metric(raw.get("metric"), ignored)
+    if metric is None and raw.get("early_terminate") is not None:
+        _fail("metric", "required for early_terminate, e.g. {name: val_loss, goal: minimize}")
     if metric is None and method == "bayes":
         _fail("metric", "required for method bayes, e.g. {name: val_loss, goal: minimize}")
     run_cap = _count(raw, "run_cap", None, minimum=1)
