@@ -740,15 +740,10 @@ def _bounded(path: str, dist: str, data: dict[str, Any]) -> ParamSpec:
             _fail(
                 path, f"min and max of {dist} are natural logs; keep them within +-{_EXP_LIMIT:g}"
             )
-        # inv_log_uniform: 1/x is log-uniform from exp(min) to exp(max)
-        low, high = (
-            (math.exp(-hi), math.exp(-lo))
-            if dist.startswith("inv_")
-            else (
-                math.exp(lo),
-                math.exp(hi),
-            )
-        )
+        if dist == "inv_log_uniform":  # 1/x is log-uniform from exp(min) to exp(max)
+            low, high = math.exp(-hi), math.exp(-lo)
+        else:
+            low, high = math.exp(lo), math.exp(hi)
     if not math.isfinite(float(high) - float(low)):
         _fail(path, "max - min is too large for floating point")
     if not dist.startswith("q_"):
