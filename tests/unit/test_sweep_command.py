@@ -211,3 +211,19 @@ def test_args_no_equals_reaches_the_program_as_separate_arguments(tmp_path: Path
     argv = build(spec, tmp_path, {"name": "a b", "n": 3})
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
     assert json.loads(out) == ["--name", "a b", "--n", "3"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "macro",
+    [
+        *("args", "args_no_hyphens", "args_no_boolean_flags", "args_no_equals"),
+        *("args_append_hydra", "args_override_hydra"),
+    ],
+)
+def test_every_multi_element_macro_is_what_wandb_itself_builds(macro: str, tmp_path: Path) -> None:
+    utils = pytest.importorskip("wandb.sdk.launch.sweeps.utils")  # the 'wandb' extra
+    params = {**TYPED, "n": 3, "nested": {"a": [1, {"b": None}]}, "empty": "", "q": "it's"}
+    theirs = utils.create_sweep_command_args({"args": {k: {"value": v} for k, v in params.items()}})
+    spec = make(["${" + macro + "}"])
+    assert build(spec, tmp_path, params) == theirs[macro]

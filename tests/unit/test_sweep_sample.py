@@ -389,3 +389,47 @@ def test_grid_gives_grid_size_distinct_points_then_none(spec_: dict[str, Any]) -
         check_params(spec_, p)
     assert len({canonical(p) for p in points}) == size
     assert propose(s, [], index=size, seed=0) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    low=st.integers(-50, 50) | st.floats(-50, 50).map(lambda x: round(x, 2)),
+    width=st.integers(1, 20) | st.floats(0.01, 20).map(lambda x: round(x, 3)),
+    q=st.sampled_from([0.05, 0.1, 0.25, 0.3, 0.5, 1, 2, 3, 1.5]),
+)
+def test_grid_q_uniform_is_numpys_arange_as_in_wandb(low: float, width: float, q: float) -> None:
+    np = pytest.importorskip("numpy")
+    high = low + width
+    expected = np.arange(low, high, q).tolist()  # what W&B's grid_search.py runs
+    s = make("grid", {"a": {"distribution": "q_uniform", "min": low, "max": high, "q": q}})
+    got = [propose(s, [], index=i, seed=0)["a"] for i in range(len(expected))]  # type: ignore[index]
+    assert s.grid_size() == len(expected)
+    assert [type(v) for v in got] == [type(v) for v in expected]
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    spec_=st.sampled_from(
+        [
+            {"distribution": "q_uniform", "min": 0.02, "max": 0.5, "q": 0.1},
+            {"distribution": "q_uniform", "min": -7, "max": 9, "q": 2},
+            {"distribution": "q_log_uniform_values", "min": 1, "max": 11, "q": 4},
+            {"distribution": "q_log_uniform", "min": -3, "max": 2, "q": 0.5},
+            {"distribution": "q_beta", "a": 0.5, "b": 0.5, "q": 0.3},
+        ]
+    ),
+    seed=st.integers(0, 2**32),
+)
+def test_q_draws_are_numpys_round_of_the_draw_as_in_wandb(spec_: dict[str, Any], seed: int) -> None:
+    """W&B's ppf: np.round(x / q) * q, halves to even, an integer for an integer q."""
+    np = pytest.importorskip("numpy")
+    s = make("random", {"a": spec_})
+    param = s.parameters["a"]
+    rng = random.Random(seed)
+    for _ in range(20):
+        x = rng.uniform(param.low, param.high)
+        expected = np.round(x / spec_["q"]) * spec_["q"]
+        got = param.quantize(x)
+        assert got == pytest.approx(float(expected), abs=1e-12)
+        assert type(got) is (int if type(spec_["q"]) is int else float)
