@@ -27,11 +27,17 @@ ALL_KINDS = (
     "q_normal",
     "log_normal",
     "q_log_normal",
+    "categorical_w_probabilities",
+    "inv_log_uniform",
+    "inv_log_uniform_values",
+    "beta",
+    "q_beta",
 )
 VOCABULARY = (
     *("program", "command", "method", "metric", "parameters", "run_cap", "name"),
     *("max_failures", "max_preemptions", "term_timeout", "description", "early_terminate"),
     *("distribution", "value", "values", "probabilities", "min", "max", "mu", "sigma", "q"),
+    *("a", "b", "controller", "type", "local", "${args_no_equals}", "${args_override_hydra}"),
     *("goal", "minimize", "maximize", "target", *METHODS, *ALL_KINDS),
     *("${args}", "${program}", "${env}", "${args_json_file}", "--x=${args}", "${nope}"),
 )
@@ -63,13 +69,16 @@ def leaf(draw: st.DrawFn, *, grid: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"distribution": kind} if explicit else {}
     if kind == "constant":
         out["value"] = draw(VALUES)
-    elif kind == "categorical":
-        values = draw(st.lists(VALUES, min_size=1, max_size=4, unique_by=canonical))
+    elif kind in ("categorical", "categorical_w_probabilities"):
+        # values may repeat: weights to random and bayes, run once by a grid, as in W&B
+        values = draw(st.lists(VALUES, min_size=1, max_size=4))
         out["values"] = values
-        if not grid and draw(st.booleans()):
+        if kind == "categorical_w_probabilities" or (not grid and draw(st.booleans())):
             weights = draw(st.lists(st.integers(0, 5), min_size=len(values), max_size=len(values)))
-            if sum(weights) > 0:
-                out["probabilities"] = [w / sum(weights) for w in weights]
+            weights[0] += 1 if sum(weights) == 0 else 0
+            out["probabilities"] = [w / sum(weights) for w in weights]
+            if kind == "categorical_w_probabilities":
+                out["distribution"] = kind
     elif kind == "int_uniform":
         low = draw(st.integers(-1000, 1000))
         out.update(min=low, max=low + draw(st.integers(0, 4 if grid else 10**6)))
@@ -95,6 +104,19 @@ def leaf(draw: st.DrawFn, *, grid: bool = False) -> dict[str, Any]:
         low = draw(st.floats(-2, 3))
         high = math.log(math.exp(low) + q * draw(st.floats(1.0, 20.0)))
         out.update(distribution=kind, q=q, min=low, max=high)
+    elif kind == "inv_log_uniform":
+        low = draw(st.floats(-10, 20))
+        out.update(distribution=kind, min=low, max=low + draw(st.floats(0.0, 10.0)))
+    elif kind == "inv_log_uniform_values":
+        low = draw(st.floats(1e-6, 1e3))
+        out.update(distribution=kind, min=low, max=low * draw(st.floats(1.0, 1e3)))
+    elif kind in ("beta", "q_beta"):
+        out["distribution"] = kind
+        for key in ("a", "b"):
+            if draw(st.booleans()):
+                out[key] = draw(st.floats(0.05, 50.0) | st.integers(1, 20))
+        if kind == "q_beta" and draw(st.booleans()):
+            out["q"] = draw(QS)
     else:  # the normals
         out["distribution"] = kind
         if draw(st.booleans()):
@@ -185,18 +207,25 @@ spec_like = st.fixed_dictionaries(
 )
 
 
-def check_value(param: dict[str, Any], value: Any) -> None:
-    """Assert that ``value`` is one the raw parameter spec ``param`` allows."""
+def check_value(param: dict[str, Any], value: Any, *, grid: bool = False) -> None:
+    """Assert that ``value`` is one the raw parameter spec ``param`` allows (in a grid when
+    ``grid``)."""
     if "parameters" in param:
         assert isinstance(value, dict) and list(value) == list(param["parameters"]), value
         for name, member in param["parameters"].items():
-            check_value(member, value[name])
+            check_value(member, value[name], grid=grid)
         return
     kind = param.get("distribution") or _inferred(param)
     if kind == "constant":
         assert canonical(value) == canonical(param["value"])
-    elif kind == "categorical":
+    elif kind in ("categorical", "categorical_w_probabilities"):
         assert canonical(value) in {canonical(v) for v in param["values"]}
+    elif kind == "q_uniform" and grid:  # W&B's arange(min, max, q)
+        low, q = param["min"], param.get("q", 1.0)
+        k = round((value - low) / q)
+        assert k >= 0 and abs(low + k * q - value) <= 1e-9 * max(1.0, abs(value)), (param, value)
+        assert value < param["max"] or math.isclose(value, param["max"]), (param, value)
+        assert (type(value) is int) == all(type(param[k]) is int for k in ("min", "max", "q"))
     elif kind == "int_uniform":
         assert type(value) is int and param["min"] <= value <= param["max"]
     elif kind in ("normal", "q_normal", "log_normal", "q_log_normal"):
@@ -206,17 +235,24 @@ def check_value(param: dict[str, Any], value: Any) -> None:
         if kind.startswith("q_"):
             _check_multiple(param["q"], value)
     else:
-        low, high = param["min"], param["max"]
+        low, high = (0.0, 1.0) if kind in ("beta", "q_beta") else (param["min"], param["max"])
         if kind in ("log_uniform", "q_log_uniform"):
             low, high = math.exp(low) * (1 - 1e-12), math.exp(high) * (1 + 1e-12)
+        elif kind == "inv_log_uniform":
+            low, high = math.exp(-high) * (1 - 1e-12), math.exp(-low) * (1 + 1e-12)
+        elif kind == "inv_log_uniform_values":
+            low, high = low * (1 - 1e-12), high * (1 + 1e-12)
         assert isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind.startswith("q_"):  # W&B's round(x / q) * q, not clamped to min and max
+            q = param.get("q", 1.0)
+            _check_multiple(q, value)
+            low, high = round(low / q) * q, round(high / q) * q
+            low, high = low - 1e-9 * abs(low), high + 1e-9 * abs(high)
         assert low <= value <= high, (low, value, high)
-        if kind.startswith("q_"):
-            _check_multiple(param.get("q", 1.0), value)
 
 
 def check_params(spec: dict[str, Any], params: dict[str, Any]) -> None:
-    check_value({"parameters": spec["parameters"]}, params)
+    check_value({"parameters": spec["parameters"]}, params, grid=spec["method"] == "grid")
 
 
 def _check_multiple(q: float, value: float) -> None:

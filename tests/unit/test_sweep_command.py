@@ -145,3 +145,85 @@ def test_the_program_receives_each_value_as_one_untouched_argument(tmp_path: Pat
         f"--cfg={tmp_path / 'run' / 'p.json'}",
     ]
     assert seen["file"] == params
+
+
+# Each value type once; the expected elements are what W&B's agent builds for the same
+# parameters (wandb/sdk/launch/sweeps/utils.py create_sweep_command_args: str() of the value).
+TYPED: dict[str, Any] = {
+    "name": "a b c",
+    "flag": True,
+    "off": False,
+    "lr": 0.1,
+    "small": 1e-05,
+    "layers": [64, 32],
+    "opt": {"beta": 0.9, "name": "adam"},
+    "none": None,
+    "neg": -2.5,
+}
+
+
+@pytest.mark.parametrize(
+    ("macro", "expected"),
+    [
+        (
+            "${args_no_equals}",
+            [
+                *("--name", "a b c", "--flag", "True", "--off", "False", "--lr", "0.1"),
+                *("--small", "1e-05", "--layers", "[64, 32]"),
+                *("--opt", "{'beta': 0.9, 'name': 'adam'}", "--none", "None", "--neg", "-2.5"),
+            ],
+        ),
+        (
+            "${args_append_hydra}",
+            [
+                *("+name=a b c", "+flag=True", "+off=False", "+lr=0.1", "+small=1e-05"),
+                *("+layers=[64, 32]", "+opt={'beta': 0.9, 'name': 'adam'}", "+none=None"),
+                "+neg=-2.5",
+            ],
+        ),
+        (
+            "${args_override_hydra}",
+            [
+                *("++name=a b c", "++flag=True", "++off=False", "++lr=0.1", "++small=1e-05"),
+                *("++layers=[64, 32]", "++opt={'beta': 0.9, 'name': 'adam'}", "++none=None"),
+                "++neg=-2.5",
+            ],
+        ),
+    ],
+)
+def test_the_other_wandb_macros_give_wandbs_elements(
+    macro: str, expected: list[str], tmp_path: Path
+) -> None:
+    spec = make(["python", "${program}", macro])
+    assert build(spec, tmp_path, TYPED) == ["python", "train.py", *expected]
+    assert build(spec, tmp_path, {}) == ["python", "train.py"]  # no parameters: no elements
+
+
+@pytest.mark.parametrize("macro", ["args_no_equals", "args_append_hydra", "args_override_hydra"])
+def test_the_other_multi_element_macros_must_be_a_whole_element(macro: str) -> None:
+    with pytest.raises(ConfigError, match=rf"command\[1\]: \$\{{{macro}\}} expands to one"):
+        make(["python", f"--x=${{{macro}}}"])
+
+
+def test_args_no_equals_reaches_the_program_as_separate_arguments(tmp_path: Path) -> None:
+    script = "import sys, json; print(json.dumps(sys.argv[1:]))"
+    spec = make([sys.executable, "-c", script, "${args_no_equals}"])
+    argv = build(spec, tmp_path, {"name": "a b", "n": 3})
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+    assert json.loads(out) == ["--name", "a b", "--n", "3"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "macro",
+    [
+        *("args", "args_no_hyphens", "args_no_boolean_flags", "args_no_equals"),
+        *("args_append_hydra", "args_override_hydra"),
+    ],
+)
+def test_every_multi_element_macro_is_what_wandb_itself_builds(macro: str, tmp_path: Path) -> None:
+    utils = pytest.importorskip("wandb.sdk.launch.sweeps.utils")  # the 'wandb' extra
+    params = {**TYPED, "n": 3, "nested": {"a": [1, {"b": None}]}, "empty": "", "q": "it's"}
+    theirs = utils.create_sweep_command_args({"args": {k: {"value": v} for k, v in params.items()}})
+    spec = make(["${" + macro + "}"])
+    assert build(spec, tmp_path, params) == theirs[macro]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 import sys
@@ -50,12 +51,100 @@ def test_grid_enumerates_ranges_and_nested_groups() -> None:
             "n": {"min": 1, "max": 2},
         },
     )
-    points = [propose(s, [], index=i, seed=0) for i in range(12)]
+    points = [propose(s, [], index=i, seed=0) for i in range(8)]
     assert points[0] == {"opt": {"lr": 0.1, "wd": 0}, "k": 0.3, "n": 1}
-    assert [p["k"] for p in points[:6] if p is not None] == [0.3, 0.3, 0.3, 0.3, 0.4, 0.4]
-    assert {p["k"] for p in points if p is not None} == {0.3, 0.4, 0.5}  # not 0.30000000000000004
-    assert len({canonical(p) for p in points}) == 12 == s.grid_size()
-    assert propose(s, [], index=12, seed=0) is None
+    assert [p["k"] for p in points if p is not None] == [0.3] * 4 + [0.4] * 4
+    # W&B's arange(0.3, 0.5, 0.1): max left out, and 0.4, not 0.4000000000000001
+    assert {p["k"] for p in points if p is not None} == {0.3, 0.4}
+    assert len({canonical(p) for p in points}) == 8 == s.grid_size()
+    assert propose(s, [], index=8, seed=0) is None
+
+
+@pytest.mark.parametrize(
+    ("q_uniform", "expected"),
+    [
+        ({"min": 0, "max": 1, "q": 0.25}, [0.0, 0.25, 0.5, 0.75]),
+        ({"min": 0.05, "max": 0.5, "q": 0.1}, [0.05, 0.15, 0.25, 0.35, 0.45]),
+        ({"min": 0, "max": 10, "q": 2}, [0, 2, 4, 6, 8]),  # integers, as numpy's arange gives
+        ({"min": 0.5, "max": 3, "q": 1}, [0.5, 1.5, 2.5]),
+    ],
+)
+def test_grid_runs_q_uniform_as_wandbs_grid_does(
+    q_uniform: dict[str, Any], expected: list[Any]
+) -> None:
+    s = make("grid", {"a": {"distribution": "q_uniform", **q_uniform}})
+    got = [propose(s, [], index=i, seed=0) for i in range(len(expected) + 1)]
+    assert got[-1] is None
+    values = [p["a"] for p in got[:-1] if p is not None]
+    assert values == expected
+    assert [type(v) for v in values] == [type(v) for v in expected]
+
+
+def test_grid_runs_equal_values_once_as_wandb_does() -> None:
+    s = make("grid", {"a": {"values": [1, 1.0, True]}, "b": {"values": ["x", "x"]}})
+    assert [propose(s, [], index=i, seed=0) for i in range(3)] == [
+        {"a": 1, "b": "x"},
+        {"a": True, "b": "x"},
+        None,
+    ]
+
+
+def test_random_draws_a_value_written_twice_twice_as_often() -> None:
+    for method in ("random", "bayes"):  # bayes draws at random until N_STARTUP runs finished
+        s = make(method, {"a": {"values": ["x", "x", "y"]}})
+        drawn = [propose(s, [], index=i, seed=0)["a"] for i in range(600)]  # type: ignore[index]
+        assert 340 < drawn.count("x") < 460, drawn.count("x")  # 400 expected
+
+
+def test_q_variants_are_rounded_but_not_clamped_to_min_and_max_as_in_wandb() -> None:
+    s = make(
+        "random",
+        {
+            "qu": {"distribution": "q_uniform", "min": 0.02, "max": 0.5, "q": 0.1},
+            "qlv": {"distribution": "q_log_uniform_values", "min": 1, "max": 11, "q": 4},
+            "qlu": {"distribution": "q_log_uniform", "min": 0, "max": math.log(11), "q": 4},
+            "qb": {"distribution": "q_beta", "a": 0.5, "b": 0.5, "q": 0.3},
+        },
+    )
+    seen: dict[str, set[Any]] = {name: set() for name in s.parameters}
+    for i in range(400):
+        p = propose(s, [], index=i, seed=5)
+        assert p is not None
+        for name, value in p.items():
+            seen[name].add(value)
+    assert seen["qu"] == {0.0, 0.1, 0.2, 0.3, 0.4, 0.5}  # round(0.04 / 0.1) is 0
+    assert seen["qlv"] == seen["qlu"] == {0, 4, 8, 12}  # 12 > max, as W&B's round(x / q) * q
+    assert seen["qb"] == {0.0, 0.3, 0.6, 0.9}  # round(1 / 0.3) is 3
+
+
+def test_wandbs_other_distributions_draw_what_wandb_draws() -> None:
+    s = make(
+        "random",
+        {
+            "inv": {"distribution": "inv_log_uniform", "min": 0, "max": 2},
+            "invv": {"distribution": "inv_log_uniform_values", "min": 0.01, "max": 1},
+            "beta": {"distribution": "beta", "a": 2, "b": 6},
+            "p": {
+                "distribution": "categorical_w_probabilities",
+                "values": ["x", "y"],
+                "probabilities": [0.2, 0.8],
+            },
+        },
+    )
+    draws = [propose(s, [], index=i, seed=11) for i in range(2000)]
+    assert draws == [propose(s, [], index=i, seed=11) for i in range(2000)]  # reproducible
+    assert draws != [propose(s, [], index=i, seed=12) for i in range(2000)]
+    inv = [p["inv"] for p in draws if p is not None]
+    assert all(math.exp(-2) <= x <= 1.0 for x in inv)
+    # W&B's exp(-u), u uniform on [min, max]: -log(x) has mean (min + max) / 2
+    assert abs(statistics.mean(-math.log(x) for x in inv) - 1.0) < 0.05
+    invv = [p["invv"] for p in draws if p is not None]
+    assert all(0.01 <= x <= 1 for x in invv)
+    assert abs(statistics.mean(math.log(x) for x in invv) - math.log(0.1)) < 0.1
+    beta = [p["beta"] for p in draws if p is not None]
+    assert all(0.0 <= x <= 1.0 for x in beta)
+    assert abs(statistics.mean(beta) - 2 / 8) < 0.02  # a / (a + b)
+    assert 300 < [p["p"] for p in draws if p is not None].count("x") < 500  # 400 expected
 
 
 def test_run_cap_ends_every_method() -> None:
@@ -110,7 +199,7 @@ def test_q_variants_give_multiples_of_q_and_integers_for_an_integer_q() -> None:
         p = propose(s, [], index=i, seed=1)
         assert p is not None
         assert p["f"] in {round(0.1 * k, 1) for k in range(11)}
-        assert type(p["i"]) is int and p["i"] % 8 == 0 and 8 <= p["i"] <= 1000
+        assert type(p["i"]) is int and p["i"] % 8 == 0 and 0 <= p["i"] <= 1000
         assert type(p["n"]) is int and p["n"] % 5 == 0
 
 
@@ -211,6 +300,16 @@ EVERY_DISTRIBUTION: dict[str, Any] = {
     "ln": {"distribution": "log_normal"},
     "g": {"parameters": {"qln": {"distribution": "q_log_normal", "mu": 1, "q": 3}}},
     "fixed": {"min": 0.5, "max": 0.5},
+    "inv": {"distribution": "inv_log_uniform", "min": 0, "max": 3},
+    "invv": {"distribution": "inv_log_uniform_values", "min": 0.1, "max": 10},
+    "be": {"distribution": "beta", "a": 2, "b": 3},
+    "qbe": {"distribution": "q_beta", "q": 0.25},
+    "cwp": {
+        "distribution": "categorical_w_probabilities",
+        "values": [1, 2, 2],
+        "probabilities": [0.5, 0.25, 0.25],
+    },
+    "q0": {"distribution": "q_log_uniform_values", "min": 1, "max": 50, "q": 4},  # k from 0
 }
 
 
@@ -290,3 +389,47 @@ def test_grid_gives_grid_size_distinct_points_then_none(spec_: dict[str, Any]) -
         check_params(spec_, p)
     assert len({canonical(p) for p in points}) == size
     assert propose(s, [], index=size, seed=0) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    low=st.integers(-50, 50) | st.floats(-50, 50).map(lambda x: round(x, 2)),
+    width=st.integers(1, 20) | st.floats(0.01, 20).map(lambda x: round(x, 3)),
+    q=st.sampled_from([0.05, 0.1, 0.25, 0.3, 0.5, 1, 2, 3, 1.5]),
+)
+def test_grid_q_uniform_is_numpys_arange_as_in_wandb(low: float, width: float, q: float) -> None:
+    np = pytest.importorskip("numpy")
+    high = low + width
+    expected = np.arange(low, high, q).tolist()  # what W&B's grid_search.py runs
+    s = make("grid", {"a": {"distribution": "q_uniform", "min": low, "max": high, "q": q}})
+    got = [propose(s, [], index=i, seed=0)["a"] for i in range(len(expected))]  # type: ignore[index]
+    assert s.grid_size() == len(expected)
+    assert [type(v) for v in got] == [type(v) for v in expected]
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    spec_=st.sampled_from(
+        [
+            {"distribution": "q_uniform", "min": 0.02, "max": 0.5, "q": 0.1},
+            {"distribution": "q_uniform", "min": -7, "max": 9, "q": 2},
+            {"distribution": "q_log_uniform_values", "min": 1, "max": 11, "q": 4},
+            {"distribution": "q_log_uniform", "min": -3, "max": 2, "q": 0.5},
+            {"distribution": "q_beta", "a": 0.5, "b": 0.5, "q": 0.3},
+        ]
+    ),
+    seed=st.integers(0, 2**32),
+)
+def test_q_draws_are_numpys_round_of_the_draw_as_in_wandb(spec_: dict[str, Any], seed: int) -> None:
+    """W&B's ppf: np.round(x / q) * q, halves to even, an integer for an integer q."""
+    np = pytest.importorskip("numpy")
+    s = make("random", {"a": spec_})
+    param = s.parameters["a"]
+    rng = random.Random(seed)
+    for _ in range(20):
+        x = rng.uniform(param.low, param.high)
+        expected = np.round(x / spec_["q"]) * spec_["q"]
+        got = param.quantize(x)
+        assert got == pytest.approx(float(expected), abs=1e-12)
+        assert type(got) is (int if type(spec_["q"]) is int else float)

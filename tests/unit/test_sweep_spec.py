@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,51 @@ def test_every_optional_key_is_read() -> None:
     assert s.ignored == ("early_terminate", "metric.target")
 
 
+@pytest.mark.parametrize("kind", ["local", "cloud"])
+def test_a_wandb_controller_is_accepted_and_listed_as_ignored(kind: str) -> None:
+    s = parse_spec(spec(controller={"type": kind}))
+    assert s.ignored == ("controller",)
+    assert s.raw["controller"] == {"type": kind}
+    assert parse_spec(dict(s.raw)) == s
+
+
+def test_wandbs_other_distributions_parse_with_wandbs_keys_and_defaults() -> None:
+    s = parse_spec(
+        spec(
+            parameters={
+                "inv": {"distribution": "inv_log_uniform", "min": 0, "max": 2},
+                "invv": {"distribution": "inv_log_uniform_values", "min": 0.01, "max": 1},
+                "b": {"distribution": "beta"},
+                "qb": {"distribution": "q_beta", "a": 2, "b": 5.5, "q": 0.1},
+                "p": {
+                    "distribution": "categorical_w_probabilities",
+                    "values": ["x", "y"],
+                    "probabilities": [0.25, 0.75],
+                },
+                "close": {"values": [1, 2, 3], "probabilities": [0.33333] * 3},
+            }
+        )
+    )
+    p = s.parameters
+    assert (p["inv"].low, p["inv"].high) == (math.exp(-2), 1.0)  # 1/x from e^0 to e^2
+    assert (p["invv"].low, p["invv"].high) == (0.01, 1)
+    assert (p["b"].a, p["b"].b, p["b"].low, p["b"].high) == (1.0, 1.0, 0.0, 1.0)  # W&B's a=b=1
+    assert (p["qb"].a, p["qb"].b, p["qb"].q, p["qb"].kmin, p["qb"].kmax) == (2, 5.5, 0.1, 0, 10)
+    assert p["p"].distribution == "categorical" and p["p"].probabilities == (0.25, 0.75)
+    assert p["close"].probabilities is not None  # within np.isclose's tolerance, as in W&B
+
+
+def test_a_value_written_twice_is_kept_by_random_and_run_once_by_a_grid() -> None:
+    values = [16, 32, 16, 16.0, True]
+    s = parse_spec(spec(parameters={"x": {"values": values}}))
+    assert s.parameters["x"].values == tuple(values) and s.ignored == ()
+    g = parse_spec(spec(method="grid", parameters={"x": {"values": values}}))
+    assert g.parameters["x"].values == (16, 32, True)  # the first of the equal ones
+    assert g.ignored == ("parameters.x.values[2]", "parameters.x.values[3]")
+    assert g.grid_size() == 3
+    assert g.raw["parameters"]["x"]["values"] == values  # raw is the spec as written
+
+
 def test_raw_is_plain_json_and_parses_back_to_the_same_spec() -> None:
     data = spec(
         parameters={"opt": {"parameters": {"lr": {"values": [0.1, (1, 2)]}}}},
@@ -158,7 +204,14 @@ def test_raw_is_plain_json_and_parses_back_to_the_same_spec() -> None:
     [
         ({"a": {"values": [1, 2]}, "b": {"values": ["x", "y", "z"]}}, 6),
         ({"a": {"min": 1, "max": 4}, "b": {"value": 3}}, 4),
-        ({"a": {"distribution": "q_uniform", "min": 0.3, "max": 0.6, "q": 0.1}}, 4),
+        # W&B's grid runs numpy's arange(min, max, q): max itself is left out
+        ({"a": {"distribution": "q_uniform", "min": 0.3, "max": 0.6, "q": 0.1}}, 3),
+        ({"a": {"distribution": "q_uniform", "min": 0, "max": 1, "q": 0.25}}, 4),
+        ({"a": {"distribution": "q_uniform", "min": 0.05, "max": 0.5, "q": 0.1}}, 5),
+        ({"a": {"distribution": "q_uniform", "min": 1, "max": 1.3, "q": 0.1}}, 4),  # as numpy
+        # equal values run once: 1 and 1.0 are one value to W&B's grid, true another
+        ({"a": {"values": [1, 1.0, True]}}, 2),
+        ({"a": {"values": [[1], [1.0], "1", 1, {"k": 1}, {"k": 1}]}}, 5),  # [1] is not [1.0]
         ({"g": {"parameters": {"a": {"values": [1, 2]}, "b": {"min": 0, "max": 2}}}}, 6),
     ],
 )
@@ -216,7 +269,57 @@ MACROS = "${env}, ${interpreter}, ${program}, ${args_json}, ${args_json_file}, $
             param(distribution="q_uniform", min=0, max=1, q=0),
             "x.q: 0 is not valid; use a number > 0",
         ),
-        (param(distribution="q_uniform", min=0.1, max=0.2, q=1), "no multiple of q (1) lies"),
+        (
+            spec(
+                method="grid", parameters={"x": {"distribution": "q_uniform", "min": 1, "max": 1}}
+            ),
+            "parameters.x: q_uniform in a grid runs min, min + q, ... below max, and min (1) is "
+            "not below max (1)",
+        ),
+        (
+            param(distribution="categorical_w_probabilities", values=[1, 2]),
+            "parameters.x.probabilities: required for distribution categorical_w_probabilities",
+        ),
+        (
+            param(distribution="categorical_w_probabilities", values=[1, 2], probabilities=[1]),
+            "parameters.x.probabilities: must be a list of 2 numbers, one per value",
+        ),
+        (
+            param(distribution="categorical_w_probabilities", values=[1], probabilities=[1.1]),
+            "parameters.x.probabilities: must add up to 1 (within 1e-05), not 1.1",
+        ),
+        (
+            param(distribution="categorical_w_probabilities", values=[1, 2], probabilities=[2, -1]),
+            "parameters.x.probabilities[1]: -1 is not valid; use a number >= 0",
+        ),
+        (param(distribution="beta", a=0), "parameters.x.a: 0 is not valid; use a number > 0"),
+        (param(distribution="q_beta", b=-1), "parameters.x.b: -1 is not valid; use a number > 0"),
+        (param(distribution="beta", a="2"), "parameters.x.a: must be a number, not text '2'"),
+        (param(distribution="q_beta", q=0), "parameters.x.q: 0 is not valid; use a number > 0"),
+        (
+            param(distribution="beta", min=0, max=1),
+            "parameters.x.min: not valid with distribution beta; valid keys: distribution, a, b",
+        ),
+        (param(distribution="inv_log_uniform"), "parameters.x.min: required for distribution"),
+        (
+            param(distribution="inv_log_uniform", min=-1, max=701),
+            "parameters.x: min and max of inv_log_uniform are natural logs; keep them within",
+        ),
+        (
+            param(distribution="inv_log_uniform_values", min=0, max=1),
+            "parameters.x.min: 0 is not valid for inv_log_uniform_values; use a number > 0",
+        ),
+        (
+            param(distribution="inv_log_uniform_values", min=2, max=1),
+            "parameters.x.min: 2 is greater than max (1)",
+        ),
+        (spec(controller="local"), "spec: controller: must be a mapping such as {type: local}"),
+        (spec(controller={}), "spec: controller.type: required; valid: local, cloud"),
+        (spec(controller={"type": "remote"}), "controller.type: 'remote' is not valid; valid: lo"),
+        (
+            spec(controller={"type": "local", "schedule": []}),
+            "spec: controller.schedule: not a controller key; valid: type",
+        ),
         (param(distribution="normal", sigma=0), "x.sigma: 0 is not valid; use a number > 0"),
         (param(distribution="log_normal", mu=800), "mu + 10 * sigma must be <= 700"),
         (
@@ -225,10 +328,12 @@ MACROS = "${env}, ${interpreter}, ${program}, ${args_json}, ${args_json_file}, $
         ),
         (param(distribution="log_uniform", min=-1, max=800), "natural logs; keep them within"),
         (param(values=[]), "parameters.x.values: must be a non-empty list"),
-        (param(values=[16, 32, 16]), "parameters.x.values[2]: 16 is already values[0]"),
         (param(values=[1, 2], probabilities=[1.0]), "x.probabilities: must be a list of 2"),
         (param(values=[1, 2], probabilities=[-0.5, 1.5]), "probabilities[0]: -0.5 is not valid"),
-        (param(values=[1, 2], probabilities=[0.5, 0.4]), "must add up to 1, not 0.9"),
+        (
+            param(values=[1, 2], probabilities=[0.5, 0.4]),
+            "must add up to 1 (within 1e-05), not 0.9",
+        ),
         (param(distribution="constant"), "parameters.x.value: required for distribution constant"),
         (
             spec(parameters={"g": {"parameters": {"a": {"value": 1}}, "values": [1]}}),

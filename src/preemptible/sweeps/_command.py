@@ -1,7 +1,8 @@
 """The command of one sweep run: W&B's macros expanded into an argv list, run without a shell.
 
 Values are formatted as W&B's agent formats them (Python's ``str()``: ``--lr=0.1``,
-``--flag=True``, a nested parameter as ``--opt={'lr': 0.1}``), so a training script written for
+``--flag=True``, a nested parameter as ``--opt={'lr': 0.1}``; ``${args_no_equals}`` as the two
+elements ``--lr 0.1``, Hydra's ``+lr=0.1`` and ``++lr=0.1``), so a training script written for
 ``wandb agent`` parses the same arguments here. Without a shell nothing is re-split or
 expanded: a value with spaces, quotes or ``$`` reaches the program as one argument, unchanged.
 """
@@ -35,8 +36,11 @@ ENV = "/usr/bin/env"
 
 # One element each, so they may also stand inside a longer element: --cfg=${args_json_file}.
 SINGLE_MACROS = ("env", "interpreter", "program", "args_json", "args_json_file")
-# One element per parameter: only as a whole element.
-MULTI_MACROS = ("args", "args_no_hyphens", "args_no_boolean_flags")
+# One element per parameter (two for args_no_equals): only as a whole element.
+MULTI_MACROS = (
+    *("args", "args_no_hyphens", "args_no_boolean_flags", "args_no_equals"),
+    *("args_append_hydra", "args_override_hydra"),
+)
 VALID_MACROS = ", ".join(
     [f"${{{name}}}" for name in (*SINGLE_MACROS, *MULTI_MACROS)] + ["${envvar:NAME}"]
 )
@@ -86,6 +90,13 @@ def build_command(
             for name, value in flags
             if value is not False
         ],
+        # --lr 0.1: the value is its own element, so a value that starts with '-' may be
+        # taken for an option by the program's parser, as under wandb agent
+        "args_no_equals": [
+            element for name, value in flags for element in (f"--{name}", f"{value}")
+        ],
+        "args_append_hydra": [f"+{name}={value}" for name, value in flags],  # Hydra: add a key
+        "args_override_hydra": [f"++{name}={value}" for name, value in flags],  # add or override
     }
     as_json = json.dumps(dict(flags))
     single = {

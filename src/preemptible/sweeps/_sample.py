@@ -6,12 +6,16 @@ hand each index out once.
 
 - grid: index -> point like nested for-loops over the parameters in alphabetical order of
   their key paths (the last one varies fastest), each over its values in the order written
-  (int_uniform and q_uniform ascending). None after the last point.
+  (int_uniform ascending, q_uniform as W&B's ``min, min + q, ...`` below max; equal values
+  run once, see ``_spec.grid_key``). None after the last point.
 - random: each parameter is drawn from ``random.Random(f"{seed}:{index}:{path}")``, so a
-  parameter's value does not change when another parameter is added or removed.
+  parameter's value does not change when another parameter is added or removed. Each
+  distribution is W&B's: a value written twice in ``values`` is drawn twice as often, and the
+  ``q_`` variants are ``round(x / q) * q``, not clamped to min and max.
 - bayes: as random until ``N_STARTUP`` runs have finished with a metric; then every such run
   is added to an in-memory Optuna study (sorted, so the order the history comes in does not
-  matter) and a TPE sampler seeded with (seed, index) proposes the next point.
+  matter) and a TPE sampler seeded with (seed, index) proposes the next point. The normals
+  are searched through their CDF, which keeps their prior; a beta over its support, 0 to 1.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from statistics import NormalDist
 from typing import Any, cast
 
 from .._errors import ConfigError
-from ._spec import NORMALS, ParamSpec, SweepSpec, canonical, leaves
+from ._spec import BETAS, LOG_UNIFORMS, NORMALS, ParamSpec, SweepSpec, canonical, leaves
 
 N_STARTUP = 8  # finished runs before TPE takes over (Optuna's own default is 10)
 Z_MAX = 8.0  # normal draws are kept within mu +- Z_MAX sigma (the spec checks 10 sigma)
@@ -100,10 +104,16 @@ def sample(param: ParamSpec, rng: random.Random) -> Any:
     if dist in NORMALS:
         z = min(max(rng.normalvariate(0.0, 1.0), -Z_MAX), Z_MAX)
         x = param.mu + param.sigma * z
+    elif dist in BETAS:
+        x = rng.betavariate(param.a, param.b)
     else:
         low, high = cast(float, param.low), cast(float, param.high)
         if dist in ("uniform", "q_uniform"):
             x = rng.uniform(low, high)
+        elif dist == "inv_log_uniform":  # W&B's exp(-u): 1/x is the log-uniform one
+            x = math.exp(-rng.uniform(cast(float, param.min), cast(float, param.max)))
+        elif dist == "inv_log_uniform_values":
+            x = math.exp(-rng.uniform(-math.log(high), -math.log(low)))
         else:
             x = math.exp(rng.uniform(math.log(low), math.log(high)))
     if dist in ("log_normal", "q_log_normal"):
@@ -197,9 +207,10 @@ def _distribution(optuna: Any, param: ParamSpec) -> Any:
         return d.IntDistribution(param.min, param.max)
     if dist in NORMALS:  # unbounded: searched through its CDF, which keeps the prior
         return d.FloatDistribution(U_MIN, 1.0 - U_MIN)
-    log = dist not in ("uniform", "q_uniform")
-    if dist.startswith("q_"):  # by the multiplier k of q
-        return d.IntDistribution(param.kmin, param.kmax, log=log)
+    log = dist in LOG_UNIFORMS
+    if dist.startswith("q_"):  # by the multiplier k of q (rounding can give k = 0: not log)
+        kmin = cast(int, param.kmin)
+        return d.IntDistribution(kmin, param.kmax, log=log and kmin >= 1)
     return d.FloatDistribution(param.low, param.high, log=log)
 
 

@@ -7,7 +7,10 @@ the same command macros. The keys W&B documents but preemptible has no use for
 (``description``, ``project``, ``entity``, ``early_terminate``, and ``target``/``impute`` in
 ``metric``) are accepted, kept in ``raw`` and listed in ``SweepSpec.ignored`` so the CLI can
 say so; any other key is refused with the list of valid ones, because a typo that silently
-does nothing (``run_caps: 10``) costs a night of compute.
+does nothing (``run_caps: 10``) costs a night of compute. ``controller: {type: local}`` is
+checked as W&B checks it and ignored the same way (the queue is the controller). A value
+listed twice in ``values`` is drawn twice as often by random and bayes, and run once by a
+grid, as in W&B.
 
 Every problem is one ``ConfigError`` line that names the key path, e.g.
 ``spec.yaml: parameters.lr.distribution: 'lognormal' is not valid; valid: constant, ...``.
@@ -30,7 +33,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
@@ -62,22 +65,38 @@ DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "q_normal": ("mu", "sigma", "q"),
     "log_normal": ("mu", "sigma"),
     "q_log_normal": ("mu", "sigma", "q"),
+    "categorical_w_probabilities": ("values", "probabilities"),
+    "inv_log_uniform": ("min", "max"),
+    "inv_log_uniform_values": ("min", "max"),
+    "beta": ("a", "b"),
+    "q_beta": ("a", "b", "q"),
 }
 PARAM_KEYS = (
     *("parameters", "distribution", "value", "values", "probabilities"),
-    *("min", "max", "mu", "sigma", "q"),
+    *("min", "max", "mu", "sigma", "q", "a", "b"),
 )
 GRID_DISTRIBUTIONS = ("constant", "categorical", "int_uniform", "q_uniform")
 LOG_SPACE = ("log_uniform", "q_log_uniform")  # min and max are natural logs of the bounds
+# values whose logarithm is uniform (W&B's inverse ones are too: 1/x of a log-uniform x)
+LOG_UNIFORMS = (
+    *("log_uniform_values", "q_log_uniform_values", *LOG_SPACE),
+    *("inv_log_uniform", "inv_log_uniform_values"),
+)
 NORMALS = ("normal", "q_normal", "log_normal", "q_log_normal")
+BETAS = ("beta", "q_beta")
+CONTROLLER_TYPES = ("local", "cloud")  # W&B's controller.type: where its sweep logic runs
+PROBABILITY_TOLERANCE = 1e-8 + 1e-5  # W&B's np.isclose(sum(probabilities), 1.0)
 
 TOP_KEYS = (
     *("program", "command", "method", "metric", "parameters", "run_cap", "name"),
     *("max_failures", "max_preemptions", "term_timeout"),
 )
 WANDB_IGNORED = ("description", "project", "entity", "early_terminate")
+WANDB_CONTROLLER = "controller"  # accepted and ignored: this queue is the controller
 METRIC_KEYS = ("name", "goal")
 METRIC_IGNORED = ("target", "impute", "impute_while_running")
+
+_ALL_TOP_KEYS = (*TOP_KEYS, *WANDB_IGNORED, WANDB_CONTROLLER)
 
 DEFAULT_MAX_FAILURES = 0
 DEFAULT_MAX_PREEMPTIONS = 100
@@ -107,11 +126,17 @@ class Metric:
 class ParamSpec:
     """One parameter, validated, with what sampling needs worked out once.
 
-    ``distribution`` is one of ``DISTRIBUTIONS``, or ``"nested"`` for a group whose
-    ``parameters`` are its members. ``low``/``high`` bound the values a bounded distribution
-    yields (for ``log_uniform`` they are ``exp(min)``/``exp(max)``); the ``q_`` variants yield
-    ``k * q`` for ``kmin <= k <= kmax`` when bounded. ``q`` keeps its type: an integer ``q``
-    gives integers, as in W&B.
+    ``distribution`` is one of ``DISTRIBUTIONS`` (``categorical_w_probabilities`` is kept as
+    ``categorical`` with ``probabilities``), or ``"nested"`` for a group whose ``parameters``
+    are its members. ``low``/``high`` bound the draws of a bounded distribution before any
+    rounding (for ``log_uniform`` they are ``exp(min)``/``exp(max)``, for ``inv_log_uniform``
+    ``exp(-max)``/``exp(-min)``, for the betas 0 and 1). The ``q_`` variants round a draw to
+    the nearest multiple of q, ``k * q`` with ``kmin <= k <= kmax`` when bounded, and, as in
+    W&B, not clamped: q_uniform from 0.05 to 0.5 with q 0.1 can give 0 and 0.5. ``q`` keeps
+    its type: an integer ``q`` gives integers, as in W&B.
+
+    In a grid, ``points`` is set for q_uniform: W&B's grid runs ``min, min + q, ...`` below
+    ``max`` (numpy's ``arange(min, max, q)``), not the multiples of q a random draw gives.
     """
 
     distribution: str
@@ -122,12 +147,15 @@ class ParamSpec:
     max: float | None = None
     mu: float = 0.0
     sigma: float = 1.0
+    a: float = 1.0
+    b: float = 1.0
     q: float | None = None
     parameters: Mapping[str, ParamSpec] | None = None
     low: float | None = None
     high: float | None = None
     kmin: int | None = None
     kmax: int | None = None
+    points: int | None = None
 
     @property
     def size(self) -> int | None:
@@ -138,36 +166,46 @@ class ParamSpec:
             return len(self.values)
         if self.distribution == "int_uniform":
             return int(cast(int, self.max)) - int(cast(int, self.min)) + 1
+        if self.points is not None:
+            return self.points
         if self.kmin is not None and self.kmax is not None:
             return self.kmax - self.kmin + 1
         return None
 
     def at(self, i: int) -> Any:
-        """Its ``i``-th value in grid order: values as written, integers and multiples of q
-        ascending."""
+        """Its ``i``-th value in grid order: values as written, integers and q_uniform's
+        points ascending."""
         if self.distribution == "constant":
             return copy.deepcopy(self.value)
         if self.distribution == "categorical":
             return copy.deepcopy(self.values[i])
         if self.distribution == "int_uniform":
             return int(cast(int, self.min)) + i
+        if self.points is not None:
+            return self.grid_point(i)
         return self.multiple(cast(int, self.kmin) + i)
+
+    def grid_point(self, i: int) -> float:
+        """``min + i * q`` as written (0.05 + 0.1 is 0.15, where numpy says
+        0.15000000000000002); an integer only when min, max and q all are, as numpy's."""
+        lo, hi, q = cast(float, self.min), cast(float, self.max), cast(float, self.q)
+        value = _decimal(lo) + i * _decimal(q)
+        if all(isinstance(x, int) for x in (lo, hi, q)):
+            return int(value)
+        return float(value)
 
     def multiple(self, k: int) -> float:
         """``k * q`` as the user means it: 3 * 0.1 is 0.3, not 0.30000000000000004."""
         q = cast(float, self.q)
         if isinstance(q, int):
-            value: float = k * q
-        else:
-            value = float(_decimal(q) * k)
-        return self.clamp(value)
+            return k * q
+        return float(_decimal(q) * k)
 
     def quantize(self, x: float) -> float:
-        """The multiple of q nearest to ``x`` (W&B's ``round(x / q) * q``), kept in bounds."""
-        k = round(x / cast(float, self.q))
-        if self.kmin is not None and self.kmax is not None:
-            k = min(max(k, self.kmin), self.kmax)
-        return self.multiple(k)
+        """The multiple of q nearest to ``x`` (W&B's ``round(x / q) * q``, halves to even as
+        numpy's), not clamped to min and max: W&B does not. ``x`` itself is first kept
+        within [low, high], so ``k`` stays within [kmin, kmax]."""
+        return self.multiple(round(self.clamp(x) / cast(float, self.q)))
 
     def clamp(self, value: float) -> float:
         """``value`` within [low, high]: exp(log(x)) and friends can land an ulp outside."""
@@ -394,8 +432,8 @@ def _parse(data: object) -> SweepSpec:
         _fail("", f"a spec is a mapping of keys ({', '.join(TOP_KEYS)}); this one has none of them")
     raw = cast(dict[str, Any], _plain(data, "", 0, [0]))
     for key in raw:
-        if key not in TOP_KEYS and key not in WANDB_IGNORED:
-            _fail(_key(key), f"not a sweep key; valid: {', '.join(TOP_KEYS + WANDB_IGNORED)}")
+        if key not in TOP_KEYS and key not in WANDB_IGNORED and key != WANDB_CONTROLLER:
+            _fail(_key(key), f"not a sweep key; valid: {', '.join(_ALL_TOP_KEYS)}")
     ignored = [key for key in WANDB_IGNORED if key in raw]
     for key in ("description", "project", "entity"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
@@ -405,6 +443,7 @@ def _parse(data: object) -> SweepSpec:
         if problem is not None:
             _fail("", problem)  # the line names its own key path: early_terminate.eta: ...
 
+    _controller(raw.get(WANDB_CONTROLLER), ignored)
     method = raw.get("method")
     if method is None:
         _fail("method", f"required; valid: {', '.join(METHODS)}")
@@ -420,7 +459,7 @@ def _parse(data: object) -> SweepSpec:
         _fail("metric", "required for method bayes, e.g. {name: val_loss, goal: minimize}")
     run_cap = _count(raw, "run_cap", None, minimum=1)
     if method == "grid":
-        _check_grid(parameters, "parameters")
+        parameters = _check_grid(parameters, "parameters", ignored)
         _check_grid_size(parameters, run_cap)
 
     program = raw.get("program")
@@ -451,6 +490,27 @@ def _parse(data: object) -> SweepSpec:
         raw=raw,
         ignored=tuple(ignored),
     )
+
+
+def _controller(data: object, ignored: list[str]) -> None:
+    """W&B's ``controller: {type: local}`` (its sweep logic on the user's machine, or
+    ``cloud``, on W&B's servers): here the queue is the controller, so it is checked as W&B
+    checks it and ignored."""
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        _fail(
+            WANDB_CONTROLLER,
+            f"must be a mapping such as {{type: local}}, not {_what(data)}",
+        )
+    for key in data:
+        if key != "type":
+            _fail(f"{WANDB_CONTROLLER}.{_key(key)}", "not a controller key; valid: type")
+    kind = data.get("type")
+    if kind not in CONTROLLER_TYPES:
+        shown = "required" if kind is None else f"{_short(kind)} is not valid"
+        _fail(f"{WANDB_CONTROLLER}.type", f"{shown}; valid: {', '.join(CONTROLLER_TYPES)}")
+    ignored.append(WANDB_CONTROLLER)
 
 
 def _metric(data: object, ignored: list[str]) -> Metric | None:
@@ -584,10 +644,18 @@ def _parameter(path: str, data: object, depth: int) -> ParamSpec:
         if "value" not in data:
             _fail(f"{path}.value", "required for distribution constant")
         return ParamSpec(dist, value=data["value"])
-    if dist == "categorical":
+    if dist in ("categorical", "categorical_w_probabilities"):
+        if dist == "categorical_w_probabilities" and "probabilities" not in data:
+            _fail(
+                f"{path}.probabilities",
+                "required for distribution categorical_w_probabilities: one number >= 0 per "
+                "value, adding up to 1",
+            )
         return _categorical(path, data)
     if dist in NORMALS:
         return _normal(path, dist, data)
+    if dist in BETAS:
+        return _beta(path, dist, data)
     return _bounded(path, dist, data)
 
 
@@ -612,12 +680,7 @@ def _categorical(path: str, data: dict[str, Any]) -> ParamSpec:
         _fail(
             f"{path}.values", f"must be a non-empty list of the values to try, not {_what(values)}"
         )
-    seen: dict[str, int] = {}
-    for i, value in enumerate(values):
-        key = canonical(value)
-        if key in seen:
-            _fail(f"{path}.values[{i}]", f"{_short(value)} is already values[{seen[key]}]")
-        seen[key] = i
+    # a value written twice is drawn twice as often, as in W&B (a grid runs it once)
     probabilities = data.get("probabilities")
     if probabilities is None:
         return ParamSpec("categorical", values=tuple(values))
@@ -631,8 +694,8 @@ def _categorical(path: str, data: dict[str, Any]) -> ParamSpec:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or p < 0:
             _fail(f"{where}[{i}]", f"{_short(p)} is not valid; use a number >= 0")
     total = math.fsum(probabilities)
-    if abs(total - 1.0) > 1e-6:
-        _fail(where, f"must add up to 1, not {total:g}")
+    if abs(total - 1.0) > PROBABILITY_TOLERANCE:
+        _fail(where, f"must add up to 1 (within {PROBABILITY_TOLERANCE:.0e}), not {total:g}")
     return ParamSpec(
         "categorical", values=tuple(values), probabilities=tuple(map(float, probabilities))
     )
@@ -673,27 +736,46 @@ def _bounded(path: str, dist: str, data: dict[str, Any]) -> ParamSpec:
         lo, hi = (_number(f"{path}.{k}", data[k]) for k in ("min", "max"))
     if lo > hi:
         _fail(f"{path}.min", f"{lo!r} is greater than max ({hi!r})")
-    if dist in ("log_uniform_values", "q_log_uniform_values") and not lo > 0:
+    values = ("log_uniform_values", "q_log_uniform_values", "inv_log_uniform_values")
+    if dist in values and not lo > 0:
         _fail(f"{path}.min", f"{lo!r} is not valid for {dist}; use a number > 0")
     low, high = lo, hi
-    if dist in LOG_SPACE:
+    if dist in (*LOG_SPACE, "inv_log_uniform"):
         if lo < -_EXP_LIMIT or hi > _EXP_LIMIT:
             _fail(
                 path, f"min and max of {dist} are natural logs; keep them within +-{_EXP_LIMIT:g}"
             )
-        low, high = math.exp(lo), math.exp(hi)
+        if dist == "inv_log_uniform":  # 1/x is log-uniform from exp(min) to exp(max)
+            low, high = math.exp(-hi), math.exp(-lo)
+        else:
+            low, high = math.exp(lo), math.exp(hi)
     if not math.isfinite(float(high) - float(low)):
         _fail(path, "max - min is too large for floating point")
     if not dist.startswith("q_"):
         return ParamSpec(dist, min=lo, max=hi, low=low, high=high)
+    return _quantized(path, ParamSpec(dist, min=lo, max=hi, low=low, high=high), data)
+
+
+def _quantized(path: str, param: ParamSpec, data: dict[str, Any]) -> ParamSpec:
+    """``param`` with its q, and the multipliers k of q that rounding a draw can give."""
     q = _q(path, data)
+    low, high = cast(float, param.low), cast(float, param.high)
     if not max(abs(low / q), abs(high / q)) <= _MAX_INT:
         _fail(f"{path}.q", f"{q!r} is too small for min and max (more than 2**53 steps)")
-    kmin = math.ceil(_decimal(low) / _decimal(q))
-    kmax = math.floor(_decimal(high) / _decimal(q))
-    if kmin > kmax:
-        _fail(path, f"no multiple of q ({q!r}) lies between {low!r} and {high!r}")
-    return ParamSpec(dist, min=lo, max=hi, q=q, low=low, high=high, kmin=kmin, kmax=kmax)
+    # the same float arithmetic as quantize(), which is monotonic in the draw
+    kmin, kmax = round(low / q), round(high / q)
+    return replace(param, q=q, kmin=kmin, kmax=kmax)
+
+
+def _beta(path: str, dist: str, data: dict[str, Any]) -> ParamSpec:
+    shape = []
+    for key in ("a", "b"):
+        value = _number(f"{path}.{key}", data.get(key, 1.0))  # W&B's defaults
+        if not value > 0:
+            _fail(f"{path}.{key}", f"{_short(value)} is not valid; use a number > 0")
+        shape.append(float(value))
+    param = ParamSpec(dist, a=shape[0], b=shape[1], low=0.0, high=1.0)
+    return _quantized(path, param, data) if dist == "q_beta" else param
 
 
 def _q(path: str, data: dict[str, Any]) -> float:
@@ -703,12 +785,20 @@ def _q(path: str, data: dict[str, Any]) -> float:
     return q
 
 
-def _check_grid(parameters: Mapping[str, ParamSpec], path: str) -> None:
+def _check_grid(
+    parameters: Mapping[str, ParamSpec], path: str, ignored: list[str]
+) -> Mapping[str, ParamSpec]:
+    """The parameters as a grid runs them, as W&B's grid does: each of the equal values of a
+    list once (the first; the others are listed in ``ignored``), q_uniform as
+    ``min, min + q, ...`` below max."""
+    out: dict[str, ParamSpec] = {}
     for name, param in parameters.items():
         where = f"{path}.{name}"
         if param.parameters is not None:
-            _check_grid(param.parameters, f"{where}.parameters")
-        elif param.distribution not in GRID_DISTRIBUTIONS:
+            nested = _check_grid(param.parameters, f"{where}.parameters", ignored)
+            out[name] = replace(param, parameters=nested)
+            continue
+        if param.distribution not in GRID_DISTRIBUTIONS:
             _fail(
                 where,
                 f"distribution {param.distribution} has no finite set of values for method "
@@ -718,6 +808,45 @@ def _check_grid(parameters: Mapping[str, ParamSpec], path: str) -> None:
             _fail(
                 f"{where}.probabilities", "not valid with method grid, which runs every value once"
             )
+        if param.distribution == "categorical":
+            param = _distinct(param, where, ignored)
+        elif param.distribution == "q_uniform":
+            param = _grid_points(param, where)
+        out[name] = param
+    return MappingProxyType(out)
+
+
+def grid_key(value: Any) -> str:
+    """Values a grid runs once: W&B compares the YAML of each value, with a float that is
+    a whole number taken as the integer (so 1 and 1.0 are one value, true another)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return canonical(value)
+
+
+def _distinct(param: ParamSpec, where: str, ignored: list[str]) -> ParamSpec:
+    seen: set[str] = set()
+    kept = []
+    for i, value in enumerate(param.values):
+        key = grid_key(value)
+        if key in seen:
+            ignored.append(f"{where}.values[{i}]")
+        else:
+            seen.add(key)
+            kept.append(value)
+    return param if len(kept) == len(param.values) else replace(param, values=tuple(kept))
+
+
+def _grid_points(param: ParamSpec, where: str) -> ParamSpec:
+    lo, hi, q = cast(float, param.min), cast(float, param.max), cast(float, param.q)
+    points = math.ceil((hi - lo) / q)  # the length of numpy's arange(min, max, q)
+    if points < 1:
+        _fail(
+            where,
+            f"q_uniform in a grid runs min, min + q, ... below max, and min ({lo!r}) is not "
+            f"below max ({hi!r}); use a larger max, or value: {lo!r}",
+        )
+    return replace(param, points=points)
 
 
 def _check_grid_size(parameters: Mapping[str, ParamSpec], run_cap: int | None) -> None:
