@@ -20,6 +20,7 @@ Only the standard library is imported: the handler imports this at import time.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -111,14 +112,6 @@ class RunPaths:
         return max(self.attempt_numbers(), default=0)
 
 
-class NotRegularFile(OSError):
-    """The path is there but is not a regular file (``kind`` says what it is instead)."""
-
-    def __init__(self, path: Path, mode: int) -> None:
-        self.kind = file_kind(mode)
-        super().__init__(f"{path} is {self.kind}, not a regular file")
-
-
 def file_kind(mode: int) -> str:
     """What an ``st_mode`` is, in words (for a message)."""
     if stat.S_ISDIR(mode):
@@ -136,12 +129,13 @@ def read_bounded(path: Path, max_bytes: int) -> bytes:
     """Up to ``max_bytes + 1`` bytes of a regular file (one more than allowed, so a caller can
     tell a file that is too large). Opened non-blocking and checked before reading: a FIFO
     would block, a device be endless. Raises OSError: FileNotFoundError and the like as
-    ``open`` does, NotRegularFile for anything but a regular file."""
+    ``open`` does, and one with EINVAL saying what the path is for anything but a regular
+    file."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotRegularFile(path, mode)
+            raise OSError(errno.EINVAL, f"is {file_kind(mode)}, not a regular file", str(path))
         with open(fd, "rb", closefd=False) as fh:
             return fh.read(max_bytes + 1)
     finally:

@@ -94,7 +94,7 @@ def test_read_bounded_says_what_a_path_is_and_reads_one_byte_past_the_limit(
     import os
 
     from preemptible._errors import NoticeError
-    from preemptible._paths import NotRegularFile, read_bounded, read_regular
+    from preemptible._paths import read_bounded, read_regular
     from preemptible.notices._lease import LeaseFile
 
     big = tmp_path / "big"
@@ -104,9 +104,8 @@ def test_read_bounded_says_what_a_path_is_and_reads_one_byte_past_the_limit(
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for path, kind in ((tmp_path, "a directory"), (fifo, "a FIFO")):
-        with pytest.raises(NotRegularFile) as caught:
+        with pytest.raises(OSError, match=f"is {kind}, not a regular file"):
             read_bounded(path, 10)
-        assert caught.value.kind == kind
         assert read_regular(path, 10) is None
     with pytest.raises(FileNotFoundError):
         read_bounded(tmp_path / "missing", 10)
