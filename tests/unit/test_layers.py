@@ -136,7 +136,7 @@ CHECKPOINT_WRITERS = {
 def test_only_the_savers_open_checkpoint_temporaries_or_rename_files() -> None:
     """A checkpoint temporary (``store.temporary``), a commit (``store.commit``) or a rename
     (``os.rename``/``os.replace``) outside the savers would be a second commit protocol."""
-    allowed_renames = {"preemptible.sweeps._status"}  # its plot, written whole and renamed
+    allowed_renames = {"preemptible.sweeps._timeline"}  # its plot, written whole and renamed
     for path in sorted(SRC.rglob("*.py")):
         name = module_name(path)
         if name in CHECKPOINT_WRITERS:
