@@ -29,10 +29,10 @@ database, and the command exits 0.
 from __future__ import annotations
 
 import html
-import json
 import importlib.util
 import io
 import ipaddress
+import json
 import logging
 import secrets
 import signal
