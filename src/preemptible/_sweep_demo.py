@@ -26,6 +26,7 @@ import os
 import queue
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -240,6 +241,10 @@ class _Demo:
         self.echo(
             f"  1. sweep {self.sweep_id} created: grid {grid}, {size} runs of {STEPS} steps, "
             f"queue {self.workdir / 'queue.db'}"
+        )
+        self.echo(  # the page reads the queue only: open it now or after the demo
+            f"     live web page: preemptible status {self.sweep_id} --db {shlex.quote(self.db)} "
+            "--serve (then open http://127.0.0.1:8765/)"
         )
         self._start_agent()
         self._wait_for_claim()  # alone, agent 1 claims run 0

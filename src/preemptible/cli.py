@@ -531,14 +531,31 @@ def runs(home: Path, as_json: bool) -> None:
     default=None,
     help="Draw the sweep's timeline (a bar per attempt) into this picture (PNG, SVG, PDF).",
 )
+@click.option("--serve", is_flag=True, help="Serve the sweep as a live web page until Ctrl+C.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address --serve binds.")
+@click.option("--port", type=int, default=8765, show_default=True, help="--serve's port (0: any).")
 def status(
-    sweep_id: str | None, db: str | None, as_json: bool, watch: float | None, plot: Path | None
+    sweep_id: str | None,
+    db: str | None,
+    as_json: bool,
+    watch: float | None,
+    plot: Path | None,
+    serve: bool,
+    host: str,
+    port: int,
 ) -> None:
     """The sweeps in the database, or one sweep's runs (state, attempts, checkpoint step,
-    metric, agent@host, heartbeat age, duration)."""
+    metric, agent@host, heartbeat age, duration); --serve: as a web page."""
     from .sweeps._status import show_status
 
     try:
+        if serve:
+            if sweep_id is None or as_json or watch is not None or plot is not None:
+                _fail("--serve needs a SWEEP_ID, and no --json, --watch or --plot")
+            from .sweeps._web import serve_status
+
+            serve_status(db, sweep_id, host=host, port=port)
+            return
         show_status(db, sweep_id, as_json=as_json, watch_every=watch, plot=plot)
     except PreemptibleError as exc:
         _fail(str(exc))

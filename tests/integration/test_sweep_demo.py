@@ -36,6 +36,7 @@ def test_the_demo_preempts_two_runs_and_each_resumes_bit_for_bit(tmp_path: Path)
     sweep = re.search(r"^  1\. sweep (\w+) created", out, re.MULTILINE)
     assert sweep, out
     sweep_id = sweep.group(1)
+    assert f"live web page: preemptible status {sweep_id} --db sqlite:///" in out
     assert re.search(
         rf"SIGTERM to agent 1 during step \d+ of run {sweep_id}-{SIGTERM_RUN}: agent exit 143, "
         "run PREEMPTED at step \\d+, back in the queue",
