@@ -18,6 +18,18 @@ else
     echo "with-services: $PREEMPTIBLE_TEST_SLURM (SLURM tests will skip)" >&2
 fi
 
+# Debian's chromium for the web page's browser test (Playwright drives it; its own browser
+# download needs a network this machine does not have). Without it that test skips.
+if ! [ -x /usr/bin/chromium ]; then
+    if command -v apt-get >/dev/null \
+        && { timeout 300 apt-get install -y -qq chromium >"$logs/chromium.log" 2>&1 \
+            || { apt-get update -qq >>"$logs/chromium.log" 2>&1 \
+                && timeout 300 apt-get install -y -qq chromium >>"$logs/chromium.log" 2>&1; }; }; then :
+    else
+        echo "with-services: could not install chromium (the browser test will skip): $(tail -1 "$logs/chromium.log" 2>/dev/null)" >&2
+    fi
+fi
+
 # PostgreSQL for the sweep store tests, in memory where possible (a database per test is
 # created 3x faster), right under a sticky world-writable directory (the server's user must
 # reach it). Without server binaries those tests skip; any other failure is reported here and
