@@ -326,7 +326,7 @@ def test_a_hostile_repr_does_not_escape() -> None:
             raise RuntimeError("no")
 
     assert early_terminate_problem({"type": Nasty()}) == (
-        "early_terminate.type: a Nasty is not valid; valid: hyperband"
+        "early_terminate.type: <Nasty> is not valid; valid: hyperband"
     )
 
 

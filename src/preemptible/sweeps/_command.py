@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from .._env import env_str
 from .._errors import ConfigError
 from .._files import write_text_atomic
+from .._text import short_repr
 
 
 class Commanded(Protocol):
@@ -57,13 +58,13 @@ def macro_problem(element: str) -> str | None:
             if match.group(0) != element:
                 return (
                     f"${{{name}}} expands to one argument per parameter, so it must be a whole "
-                    f"element of the list, not part of {_short(element)}"
+                    f"element of the list, not part of {short_repr(element)}"
                 )
         elif name.startswith("envvar:"):
             if not _ENV_NAME.fullmatch(name[len("envvar:") :]):
-                return f"{_short(match.group(0))} does not name an environment variable"
+                return f"{short_repr(match.group(0))} does not name an environment variable"
         elif name not in SINGLE_MACROS:
-            return f"{_short(match.group(0))} is not a macro; valid: {VALID_MACROS}"
+            return f"{short_repr(match.group(0))} is not a macro; valid: {VALID_MACROS}"
     return None
 
 
@@ -133,9 +134,3 @@ def build_command(
         params_file.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(params_file, as_json + "\n")  # a planted link is replaced, not followed
     return argv
-
-
-def _short(text: str, limit: int = 60) -> str:
-    """A repr that keeps an error message on one short line."""
-    shown = repr(text)
-    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"

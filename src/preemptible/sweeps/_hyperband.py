@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._errors import ConfigError
+from .._text import short_repr
 
 Goal = Literal["minimize", "maximize"]
 GOALS: tuple[Goal, ...] = ("minimize", "maximize")
@@ -92,13 +93,13 @@ def early_terminate_problem(raw: object) -> str | None:
         return f"{_WHERE}: must be a mapping, e.g. {_EXAMPLE}; not {_what(raw)}"
     for key in raw:
         if not isinstance(key, str):
-            return f"{_WHERE}: key {_short(key)} must be text; valid: {', '.join(KEYS)}"
+            return f"{_WHERE}: key {short_repr(key)} must be text; valid: {', '.join(KEYS)}"
         if key not in KEYS:
             return f"{_path(key)}: not a key of early_terminate; valid: {', '.join(KEYS)}"
     if "type" not in raw:
         return f"{_WHERE}.type: required; valid: {', '.join(TYPES)}"
     if not isinstance(raw["type"], str) or raw["type"] not in TYPES:
-        return f"{_WHERE}.type: {_short(raw['type'])} is not valid; valid: {', '.join(TYPES)}"
+        return f"{_WHERE}.type: {short_repr(raw['type'])} is not valid; valid: {', '.join(TYPES)}"
     for key, top, what in (
         ("min_iter", ITER_LIMIT, "the first band"),
         ("max_iter", ITER_LIMIT, "the last band is max_iter / eta"),
@@ -133,7 +134,7 @@ def early_terminate_problem(raw: object) -> str | None:
         return f"{_WHERE}.s: required with max_iter: how many bands below it, e.g. s: 2"
     if has_max and raw["max_iter"] / eta < 1:
         return (
-            f"{_WHERE}: max_iter ({raw['max_iter']}) / eta ({_short(eta)}) is below 1, which "
+            f"{_WHERE}: max_iter ({raw['max_iter']}) / eta ({short_repr(eta)}) is below 1, which "
             "leaves no band; use a max_iter of at least eta"
         )
     return None
@@ -252,7 +253,7 @@ def _number_above_one(value: object) -> bool:
 
 
 def _path(key: str) -> str:
-    return f"{_WHERE}.{key}" if _PLAIN_KEY.fullmatch(key) else f"{_WHERE}[{_short(key)}]"
+    return f"{_WHERE}.{key}" if _PLAIN_KEY.fullmatch(key) else f"{_WHERE}[{short_repr(key)}]"
 
 
 def _what(value: object) -> str:
@@ -261,22 +262,13 @@ def _what(value: object) -> str:
     if isinstance(value, bool):
         return f"true/false ({value})"
     if isinstance(value, str):
-        return f"text {_short(value)}"
+        return f"text {short_repr(value)}"
     if isinstance(value, int):
-        return f"integer {_short(value)}"
+        return f"integer {short_repr(value)}"
     if isinstance(value, float):
-        return f"number {_short(value)}"
+        return f"number {short_repr(value)}"
     if isinstance(value, (list, tuple)):
         return "a list"
     if isinstance(value, Mapping):
         return "a mapping"
     return f"a {type(value).__name__}"
-
-
-def _short(value: object, limit: int = 60) -> str:
-    """A repr short enough for one line (repr escapes line breaks)."""
-    try:
-        shown = repr(value)
-    except Exception:  # a hostile __repr__, or an integer too long to print
-        return f"a {type(value).__name__}"
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
