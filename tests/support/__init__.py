@@ -8,6 +8,8 @@ signals   fixture ``signal_handlers``: install handlers for one test, put the ol
 slurm     a fake ``scontrol``; fixtures ``slurm`` and ``sbatch`` for the real cluster
 postgres  fixtures ``pg_server`` (one per session) and ``store_url`` (an empty sweep database)
 readme    the harness that runs or checks every README.md code block
+files     a directory whose entries cannot be removed; a file touched anew
+sweeps    ``preemptible sweep create`` and friends as real processes
 
 Test modules import from here (or from tests/conftest.py), never from another test module.
 """
