@@ -16,6 +16,15 @@ from pathlib import Path
 
 import pytest
 
+# the shared fixtures, registered once for every test (tests/support/__init__.py lists them)
+pytest_plugins = [
+    "tests.support.env",
+    "tests.support.metadata",
+    "tests.support.postgres",
+    "tests.support.signals",
+    "tests.support.slurm",
+]
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "scripts"
 PY = sys.executable
@@ -172,100 +181,6 @@ def read_pid(path: Path) -> int:
 
 def python_args(script: str, *args: str) -> list[str]:
     return [sys.executable, str(SCRIPTS / script), *args]
-
-
-# ---- sweep store: a PostgreSQL server per session, a fresh database per test ----------------
-# tests/services/with-services.sh starts the server and exports PREEMPTIBLE_TEST_PG_URL (and
-# PREEMPTIBLE_TEST_PG_DIR, for restarts); without it the session starts its own. The
-# PostgreSQL tests skip only where no PostgreSQL server binaries are installed.
-PG_SCRIPT = ROOT / "tests" / "services" / "postgres.sh"
-
-
-class PgServer:
-    def __init__(self, url: str, directory: Path | None) -> None:
-        self.url = url  # to its "postgres" database
-        self.directory = directory  # None: started by someone else; not ours to restart
-
-    def database_url(self, name: str) -> str:
-        from urllib.parse import urlsplit, urlunsplit
-
-        return urlunsplit(urlsplit(self.url)._replace(path=f"/{name}"))
-
-    def admin(self, sql: str) -> None:
-        import psycopg
-
-        with psycopg.connect(self.url, autocommit=True, connect_timeout=30) as conn:
-            conn.execute(sql)
-
-    def restart(self) -> None:
-        """``pg_ctl restart -m fast``: every connection is dropped, the server comes back."""
-        self._ctl("restart")
-
-    def stop(self) -> None:
-        """``pg_ctl stop -m fast``: an outage until ``start()`` (same port and data)."""
-        self._ctl("stop")
-
-    def start(self) -> None:
-        self._ctl("start")
-
-    def _ctl(self, command: str) -> None:
-        assert self.directory is not None
-        subprocess.run(
-            ["bash", str(PG_SCRIPT), command, str(self.directory)], check=True, timeout=120
-        )
-
-
-def _pg_binaries() -> bool:
-    import glob
-    import shutil
-
-    return bool(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl") or shutil.which("pg_ctl"))
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PgServer]:
-    url = os.environ.get("PREEMPTIBLE_TEST_PG_URL")
-    if url:
-        directory = os.environ.get("PREEMPTIBLE_TEST_PG_DIR")
-        yield PgServer(url, Path(directory) if directory else None)
-        return
-    if os.environ.get("PREEMPTIBLE_TEST_PG_SKIP"):
-        pytest.skip(os.environ["PREEMPTIBLE_TEST_PG_SKIP"])
-    if not _pg_binaries():
-        pytest.skip("no PostgreSQL server binaries (pg_ctl): install postgresql to run these")
-    import tempfile
-
-    # in memory where possible (CREATE DATABASE per test is 3x faster); right under a sticky
-    # world-writable directory, so that the server's own user can reach it
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else "/tmp"
-    directory = Path(tempfile.mkdtemp(prefix="preemptible-pg-", dir=base))
-    up = subprocess.run(
-        ["bash", str(PG_SCRIPT), "up", str(directory)], capture_output=True, text=True, timeout=120
-    )
-    try:
-        if up.returncode != 0:
-            pytest.fail(f"could not start PostgreSQL: {up.stderr.strip()}", pytrace=False)
-        yield PgServer(up.stdout.strip(), directory)
-    finally:
-        subprocess.run(["bash", str(PG_SCRIPT), "down", str(directory)], timeout=120)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The URL of an empty sweep database: an SQLite file, or a new PostgreSQL database."""
-    if request.param == "sqlite":
-        yield f"sqlite://{tmp_path}/sweeps.db"
-        return
-    import uuid
-
-    server: PgServer = request.getfixturevalue("pg_server")
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    server.admin(f'CREATE DATABASE "{name}"')
-    yield server.database_url(name)
-    server.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-# ---- end of the sweep store block -----------------------------------------------------------
 
 
 @pytest.hookimpl(tryfirst=True)

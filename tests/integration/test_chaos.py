@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, _pg_binaries
+from tests.conftest import ROOT
+from tests.support.postgres import pg_binaries
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_chaos import chaos
@@ -26,7 +27,7 @@ SCALE = float(os.environ.get("PREEMPTIBLE_STRESS_SCALE", "1"))
 def test_chaos_loses_nothing_doubles_nothing_and_fails_no_healthy_run(
     tmp_path: Path, backend: str
 ) -> None:
-    if backend == "postgres" and not _pg_binaries():
+    if backend == "postgres" and not pg_binaries():
         pytest.skip("no PostgreSQL server binaries (pg_ctl): install postgresql to run this")
     result = chaos(
         backend,

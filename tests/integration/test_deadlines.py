@@ -2,7 +2,7 @@
 before it, not only checkpointed, and the checkpoint resumes bit for bit.
 
 A plain training loop (tests/scripts/train.py: ~0.15 s steps, saves of 0.5 s) gets a notice
-from the fake metadata services (tests/fakes/metadata.py) with a deadline 4-5 s away: EC2's
+from the fake metadata services (tests/support/metadata.py) with a deadline 4-5 s away: EC2's
 spot/instance-action time, Azure's Preempt NotBefore, and GCE's window scaled from 30 s to 5 s
 with PREEMPTIBLE_GCE_NOTICE_SECONDS (the policy's arithmetic is the same; 30 s real seconds
 would make the test 30 s long). The test measures when the process is gone (its own waitpid)
@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -30,31 +30,11 @@ import pytest
 import torch
 
 from tests.conftest import Child, attempts, python_args, read_pid, supervise
-from tests.fakes.metadata import MetadataServer
+from tests.support.env import CLEAN
+from tests.support.metadata import MetadataServer
 
 pytestmark = pytest.mark.timeout(90)
 STEPS = 60
-CLEAN = {
-    v: ""
-    for v in (
-        "SLURM_JOB_ID",
-        "KUBERNETES_SERVICE_HOST",
-        "PREEMPTIBLE_PLATFORM",
-        "PREEMPTIBLE_GRACE_PERIOD",
-        "PREEMPTIBLE_STOP_FILE",
-        "PREEMPTIBLE_EXIT_SECONDS",
-        "PREEMPTIBLE_RUN_DIR",
-        "GCE_METADATA_HOST",
-        "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-        "PREEMPTIBLE_AZURE_METADATA_ENDPOINT",
-    )
-}
-
-
-@pytest.fixture
-def server() -> Iterator[MetadataServer]:
-    with MetadataServer() as s:
-        yield s
 
 
 def trainer(tmp_path: Path, *extra: str) -> list[str]:
@@ -90,9 +70,9 @@ def checkpoints(tmp_path: Path) -> list[int]:
     return sorted(int(p.name[5:15]) for p in (tmp_path / "ck").glob("step-*.ckpt"))
 
 
-def ec2_deadline(server: MetadataServer) -> float:
-    assert server.state.ec2_action is not None
-    when = server.state.ec2_action["time"].replace("Z", "+00:00")
+def ec2_deadline(metadata_server: MetadataServer) -> float:
+    assert metadata_server.state.ec2_action is not None
+    when = metadata_server.state.ec2_action["time"].replace("Z", "+00:00")
     return datetime.fromisoformat(when).timestamp()
 
 
@@ -144,52 +124,54 @@ def assert_gone_in_time_and_exact(
 
 
 def test_ec2_spot_interruption_two_minutes_scaled_to_five_seconds(
-    server: MetadataServer, reference: Path, tmp_path: Path, spawn
+    metadata_server: MetadataServer, reference: Path, tmp_path: Path, spawn
 ) -> None:
     def notice() -> float:
-        server.state.ec2_interrupt(in_seconds=5)  # EC2 gives whole seconds: 4-5 s from now
-        return ec2_deadline(server)
+        metadata_server.state.ec2_interrupt(in_seconds=5)  # EC2 gives whole seconds: 4-5 s from now
+        return ec2_deadline(metadata_server)
 
-    env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": server.url}
+    env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": metadata_server.url}
     child, deadline, gone = preempt(spawn, tmp_path, env, notice)
     assert "EC2 Spot interruption: terminate" in child.output
     assert_gone_in_time_and_exact(spawn, tmp_path, reference, child, deadline, gone)
 
 
 def test_azure_preempt_event_with_a_deadline_of_five_seconds(
-    server: MetadataServer, reference: Path, tmp_path: Path, spawn
+    metadata_server: MetadataServer, reference: Path, tmp_path: Path, spawn
 ) -> None:
     events: list[str] = []
 
     def notice() -> float:
-        events.append(server.state.azure_event("Preempt", not_before_in=5))  # whole seconds
-        not_before = server.state.azure_events[-1]["NotBefore"]
+        events.append(
+            metadata_server.state.azure_event("Preempt", not_before_in=5)
+        )  # whole seconds
+        not_before = metadata_server.state.azure_events[-1]["NotBefore"]
         return email.utils.parsedate_to_datetime(not_before).timestamp()
 
-    env = {"PREEMPTIBLE_AZURE_METADATA_ENDPOINT": server.url}
+    env = {"PREEMPTIBLE_AZURE_METADATA_ENDPOINT": metadata_server.url}
     child, deadline, gone = preempt(spawn, tmp_path, env, notice)
-    assert server.state.azure_acks == events, "acknowledged after the final checkpoint"
+    assert metadata_server.state.azure_acks == events, "acknowledged after the final checkpoint"
     assert_gone_in_time_and_exact(spawn, tmp_path, reference, child, deadline, gone)
 
 
 def test_gce_window_scaled_to_five_seconds_counts_from_the_notice_not_its_detection(
-    server: MetadataServer, reference: Path, tmp_path: Path, spawn
+    metadata_server: MetadataServer, reference: Path, tmp_path: Path, spawn
 ) -> None:
     def notice() -> float:
         # GCE gives no time: its window starts when the notice is set, which the watcher
         # sees up to one poll later (detection latency)
         now = time.time()
-        server.state.gce_preempted = "TRUE"
+        metadata_server.state.gce_preempted = "TRUE"
         return now + 5
 
-    env = {"GCE_METADATA_HOST": server.host, "PREEMPTIBLE_GCE_NOTICE_SECONDS": "5"}
+    env = {"GCE_METADATA_HOST": metadata_server.host, "PREEMPTIBLE_GCE_NOTICE_SECONDS": "5"}
     child, deadline, gone = preempt(spawn, tmp_path, env, notice)
     assert "GCE preempted this Spot/preemptible VM" in child.output
     assert_gone_in_time_and_exact(spawn, tmp_path, reference, child, deadline, gone)
 
 
 def test_the_measured_exit_of_an_attempt_is_budgeted_for_the_next(
-    server: MetadataServer, tmp_path: Path, spawn
+    metadata_server: MetadataServer, tmp_path: Path, spawn
 ) -> None:
     """The job spends 2 s on its way out (train.py --linger 1: 1 s in a finally block, 1 s in
     atexit), more than the default budget (about 1.5 s). The first attempt is stopped by a
@@ -197,7 +179,7 @@ def test_the_measured_exit_of_an_attempt_is_budgeted_for_the_next(
     with a deadline 6-7 s away, saves early enough to be gone before it."""
     pid_file = tmp_path / "job.pid"
     env = {**CLEAN, "PREEMPTIBLE_POLL_INTERVAL": "0.2"}
-    env["PREEMPTIBLE_AZURE_METADATA_ENDPOINT"] = server.url
+    env["PREEMPTIBLE_AZURE_METADATA_ENDPOINT"] = metadata_server.url
     sup = supervise(
         spawn,
         tmp_path,
@@ -216,9 +198,9 @@ def test_the_measured_exit_of_an_attempt_is_budgeted_for_the_next(
     # the first attempt saved after step k - 1 and never printed "step k"
     k = int(resumed.split()[1])
     sup.wait_line(lambda line: line == f"step {k + 1}", timeout=60)
-    server.state.azure_event("Preempt", not_before_in=7)
+    metadata_server.state.azure_event("Preempt", not_before_in=7)
     deadline = email.utils.parsedate_to_datetime(
-        server.state.azure_events[-1]["NotBefore"]
+        metadata_server.state.azure_events[-1]["NotBefore"]
     ).timestamp()
     try:
         sup.proc.wait(timeout=30)

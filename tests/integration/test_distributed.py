@@ -25,7 +25,7 @@ import torch
 from preemptible.checkpoint._state import read_payload
 from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import PY, SCRIPTS, Child, attempts, read_pid, supervise, wait_for
-from tests.integration.test_slurm import job_field, sbatch, slurm  # noqa: F401 (fixtures)
+from tests.support.slurm import job_field
 
 SCRIPT = str(SCRIPTS / "ddp_train.py")
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -396,7 +396,7 @@ def test_preemptible_run_over_torchrun_classifies_preempted_and_resumes_exactly(
 @pytest.mark.timeout(300)
 def test_srun_ranks_stopped_by_slurm_are_requeued_and_resume_exactly(
     tmp_path: Path,
-    sbatch,  # noqa: F811 (the fixture imported above)
+    sbatch,
     reference: Path,
 ) -> None:
     """A real SLURM job: ``preemptible run -- srun`` with two tasks as two ranks. SLURM's own

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import Child, python_args, wait_for
-from tests.fakes.metadata import MetadataServer
+from tests.support.metadata import MetadataServer
 
 pytestmark = [
     pytest.mark.timeout(300),

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.conftest import Child, python_args
-from tests.fakes.metadata import MetadataServer
+from tests.support.metadata import MetadataServer
 
 pytestmark = pytest.mark.timeout(240)
 

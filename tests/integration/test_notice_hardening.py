@@ -9,30 +9,17 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import attempts, supervise
-from tests.fakes.metadata import MetadataServer
-from tests.unit.test_notices_hardening import touch_later, unremovable
+from tests.support.env import CLEAN
+from tests.support.files import touch_later, unremovable
+from tests.support.metadata import MetadataServer
 
 pytestmark = pytest.mark.timeout(120)
 SECRET = "s3cr3t-Pa55"
-CLEAN = {
-    v: ""
-    for v in (
-        "SLURM_JOB_ID",
-        "KUBERNETES_SERVICE_HOST",
-        "PREEMPTIBLE_PLATFORM",
-        "PREEMPTIBLE_GRACE_PERIOD",
-        "PREEMPTIBLE_STOP_FILE",
-        "GCE_METADATA_HOST",
-        "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-        "PREEMPTIBLE_AZURE_METADATA_ENDPOINT",
-    )
-}
 # the platform's config with a save_fn that writes a marker: no torch import, a fast test
 TRAINER = """
 import dataclasses, sys, time, preemptible
@@ -47,21 +34,19 @@ print("done", flush=True)
 """
 
 
-@pytest.fixture
-def server() -> Iterator[MetadataServer]:
-    with MetadataServer() as s:
-        yield s
-
-
 def test_doctor_finishes_against_a_dripping_server_and_hides_credentials(
-    server: MetadataServer,
+    metadata_server: MetadataServer,
 ) -> None:
-    server.state.fault["gce"] = "drip-headers"
-    server.state.drip_seconds = 0.1  # each byte well within any per-read timeout
+    metadata_server.state.fault["gce"] = "drip-headers"
+    metadata_server.state.drip_seconds = 0.1  # each byte well within any per-read timeout
     started = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-m", "preemptible", "doctor", "--json"],
-        env={**os.environ, **CLEAN, "GCE_METADATA_HOST": f"http://u:{SECRET}@{server.host}"},
+        env={
+            **os.environ,
+            **CLEAN,
+            "GCE_METADATA_HOST": f"http://u:{SECRET}@{metadata_server.host}",
+        },
         capture_output=True,
         text=True,
         timeout=60,
@@ -71,7 +56,7 @@ def test_doctor_finishes_against_a_dripping_server_and_hides_credentials(
     checks = {c["name"]: c for c in json.loads(out.stdout)}
     gce = checks["notices (gce)"]
     assert gce["status"] == "warn" and "did not answer" in gce["detail"], gce
-    assert f"{server.url}/computeMetadata/v1/instance/" in gce["detail"]
+    assert f"{metadata_server.url}/computeMetadata/v1/instance/" in gce["detail"]
     assert "no complete answer within 1 s" in gce["detail"]
     assert SECRET not in out.stdout + out.stderr
 

@@ -1,6 +1,6 @@
 """Each platform, end to end: a notice -> committed checkpoint(s) -> exit code -> run state.
 
-The cloud metadata services are served from 127.0.0.1 (tests/fakes/metadata.py) and found by
+The cloud metadata services are served from 127.0.0.1 (tests/support/metadata.py) and found by
 the trainer through each platform's override variable; Kubernetes is a SIGTERM with a grace
 window; the stop file is a file. ``preemptible run`` supervises and classifies.
 """
@@ -14,24 +14,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Child, attempts, python_args, supervise, wait_for
-from tests.fakes.metadata import MetadataServer
+from tests.support.env import CLEAN
+from tests.support.metadata import MetadataServer
 
 pytestmark = pytest.mark.timeout(120)
 # seconds of notice each fake platform gives: the trainer needs ~1.6 s of it for its last
 # steps, its save and its exit (more on a loaded machine), so 0.4 x WINDOW leaves room
 WINDOW = 6.0
-
-
-@pytest.fixture
-def server() -> Iterator[MetadataServer]:
-    with MetadataServer() as s:
-        yield s
 
 
 def trainer(tmp_path: Path) -> list[str]:
@@ -83,11 +78,11 @@ def assert_used_the_window(
     assert a["state"] == "PREEMPTED", sup.output
 
 
-def test_gce_spot_preemption(server: MetadataServer, tmp_path: Path, spawn) -> None:
-    env = {"GCE_METADATA_HOST": server.host, "PREEMPTIBLE_GCE_NOTICE_SECONDS": str(WINDOW)}
+def test_gce_spot_preemption(metadata_server: MetadataServer, tmp_path: Path, spawn) -> None:
+    env = {"GCE_METADATA_HOST": metadata_server.host, "PREEMPTIBLE_GCE_NOTICE_SECONDS": str(WINDOW)}
 
     def preempt(_: Child) -> None:
-        server.state.gce_preempted = "TRUE"
+        metadata_server.state.gce_preempted = "TRUE"
 
     sup, noticed = notice_run(spawn, tmp_path, env, preempt)
     assert "GCE preempted this Spot/preemptible VM" in sup.output
@@ -95,17 +90,17 @@ def test_gce_spot_preemption(server: MetadataServer, tmp_path: Path, spawn) -> N
 
 
 def test_ec2_spot_interruption_after_a_rebalance_warning(
-    server: MetadataServer, tmp_path: Path, spawn
+    metadata_server: MetadataServer, tmp_path: Path, spawn
 ) -> None:
-    env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": server.url}
+    env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": metadata_server.url}
 
     def interrupt(sup: Child) -> None:
-        server.state.ec2_rebalance = {"noticeTime": "2026-11-29T10:00:00Z"}
+        metadata_server.state.ec2_rebalance = {"noticeTime": "2026-11-29T10:00:00Z"}
         sup.wait_line(lambda line: "rebalance" in line, timeout=10)
         # the watcher logs before the loop saves: let the rebalance save land first, or both
         # notices may meet at one step boundary and share one insurance save
         wait_for(lambda: len(checkpoints(tmp_path)) == 1, 30, "the rebalance insurance save")
-        server.state.ec2_interrupt(in_seconds=WINDOW + 1)  # EC2 times have 1 s resolution
+        metadata_server.state.ec2_interrupt(in_seconds=WINDOW + 1)  # EC2 times have 1 s resolution
 
     sup, _ = notice_run(spawn, tmp_path, env, interrupt)
     assert "EC2 Spot interruption: terminate" in sup.output
@@ -116,21 +111,21 @@ def test_ec2_spot_interruption_after_a_rebalance_warning(
 
 
 def test_azure_preempt_event_is_acknowledged_after_the_checkpoint(
-    server: MetadataServer, tmp_path: Path, spawn
+    metadata_server: MetadataServer, tmp_path: Path, spawn
 ) -> None:
-    env = {"PREEMPTIBLE_AZURE_METADATA_ENDPOINT": server.url}
+    env = {"PREEMPTIBLE_AZURE_METADATA_ENDPOINT": metadata_server.url}
     events: list[str] = []
     not_befores: list[str] = []
 
     def preempt(_: Child) -> None:
-        events.append(server.state.azure_event("Preempt", not_before_in=WINDOW))
-        not_befores.append(server.state.azure_events[-1]["NotBefore"])
+        events.append(metadata_server.state.azure_event("Preempt", not_before_in=WINDOW))
+        not_befores.append(metadata_server.state.azure_events[-1]["NotBefore"])
 
     sup, noticed = notice_run(spawn, tmp_path, env, preempt)
     # NotBefore has whole seconds: the window the trainer was given is up to 1 s short
     not_before = email.utils.parsedate_to_datetime(not_befores[0]).timestamp()
     assert_used_the_window(tmp_path, noticed, sup, window=not_before - noticed)
-    assert server.state.azure_acks == events
+    assert metadata_server.state.azure_acks == events
 
 
 def test_kubernetes_sigterm_with_a_grace_period(tmp_path: Path, spawn) -> None:
@@ -169,47 +164,38 @@ def doctor(env: dict[str, str]) -> dict[str, dict[str, str]]:
     return {c["name"]: c for c in json.loads(out.stdout)}
 
 
-def test_doctor_in_each_simulated_platform(server: MetadataServer, tmp_path: Path) -> None:
-    clean = {
-        v: ""
-        for v in (
-            "SLURM_JOB_ID",
-            "KUBERNETES_SERVICE_HOST",
-            "PREEMPTIBLE_PLATFORM",
-            "PREEMPTIBLE_GRACE_PERIOD",
-        )
-    }
-    gce = doctor({**clean, "GCE_METADATA_HOST": server.host})
+def test_doctor_in_each_simulated_platform(metadata_server: MetadataServer, tmp_path: Path) -> None:
+    gce = doctor({**CLEAN, "GCE_METADATA_HOST": metadata_server.host})
     assert gce["platform"]["detail"].startswith("gce (GCE_METADATA_HOST is set)")
     assert gce["notices (gce)"]["status"] == "ok" and "reachable" in gce["notices (gce)"]["detail"]
 
-    server.state.ec2_interrupt(in_seconds=120)
-    ec2 = doctor({**clean, "AWS_EC2_METADATA_SERVICE_ENDPOINT": server.url})
+    metadata_server.state.ec2_interrupt(in_seconds=120)
+    ec2 = doctor({**CLEAN, "AWS_EC2_METADATA_SERVICE_ENDPOINT": metadata_server.url})
     assert ec2["notices (ec2)"]["status"] == "warn"
     assert "a notice is pending now" in ec2["notices (ec2)"]["detail"]
 
-    server.state.fault["azure"] = "500"
-    azure = doctor({**clean, "PREEMPTIBLE_AZURE_METADATA_ENDPOINT": server.url})
+    metadata_server.state.fault["azure"] = "500"
+    azure = doctor({**CLEAN, "PREEMPTIBLE_AZURE_METADATA_ENDPOINT": metadata_server.url})
     assert azure["notices (azure)"]["status"] == "warn"
     assert "did not answer" in azure["notices (azure)"]["detail"]
     assert "reachable" in azure["notices (azure)"]["fix"]
 
-    k8s = doctor({**clean, "KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    k8s = doctor({**CLEAN, "KUBERNETES_SERVICE_HOST": "10.0.0.1"})
     assert k8s["platform"]["detail"].startswith("kubernetes")
     assert k8s["notices (kubernetes)"]["status"] == "warn"
     assert "PREEMPTIBLE_GRACE_PERIOD" in k8s["notices (kubernetes)"]["fix"]
     assert "window after SIGTERM" in k8s["on preemption"]["detail"]
-    k8s = doctor({**clean, "KUBERNETES_SERVICE_HOST": "10.0.0.1", "PREEMPTIBLE_GRACE_PERIOD": "90"})
+    k8s = doctor({**CLEAN, "KUBERNETES_SERVICE_HOST": "10.0.0.1", "PREEMPTIBLE_GRACE_PERIOD": "90"})
     assert k8s["notices (kubernetes)"]["status"] == "ok"
     assert "88 s after the first stop signal" in k8s["term-timeout"]["detail"]
 
-    local = doctor({**clean, "PREEMPTIBLE_DMI_DIR": str(tmp_path), "WORLD_SIZE": "2"})
+    local = doctor({**CLEAN, "PREEMPTIBLE_DMI_DIR": str(tmp_path), "WORLD_SIZE": "2"})
     assert local["platform"]["detail"].startswith("local")
     assert "USR2" in local["nccl"]["fix"]
 
     bad = subprocess.run(
         [sys.executable, "-m", "preemptible", "doctor"],
-        env={**os.environ, **clean, "PREEMPTIBLE_PLATFORM": "vax"},
+        env={**os.environ, **CLEAN, "PREEMPTIBLE_PLATFORM": "vax"},
         capture_output=True,
         text=True,
         timeout=60,

@@ -9,12 +9,8 @@ COMPLETES with the exact final weights.
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -23,55 +19,9 @@ import torch
 
 from preemptible.notices._sources import SlurmTimeLimit
 from tests.conftest import SCRIPTS, wait_for
+from tests.support.slurm import job_field
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def slurm_available() -> str | None:
-    flag = os.environ.get("PREEMPTIBLE_TEST_SLURM")
-    if flag and flag != "1":
-        return flag
-    if shutil.which("scontrol") is None:
-        return (
-            "SLURM is not installed; run the suite through make test, or start it with "
-            "bash tests/services/slurm.sh up"
-        )
-    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
-    if "is UP" not in ping.stdout:
-        return "no SLURM controller answers; start one with bash tests/services/slurm.sh up"
-    return None
-
-
-@pytest.fixture(scope="module")
-def slurm() -> None:
-    reason = slurm_available()
-    if reason:
-        pytest.skip(reason)
-
-
-@pytest.fixture
-def sbatch(slurm: None) -> Iterator[Callable[..., str]]:
-    """``sbatch(*args)`` submits a job and returns its id; every job is cancelled at teardown."""
-    jobs: list[str] = []
-
-    def submit(*args: str) -> str:
-        out = subprocess.run(
-            ["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=30, check=True
-        )
-        jobs.append(out.stdout.strip().split(";")[0])
-        return jobs[-1]
-
-    yield submit
-    for job in jobs:
-        subprocess.run(["scancel", job], capture_output=True, timeout=30)
-
-
-def job_field(job: str, name: str) -> str | None:
-    out = subprocess.run(
-        ["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30
-    ).stdout
-    m = re.search(rf"\b{name}=(\S+)", out)
-    return m.group(1) if m else None
 
 
 def test_usr1_requeue_resume_complete_bit_exact(sbatch, tmp_path: Path) -> None:

@@ -9,19 +9,16 @@ first tests use a fake scontrol; the last ones run in the real single-node SLURM
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import PY, attempts, supervise, wait_for
-from tests.fakes.scontrol import FakeScontrol
+from tests.support.slurm import FakeScontrol, job_field, kill_wait
 
 STUBBORN = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -80,47 +77,6 @@ def test_a_crafted_job_id_is_refused(env: dict[str, str], tmp_path: Path, spawn)
 # --- the real SLURM ------------------------------------------------------------------------
 
 
-def slurm_down() -> str | None:
-    flag = os.environ.get("PREEMPTIBLE_TEST_SLURM")
-    if flag and flag != "1":
-        return flag
-    if shutil.which("scontrol") is None:
-        return "SLURM is not installed; start it with bash tests/services/slurm.sh up"
-    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
-    return None if "is UP" in ping.stdout else "no SLURM controller answers"
-
-
-@pytest.fixture
-def sbatch() -> Iterator[Callable[..., str]]:
-    reason = slurm_down()
-    if reason:
-        pytest.skip(reason)
-    jobs: list[str] = []
-
-    def submit(*args: str) -> str:
-        out = subprocess.run(
-            ["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=30, check=True
-        )
-        jobs.append(out.stdout.strip().split(";")[0])
-        return jobs[-1]
-
-    yield submit
-    for job in jobs:
-        subprocess.run(["scancel", job], capture_output=True, timeout=30)
-
-
-def job_state(job: str) -> str:
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30
-    ).stdout
-    return dict(f.split("=", 1) for f in out.split() if "=" in f).get("JobState", "")
-
-
-def kill_wait() -> int:
-    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
-    return int(next(line for line in out.splitlines() if line.startswith("KillWait")).split()[2])
-
-
 @pytest.mark.timeout(120)
 def test_plain_scancel_the_supervisor_escalates_and_records_first(sbatch, tmp_path: Path) -> None:
     wait = kill_wait()
@@ -132,7 +88,7 @@ def test_plain_scancel_the_supervisor_escalates_and_records_first(sbatch, tmp_pa
     job = sbatch("-o", str(out), str(script))
     wait_for(lambda: out.exists() and "up\n" in out.read_text(), 60, "the trainer to start")
     subprocess.run(["scancel", job], check=True, timeout=30)
-    wait_for(lambda: job_state(job) == "CANCELLED", 60, "the job to end")
+    wait_for(lambda: job_field(job, "JobState") == "CANCELLED", 60, "the job to end")
     text = out.read_text()
     escalate = max(wait - 2, wait / 2)
     assert f"SIGKILL in {escalate:.0f} s if it has not exited (2 s before SLURM's own " in text
@@ -155,7 +111,7 @@ def test_doctor_in_a_real_job_shows_slurms_deadline(sbatch, tmp_path: Path) -> N
         f"{doctor} > {tmp_path}/a.json && "
         f"PREEMPTIBLE_TERM_TIMEOUT=600 {doctor} > {tmp_path}/b.json",
     )
-    wait_for(lambda: job_state(job) == "COMPLETED", 60, "the doctor job")
+    wait_for(lambda: job_field(job, "JobState") == "COMPLETED", 60, "the doctor job")
     a = {c["name"]: c for c in json.loads((tmp_path / "a.json").read_text())}
     b = {c["name"]: c for c in json.loads((tmp_path / "b.json").read_text())}
     detail = a["term-timeout"]["detail"]

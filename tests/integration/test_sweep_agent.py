@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from preemptible.sweeps._store import open_store
-from tests.conftest import PY, SCRIPTS, Child, wait_for
+from tests.conftest import SCRIPTS, Child, wait_for
 from tests.scripts.lease_train import expected
+from tests.support.sweeps import cli, create
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -36,16 +37,6 @@ def write_spec(tmp_path: Path, params: dict[str, object], **extra: object) -> Pa
     path = tmp_path / "spec.yaml"
     path.write_text(json.dumps(spec))  # JSON is YAML
     return path
-
-
-def cli(*args: str) -> list[str]:
-    return [PY, "-m", "preemptible", *args]
-
-
-def create(spawn: Callable[..., Child], tmp_path: Path, db: str, spec: Path) -> str:
-    child = spawn(cli("sweep", "create", str(spec), "--db", db), cwd=tmp_path)
-    assert child.wait(60) == 0, child.output
-    return child.lines[-1].strip()
 
 
 def agent(spawn: Callable[..., Child], tmp_path: Path, db: str, sweep: str, *extra: str) -> Child:

@@ -28,9 +28,10 @@ from typing import Any
 import pytest
 
 from preemptible.sweeps._store import LEASE_EXPIRED, LEASE_MARGIN, open_store
-from tests.conftest import ROOT, SCRIPTS, Child, PgServer, wait_for
-from tests.integration.test_sweep_agent import cli, create
+from tests.conftest import ROOT, SCRIPTS, Child, wait_for
 from tests.scripts.lease_train import expected
+from tests.support.postgres import PgServer
+from tests.support.sweeps import cli, create
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -232,7 +233,7 @@ def test_an_agent_on_another_host_takes_over_only_after_the_stopped_holder_s_run
 # -- an outage longer than the lease -----------------------------------------------------------
 @pytest.mark.timeout(240)
 def test_runs_that_finish_while_postgresql_is_down_past_their_lease_are_not_run_again(
-    pg_server: PgServer, spawn: Callable[..., Child], tmp_path: Path
+    pg_server: PgServer, pg_database: str, spawn: Callable[..., Child], tmp_path: Path
 ) -> None:
     """PostgreSQL stopped for longer than the lease and its margin while agent A's run
     finishes and agent B's ("another host") is still training: B's run stops itself before
@@ -241,12 +242,8 @@ def test_runs_that_finish_while_postgresql_is_down_past_their_lease_are_not_run_
     attempt, never run again; run 1 resumed once, exactly."""
     if pg_server.directory is None:
         pytest.skip("the PostgreSQL server was started elsewhere; it is not ours to stop")
-    import uuid
-
     prefix = other_host()
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    pg_server.admin(f'CREATE DATABASE "{name}"')
-    db = pg_server.database_url(name)
+    db = pg_server.database_url(pg_database)
     env = {"PREEMPTIBLE_DB_RETRY_TIMEOUT": "120"}
     down = False
     try:
@@ -281,8 +278,7 @@ def test_runs_that_finish_while_postgresql_is_down_past_their_lease_are_not_run_
         assert_never_two_at_once(tmp_path)
     finally:
         if down:
-            pg_server.start()
-        pg_server.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            pg_server.start()  # before the database is dropped
 
 
 # -- a host whose wall clock steps -------------------------------------------------------------

@@ -35,7 +35,8 @@ from preemptible.sweeps._store import (
     open_store,
     recovery_hold,
 )
-from tests.conftest import ROOT, Child, PgServer, wait_for
+from tests.conftest import ROOT, Child, wait_for
+from tests.support.postgres import PgServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -714,21 +715,17 @@ def test_bad_urls_are_refused_in_one_line_without_the_password(tmp_path: Path) -
         open_store(f"sqlite://{unwritable}/x/sweeps.db")
 
 
-def test_a_driver_message_keeps_its_words_whatever_the_password(pg_server: PgServer) -> None:
+def test_a_driver_message_keeps_its_words_whatever_the_password(
+    pg_server: PgServer, pg_database: str
+) -> None:
     """The scrubber once replaced every 2-letter piece of the password: a password "ab/ss"
     turned "permission denied" into "permi***ion denied" (and so hinted at the password)."""
-    import uuid
-
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    pg_server.admin(f'CREATE DATABASE "{name}"')
     with contextlib.suppress(Exception):
         pg_server.admin("CREATE ROLE preemptible_nocreate LOGIN")  # trusted: any password
-    url = pg_server.database_url(name).replace("postgres@", "preemptible_nocreate:ab%2Fss@", 1)
-    try:
-        with pytest.raises(StoreError) as raised:
-            open_store(url, retry_timeout=5)  # it may not create the queue's tables
-    finally:
-        pg_server.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    url = pg_server.database_url(pg_database)
+    url = url.replace("postgres@", "preemptible_nocreate:ab%2Fss@", 1)
+    with pytest.raises(StoreError) as raised:
+        open_store(url, retry_timeout=5)  # it may not create the queue's tables
     message = str(raised.value)
     assert "permission denied for schema public" in message, message
     assert "preemptible_nocreate:***@" in message and "ab%2Fss" not in message
@@ -745,42 +742,34 @@ def status_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_status_reads_a_database_it_may_not_write(pg_server: PgServer) -> None:
+def test_status_reads_a_database_it_may_not_write(pg_server: PgServer, pg_database: str) -> None:
     """A standby, or a role whose transactions are read-only: status reads as it is (it used to
     fail migrating the schema, which is current); a writer still gets one clear line. (SQLite:
     test_sweep_status.py mounts the file system read-only.)"""
-    import uuid
-
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    pg_server.admin(f'CREATE DATABASE "{name}"')
-    try:
-        with open_store(pg_server.database_url(name)) as store:
-            sweep = new_sweep(store)
-            store.add_runs(sweep, [{"x": 1}, {"x": 2}])
-        url = pg_server.database_url(name) + "?options=-c%20default_transaction_read_only%3Don"
-        table = status_cli(url, sweep)
-        assert table.returncode == 0, table.stderr
-        assert f"{sweep}-1" in table.stdout and "2 PENDING" in table.stdout
-        assert len(json.loads(status_cli(url, sweep, "--json").stdout)["runs"]) == 2
-        assert sweep in status_cli(url).stdout
-        with pytest.raises(StoreError, match="read-only transaction"):
-            open_store(url, retry_timeout=5)
-    finally:
-        pg_server.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    name = pg_database
+    with open_store(pg_server.database_url(name)) as store:
+        sweep = new_sweep(store)
+        store.add_runs(sweep, [{"x": 1}, {"x": 2}])
+    url = pg_server.database_url(name) + "?options=-c%20default_transaction_read_only%3Don"
+    table = status_cli(url, sweep)
+    assert table.returncode == 0, table.stderr
+    assert f"{sweep}-1" in table.stdout and "2 PENDING" in table.stdout
+    assert len(json.loads(status_cli(url, sweep, "--json").stdout)["runs"]) == 2
+    assert sweep in status_cli(url).stdout
+    with pytest.raises(StoreError, match="read-only transaction"):
+        open_store(url, retry_timeout=5)
 
 
 def test_watch_marks_a_stale_table_while_the_server_refuses_and_recovers(
-    pg_server: PgServer, tmp_path: Path
+    pg_server: PgServer, pg_database: str, tmp_path: Path
 ) -> None:
     """``status --watch`` in a terminal: the database stops taking connections (its backends
     cut off), the last table is shown under "database unreachable since ..."; connections come
     back and the next table is current (a run added meanwhile shows)."""
     import pty
     import signal
-    import uuid
 
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    pg_server.admin(f'CREATE DATABASE "{name}"')
+    name = pg_database
     url = pg_server.database_url(name)
     master, slave = pty.openpty()
     proc = None
@@ -833,7 +822,6 @@ def test_watch_marks_a_stale_table_while_the_server_refuses_and_recovers(
         if slave >= 0:
             os.close(slave)
         pg_server.admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-        pg_server.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # -- many agents ------------------------------------------------------------------------------
@@ -884,14 +872,10 @@ def test_eight_agents_execute_every_run_exactly_once(
 
 @pytest.mark.timeout(300)
 def test_a_postgresql_restart_mid_sweep_loses_nothing_and_runs_nothing_twice(
-    pg_server: PgServer, spawn: Callable[..., Child], tmp_path: Path
+    pg_server: PgServer, pg_database: str, spawn: Callable[..., Child], tmp_path: Path
 ) -> None:
     if pg_server.directory is None:
         pytest.skip("the PostgreSQL server was started elsewhere; it is not ours to restart")
-    import uuid
-
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    pg_server.admin(f'CREATE DATABASE "{name}"')
     runs = 240
 
     def restart_when_a_quarter_is_done(log: Path) -> None:
@@ -902,16 +886,13 @@ def test_a_postgresql_restart_mid_sweep_loses_nothing_and_runs_nothing_twice(
         pg_server.restart()
         assert executed() < runs, "the sweep was over before the restart; make it longer"
 
-    try:
-        children = run_agents(
-            spawn,
-            pg_server.database_url(name),
-            tmp_path,
-            4,
-            runs,
-            during=restart_when_a_quarter_is_done,
-            work=0.02,
-        )
-        assert any("unreachable or locked" in c.output for c in children)
-    finally:
-        pg_server.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    children = run_agents(
+        spawn,
+        pg_server.database_url(pg_database),
+        tmp_path,
+        4,
+        runs,
+        during=restart_when_a_quarter_is_done,
+        work=0.02,
+    )
+    assert any("unreachable or locked" in c.output for c in children)

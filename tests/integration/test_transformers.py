@@ -22,7 +22,7 @@ import torch
 
 from preemptible.stop._latch import DUPLICATE_WINDOW
 from tests.conftest import Child, attempts, python_args, read_pid, supervise, wait_for
-from tests.fakes.metadata import MetadataServer
+from tests.support.metadata import MetadataServer
 from tests.wandb_records import summary
 
 pytest.importorskip("transformers")

@@ -18,28 +18,10 @@ from pathlib import Path
 import pytest
 
 from preemptible._doctor import WARN, _run
-from tests.fakes.scontrol import FakeScontrol
+from tests.support.env import CLEAN
+from tests.support.slurm import FakeScontrol
 
 pytestmark = pytest.mark.timeout(60)
-
-CLEAN = {
-    v: ""
-    for v in (
-        "SLURM_JOB_ID",
-        "SLURM_ARRAY_JOB_ID",
-        "SLURM_ARRAY_TASK_ID",
-        "KUBERNETES_SERVICE_HOST",
-        "PREEMPTIBLE_PLATFORM",
-        "PREEMPTIBLE_GRACE_PERIOD",
-        "PREEMPTIBLE_TERM_TIMEOUT",
-        "PREEMPTIBLE_REQUEUE",
-        "PREEMPTIBLE_STOP_FILE",
-        "GCE_METADATA_HOST",
-        "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-        "PREEMPTIBLE_AZURE_METADATA_ENDPOINT",
-        "PREEMPTIBLE_CONTAINMENT",
-    )
-}
 
 
 def doctor(

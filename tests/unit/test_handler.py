@@ -22,6 +22,7 @@ from preemptible import (
     PreemptionCheckpointHandler,
     TerminationConfig,
 )
+from tests.support.signals import SignalHandlers
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -31,12 +32,9 @@ def sentinel(signum: int, frame: FrameType | None) -> None:
 
 
 @pytest.fixture(autouse=True)
-def sentinels():
+def sentinels(signal_handlers: SignalHandlers) -> None:
     """Install a known handler for every signal, so restoration can be checked exactly."""
-    old = {s: signal.signal(s, sentinel) for s in SIGNALS}
-    yield
-    for s, h in old.items():
-        signal.signal(s, h)
+    signal_handlers.install(sentinel, *SIGNALS)
 
 
 def assert_restored() -> None:

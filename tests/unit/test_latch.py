@@ -12,6 +12,7 @@ import pytest
 
 from preemptible import ConfigError, Notice
 from preemptible.stop._latch import SignalLatch, normalize_signals
+from tests.support.signals import SignalHandlers
 
 
 def previous_handler(signum: int, frame: FrameType | None) -> None:
@@ -19,10 +20,8 @@ def previous_handler(signum: int, frame: FrameType | None) -> None:
 
 
 @pytest.fixture
-def usr1_previous():
-    old = signal.signal(signal.SIGUSR1, previous_handler)
-    yield
-    signal.signal(signal.SIGUSR1, old)
+def usr1_previous(signal_handlers: SignalHandlers) -> None:
+    signal_handlers.install(previous_handler, signal.SIGUSR1)
 
 
 def test_first_signal_notifies_and_restore_puts_back_previous(usr1_previous, caplog) -> None:
@@ -108,22 +107,19 @@ def test_normalize_signals() -> None:
         normalize_signals([])
 
 
-def test_an_inherited_ignored_sighup_stays_ignored(caplog) -> None:
-    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        seen: list[Notice] = []
-        latch = SignalLatch([signal.SIGHUP, signal.SIGUSR1], seen.append)
-        with caplog.at_level(logging.INFO, logger="preemptible"):
-            assert latch.install()
-        assert latch.kept_ignored == (signal.SIGHUP,)
-        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
-        assert "SIGHUP ignored since this process started" in caplog.text
-        os.kill(os.getpid(), signal.SIGHUP)
-        assert seen == []
-        latch.restore()
-        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGHUP, old)
+def test_an_inherited_ignored_sighup_stays_ignored(caplog, signal_handlers: SignalHandlers) -> None:
+    signal_handlers.install(signal.SIG_IGN, signal.SIGHUP)
+    seen: list[Notice] = []
+    latch = SignalLatch([signal.SIGHUP, signal.SIGUSR1], seen.append)
+    with caplog.at_level(logging.INFO, logger="preemptible"):
+        assert latch.install()
+    assert latch.kept_ignored == (signal.SIGHUP,)
+    assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    assert "SIGHUP ignored since this process started" in caplog.text
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert seen == []
+    latch.restore()
+    assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
 
 
 def test_a_repeat_within_the_window_is_recorded_not_acted_on(usr1_previous, caplog) -> None:

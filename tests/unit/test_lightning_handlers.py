@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from preemptible.lightning import GracefulInterruptCallback
 from preemptible.stop._latch import DEFAULT_SIGNALS
 from tests.conftest import wait_for
+from tests.support.signals import SignalHandlers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,15 +27,11 @@ def original(signum: int, frame: FrameType | None) -> None:
 
 
 @pytest.fixture(autouse=True)
-def originals():
+def originals(signal_handlers: SignalHandlers) -> None:
     # every signal the callback handles by default: a stopped fit keeps its handler (holding
     # the exit code) where the one before was SIG_DFL, which must not reach the next test
-    old = {s: signal.getsignal(s) for s in DEFAULT_SIGNALS}
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, original)
-    yield
-    for s, h in old.items():
-        signal.signal(s, h)
+    signal_handlers.keep(*DEFAULT_SIGNALS)
+    signal_handlers.install(original, signal.SIGINT, signal.SIGTERM)
 
 
 def assert_restored(expected: object = original) -> None:

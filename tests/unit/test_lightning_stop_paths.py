@@ -26,6 +26,7 @@ from preemptible.distributed._agreement import StopAgreement
 from preemptible.lightning import GracefulInterruptCallback
 from preemptible.stop._controller import Decision
 from preemptible.stop._latch import DEFAULT_SIGNALS
+from tests.support.signals import SignalHandlers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,15 +36,11 @@ def users_handler(signum: int, frame: FrameType | None) -> None:
 
 
 @pytest.fixture(autouse=True)
-def handlers_before_fit():
+def handlers_before_fit(signal_handlers: SignalHandlers) -> None:
     # every signal the callback handles by default: a stopped fit keeps its handler (holding
     # the exit code) where the one before was SIG_DFL, which must not reach the next test
-    old = {s: signal.getsignal(s) for s in DEFAULT_SIGNALS}
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, users_handler)
-    yield
-    for s, h in old.items():
-        signal.signal(s, h)
+    signal_handlers.keep(*DEFAULT_SIGNALS)
+    signal_handlers.install(users_handler, signal.SIGINT, signal.SIGTERM)
 
 
 class Model(pl.LightningModule):

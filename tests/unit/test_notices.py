@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,31 +12,9 @@ import pytest
 from preemptible import ConfigError, NoticeError, detect_platform
 from preemptible.notices import default_config, detect
 from preemptible.notices._sources import EC2, GCE, Azure, Composite, StopFile
-from tests.fakes.metadata import MetadataServer
+from tests.support.metadata import MetadataServer
 
-PLATFORM_VARS = (
-    "PREEMPTIBLE_PLATFORM",
-    "GCE_METADATA_HOST",
-    "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-    "PREEMPTIBLE_AZURE_METADATA_ENDPOINT",
-    "SLURM_JOB_ID",
-    "KUBERNETES_SERVICE_HOST",
-    "PREEMPTIBLE_STOP_FILE",
-    "PREEMPTIBLE_GRACE_PERIOD",
-)
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in PLATFORM_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("PREEMPTIBLE_DMI_DIR", str(tmp_path / "dmi"))
-
-
-@pytest.fixture
-def server() -> Iterator[MetadataServer]:
-    with MetadataServer() as s:
-        yield s
+pytestmark = pytest.mark.usefixtures("clean_platform_env")
 
 
 def dmi(tmp_path: Path, **files: str) -> None:
@@ -97,82 +74,84 @@ def test_default_configs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
         default_config("local")
 
 
-def test_gce_spot_and_maintenance(server: MetadataServer) -> None:
-    gce = GCE(server.host)
+def test_gce_spot_and_maintenance(metadata_server: MetadataServer) -> None:
+    gce = GCE(metadata_server.host)
     assert gce.poll() is None
-    server.state.gce_maintenance = "MIGRATE_ON_HOST_MAINTENANCE"
+    metadata_server.state.gce_maintenance = "MIGRATE_ON_HOST_MAINTENANCE"
     assert gce.poll() is None, "a live migration is not a stop"
-    server.state.gce_maintenance = "TERMINATE_ON_HOST_MAINTENANCE"
+    metadata_server.state.gce_maintenance = "TERMINATE_ON_HOST_MAINTENANCE"
     n = gce.poll()
     assert n is not None and n.source == "gce" and "maintenance" in n.detail
-    server.state.gce_maintenance = "NONE"
-    server.state.gce_preempted = "TRUE"
+    metadata_server.state.gce_maintenance = "NONE"
+    metadata_server.state.gce_preempted = "TRUE"
     n = gce.poll()
     assert n is not None and "Spot" in n.detail
     assert n.deadline is not None and 25 < n.deadline - time.time() <= 30
 
 
 def test_gce_notice_counts_its_window_from_the_last_poll_that_saw_nothing(
-    server: MetadataServer,
+    metadata_server: MetadataServer,
 ) -> None:
-    gce = GCE(server.host)
+    gce = GCE(metadata_server.host)
     assert gce.poll() is None
     clear = time.time()
-    server.state.gce_preempted = "TRUE"
+    metadata_server.state.gce_preempted = "TRUE"
     threading.Event().wait(0.3)  # the gap between two polls, under test
     n = gce.poll()
     assert n is not None and n.deadline is not None
     assert 0.25 < n.detection_latency < 0.3 + (time.time() - clear)
-    fresh = GCE(server.host).poll()  # no poll saw "FALSE": the notice may be a window old
+    fresh = GCE(metadata_server.host).poll()  # no poll saw "FALSE": the notice may be a window old
     assert fresh is not None and fresh.detection_latency == 30.0  # so: stop at once
 
 
-def test_ec2_spot_interruption_and_rebalance(server: MetadataServer) -> None:
-    ec2 = EC2(server.url)
+def test_ec2_spot_interruption_and_rebalance(metadata_server: MetadataServer) -> None:
+    ec2 = EC2(metadata_server.url)
     assert ec2.poll() is None
-    server.state.ec2_rebalance = {"noticeTime": "2026-11-29T10:00:00Z"}
+    metadata_server.state.ec2_rebalance = {"noticeTime": "2026-11-29T10:00:00Z"}
     warning = ec2.poll()
     assert warning is not None and warning.stop is False and warning.source == "ec2-rebalance"
     assert ec2.poll() is None, "the rebalance warning is given once"
-    server.state.ec2_interrupt(in_seconds=120)
+    metadata_server.state.ec2_interrupt(in_seconds=120)
     n = ec2.poll()
     assert n is not None and n.stop and n.deadline is not None
     assert 115 < n.deadline - time.time() <= 121
-    puts = [r for r in server.state.requests if r[0] == "PUT"]
+    puts = [r for r in metadata_server.state.requests if r[0] == "PUT"]
     assert len(puts) == 1, "the IMDSv2 token is reused until it expires"
 
 
-def test_ec2_token_expiry_gets_a_new_token(server: MetadataServer) -> None:
-    ec2 = EC2(server.url)
+def test_ec2_token_expiry_gets_a_new_token(metadata_server: MetadataServer) -> None:
+    ec2 = EC2(metadata_server.url)
     assert ec2.poll() is None
-    server.state.expire_tokens()
-    server.state.ec2_interrupt(in_seconds=60)
+    metadata_server.state.expire_tokens()
+    metadata_server.state.ec2_interrupt(in_seconds=60)
     assert ec2.poll() is not None
-    assert len([r for r in server.state.requests if r[0] == "PUT"]) == 2
+    assert len([r for r in metadata_server.state.requests if r[0] == "PUT"]) == 2
 
 
-def test_azure_preempt_with_deadline_and_acknowledgement(server: MetadataServer) -> None:
-    azure = Azure(server.url)
+def test_azure_preempt_with_deadline_and_acknowledgement(metadata_server: MetadataServer) -> None:
+    azure = Azure(metadata_server.url)
     assert azure.poll() is None
-    server.state.azure_events.append({"EventId": "f", "EventType": "Freeze", "NotBefore": ""})
+    metadata_server.state.azure_events.append(
+        {"EventId": "f", "EventType": "Freeze", "NotBefore": ""}
+    )
     assert azure.poll() is None, "a freeze is not a stop"
-    event_id = server.state.azure_event("Preempt", not_before_in=30)
+    event_id = metadata_server.state.azure_event("Preempt", not_before_in=30)
     n = azure.poll()
     assert n is not None and n.deadline is not None and 28 < n.deadline - time.time() <= 31
     assert n.acknowledge is not None
     n.acknowledge()
-    assert server.state.azure_acks == [event_id]
+    assert metadata_server.state.azure_acks == [event_id]
 
 
 @pytest.mark.parametrize("fault", ["500", "404", "garbage", "slow"])
 @pytest.mark.parametrize("kind", ["gce", "ec2", "azure"])
-def test_bad_servers_raise_quickly(kind: str, fault: str, server: MetadataServer) -> None:
-    server.state.fault[kind] = fault
-    server.state.slow_seconds = 1.0
+def test_bad_servers_raise_quickly(kind: str, fault: str, metadata_server: MetadataServer) -> None:
+    metadata_server.state.fault[kind] = fault
+    metadata_server.state.slow_seconds = 1.0
     source = {
-        "gce": lambda: GCE(server.host, timeout=0.5),
-        "ec2": lambda: EC2(server.url, timeout=0.5),
-        "azure": lambda: Azure(server.url, timeout=0.5),
+        "gce": lambda: GCE(metadata_server.host, timeout=0.5),
+        "ec2": lambda: EC2(metadata_server.url, timeout=0.5),
+        "azure": lambda: Azure(metadata_server.url, timeout=0.5),
     }[kind]()
     started = time.monotonic()
     with pytest.raises((NoticeError, OSError)):
@@ -186,11 +165,11 @@ def test_unreachable_server_raises_oserror() -> None:
 
 
 def test_composite_logs_each_failing_source_once(
-    server: MetadataServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    metadata_server: MetadataServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    server.state.fault["gce"] = "500"
+    metadata_server.state.fault["gce"] = "500"
     stop = tmp_path / "stop"
-    watcher = Composite([GCE(server.host), StopFile(stop)])
+    watcher = Composite([GCE(metadata_server.host), StopFile(stop)])
     with caplog.at_level(logging.WARNING, logger="preemptible"):
         assert watcher() is None
         assert watcher() is None
@@ -202,14 +181,16 @@ def test_composite_logs_each_failing_source_once(
 
 
 @pytest.mark.parametrize("kind", ["gce", "ec2", "azure"])
-def test_watcher_thread_sees_a_notice_within_one_poll(kind: str, server: MetadataServer) -> None:
+def test_watcher_thread_sees_a_notice_within_one_poll(
+    kind: str, metadata_server: MetadataServer
+) -> None:
     from preemptible.stop._termination import Notice, Watcher
     from tests.conftest import wait_for
 
     source = {
-        "gce": lambda: GCE(server.host),
-        "ec2": lambda: EC2(server.url),
-        "azure": lambda: Azure(server.url),
+        "gce": lambda: GCE(metadata_server.host),
+        "ec2": lambda: EC2(metadata_server.url),
+        "azure": lambda: Azure(metadata_server.url),
     }[kind]()
     seen: list[tuple[float, Notice]] = []
     interval = 0.5
@@ -221,14 +202,14 @@ def test_watcher_thread_sees_a_notice_within_one_poll(kind: str, server: Metadat
     )
     watcher.start()
     try:
-        wait_for(lambda: len(server.state.requests) >= 2, 10, "the first polls")
+        wait_for(lambda: len(metadata_server.state.requests) >= 2, 10, "the first polls")
         flipped = time.monotonic()
         if kind == "gce":
-            server.state.gce_preempted = "TRUE"
+            metadata_server.state.gce_preempted = "TRUE"
         elif kind == "ec2":
-            server.state.ec2_interrupt(in_seconds=120)
+            metadata_server.state.ec2_interrupt(in_seconds=120)
         else:
-            server.state.azure_event("Preempt", not_before_in=30)
+            metadata_server.state.azure_event("Preempt", not_before_in=30)
         wait_for(lambda: seen, 5, "the notice")
     finally:
         watcher.stop()

@@ -4,12 +4,9 @@ credentials in endpoint URLs, and environment values checked where they are read
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
 import math
 import os
-import shutil
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,22 +16,11 @@ import pytest
 from preemptible import ConfigError, NoticeError
 from preemptible.notices import default_config, detect, grace_period_from_env, sources_for
 from preemptible.notices._sources import EC2, GCE, Azure, Composite, Source, StopFile
-from tests.fakes.metadata import MetadataServer
+from tests.support.files import touch_later, unremovable
+from tests.support.metadata import MetadataServer
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("clean_platform_env")]
 
-ENV_VARS = (
-    "PREEMPTIBLE_PLATFORM",
-    "GCE_METADATA_HOST",
-    "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-    "PREEMPTIBLE_AZURE_METADATA_ENDPOINT",
-    "SLURM_JOB_ID",
-    "KUBERNETES_SERVICE_HOST",
-    "PREEMPTIBLE_STOP_FILE",
-    "PREEMPTIBLE_GRACE_PERIOD",
-    "PREEMPTIBLE_POLL_INTERVAL",
-    "PREEMPTIBLE_GCE_NOTICE_SECONDS",
-)
 ENDPOINT_VARS = {
     "gce": "GCE_METADATA_HOST",
     "ec2": "AWS_EC2_METADATA_SERVICE_ENDPOINT",
@@ -43,19 +29,6 @@ ENDPOINT_VARS = {
 SECRET = "s3cr3t-Pa55"
 DEADLINE = 0.5
 MARGIN = 1.5  # room for a loaded machine; a dripping request held to its end takes minutes
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in ENV_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("PREEMPTIBLE_DMI_DIR", str(tmp_path / "dmi"))
-
-
-@pytest.fixture
-def server() -> Iterator[MetadataServer]:
-    with MetadataServer() as s:
-        yield s
 
 
 @pytest.fixture
@@ -75,43 +48,46 @@ def make(kind: str, endpoint: str, timeout: float = 2.0) -> GCE | EC2 | Azure:
 
 @pytest.mark.parametrize("kind", ["gce", "ec2", "azure"])
 def test_a_redirect_is_a_bad_answer_and_its_target_never_hears_from_us(
-    kind: str, server: MetadataServer, target: MetadataServer
+    kind: str, metadata_server: MetadataServer, target: MetadataServer
 ) -> None:
     # the target would announce a stop: taking its answer would be a false preemption
     target.state.gce_preempted = "TRUE"
     target.state.ec2_interrupt(in_seconds=120)
     target.state.azure_event("Preempt", not_before_in=30)
-    server.state.fault[kind] = "redirect"
-    server.state.redirect_to = target.url
+    metadata_server.state.fault[kind] = "redirect"
+    metadata_server.state.redirect_to = target.url
     with pytest.raises(NoticeError, match="302 redirect refused"):
-        make(kind, server.url).poll()
+        make(kind, metadata_server.url).poll()
     assert target.state.requests == [], "the redirect's Location was contacted"
-    assert server.state.requests, "the configured server was asked"
+    assert metadata_server.state.requests, "the configured metadata_server was asked"
     if kind == "ec2":  # the token was in play: the GET that was redirected carried it
-        assert server.state.requests[-1][0] == "GET"
-        assert "X-aws-ec2-metadata-token" in server.state.headers[-1]
+        assert metadata_server.state.requests[-1][0] == "GET"
+        assert "X-aws-ec2-metadata-token" in metadata_server.state.headers[-1]
 
 
 @pytest.mark.parametrize("kind", ["gce", "ec2", "azure"])
 def test_proxy_variables_are_ignored(
-    kind: str, server: MetadataServer, target: MetadataServer, monkeypatch: pytest.MonkeyPatch
+    kind: str,
+    metadata_server: MetadataServer,
+    target: MetadataServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
         monkeypatch.setenv(var, target.url)
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
-    assert make(kind, server.url).poll() is None
-    assert server.state.requests and target.state.requests == []
+    assert make(kind, metadata_server.url).poll() is None
+    assert metadata_server.state.requests and target.state.requests == []
 
 
-def test_gce_preempted_counts_only_as_a_200_true(server: MetadataServer) -> None:
-    gce = GCE(server.host)
+def test_gce_preempted_counts_only_as_a_200_true(metadata_server: MetadataServer) -> None:
+    gce = GCE(metadata_server.host)
     for answer in ("MAYBE", "true", ""):
-        server.state.gce_preempted = answer
+        metadata_server.state.gce_preempted = answer
         with pytest.raises(NoticeError, match="not TRUE/FALSE"):
             gce.poll()
-    server.state.gce_preempted = "TRUE"
-    server.state.fault["gce"] = "404"
+    metadata_server.state.gce_preempted = "TRUE"
+    metadata_server.state.fault["gce"] = "404"
     with pytest.raises(NoticeError, match="HTTP 404"):
         gce.poll()
 
@@ -122,44 +98,48 @@ def test_gce_preempted_counts_only_as_a_200_true(server: MetadataServer) -> None
 @pytest.mark.parametrize("drip", ["drip-headers", "drip-body"])
 @pytest.mark.parametrize("kind", ["gce", "ec2", "azure"])
 def test_a_dripping_server_times_out_at_the_deadline(
-    kind: str, drip: str, server: MetadataServer
+    kind: str, drip: str, metadata_server: MetadataServer
 ) -> None:
-    server.state.fault[kind] = drip
-    server.state.drip_seconds = 0.05  # far below the deadline: a per-read timeout never fires
-    source = make(kind, server.url, timeout=DEADLINE)
+    metadata_server.state.fault[kind] = drip
+    metadata_server.state.drip_seconds = (
+        0.05  # far below the deadline: a per-read timeout never fires
+    )
+    source = make(kind, metadata_server.url, timeout=DEADLINE)
     started = time.monotonic()
     with pytest.raises(TimeoutError) as caught:
         source.poll()
     took = time.monotonic() - started
     assert took < DEADLINE + MARGIN, f"held {took:.2f} s by a dripping server"
-    assert server.url in str(caught.value) and f"within {DEADLINE:g} s" in str(caught.value)
+    assert metadata_server.url in str(caught.value) and f"within {DEADLINE:g} s" in str(
+        caught.value
+    )
 
 
-def test_the_azure_acknowledgement_has_a_deadline(server: MetadataServer) -> None:
-    event = server.state.azure_event("Preempt", not_before_in=30)
-    notice = Azure(server.url, timeout=DEADLINE).poll()
+def test_the_azure_acknowledgement_has_a_deadline(metadata_server: MetadataServer) -> None:
+    event = metadata_server.state.azure_event("Preempt", not_before_in=30)
+    notice = Azure(metadata_server.url, timeout=DEADLINE).poll()
     assert notice is not None and notice.acknowledge is not None
-    server.state.fault["azure"] = "drip-headers"
-    server.state.drip_seconds = 0.05
+    metadata_server.state.fault["azure"] = "drip-headers"
+    metadata_server.state.drip_seconds = 0.05
     started = time.monotonic()
     with pytest.raises(TimeoutError) as caught:
         notice.acknowledge()
-    assert str(caught.value).startswith(f"POST {server.url}/metadata/scheduledevents")
+    assert str(caught.value).startswith(f"POST {metadata_server.url}/metadata/scheduledevents")
     assert time.monotonic() - started < DEADLINE + MARGIN
-    assert ("POST", Azure.PATH) in server.state.requests
-    assert server.state.azure_acks == [], "the dripping server never took the ack"
-    server.state.fault.clear()
+    assert ("POST", Azure.PATH) in metadata_server.state.requests
+    assert metadata_server.state.azure_acks == [], "the dripping metadata_server never took the ack"
+    metadata_server.state.fault.clear()
     notice.acknowledge()
-    assert server.state.azure_acks == [event]
+    assert metadata_server.state.azure_acks == [event]
 
 
 def test_the_watcher_goes_on_past_a_dripping_server(
-    server: MetadataServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    metadata_server: MetadataServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    server.state.fault["gce"] = "drip-body"
-    server.state.drip_seconds = 0.05
+    metadata_server.state.fault["gce"] = "drip-body"
+    metadata_server.state.drip_seconds = 0.05
     stop = tmp_path / "stop"
-    watcher = Composite([GCE(server.host, timeout=0.5), StopFile(stop)])
+    watcher = Composite([GCE(metadata_server.host, timeout=0.5), StopFile(stop)])
     with caplog.at_level(logging.WARNING, logger="preemptible"):
         assert watcher() is None
         stop.touch()
@@ -174,32 +154,32 @@ def test_the_watcher_goes_on_past_a_dripping_server(
 # --- 3. credentials in an endpoint are sent to that host only, and never shown
 
 
-def _secret_url(server: MetadataServer) -> str:
-    return f"http://metadata-user:{SECRET}@{server.host}"
+def _secret_url(metadata_server: MetadataServer) -> str:
+    return f"http://metadata-user:{SECRET}@{metadata_server.host}"
 
 
 @pytest.mark.parametrize("kind", ["gce", "ec2", "azure"])
 def test_credentials_are_used_but_never_shown(
     kind: str,
-    server: MetadataServer,
+    metadata_server: MetadataServer,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setenv(ENDPOINT_VARS[kind], _secret_url(server))
+    monkeypatch.setenv(ENDPOINT_VARS[kind], _secret_url(metadata_server))
     [source] = sources_for(kind)
     # what `preemptible doctor` shows (base or url), then the display form of every message
     shown = [getattr(source, a, "") for a in ("base", "url", "display")]
-    assert all(server.host in s and SECRET not in s for s in shown if s), shown
+    assert all(metadata_server.host in s and SECRET not in s for s in shown if s), shown
 
     assert source.poll() is None
     basic = "Basic " + base64.b64encode(f"metadata-user:{SECRET}".encode()).decode()
-    assert all(h.get("Authorization") == basic for h in server.state.headers)
+    assert all(h.get("Authorization") == basic for h in metadata_server.state.headers)
 
     errors: list[BaseException] = []
     for fault in ("500", "garbage", "redirect", "drip-headers"):
-        server.state.fault[kind] = fault
-        server.state.redirect_to = f"http://other:{SECRET}@127.0.0.1:9"
-        server.state.drip_seconds = 0.05
+        metadata_server.state.fault[kind] = fault
+        metadata_server.state.redirect_to = f"http://other:{SECRET}@127.0.0.1:9"
+        metadata_server.state.drip_seconds = 0.05
         source.timeout = 0.3
         with pytest.raises((NoticeError, OSError)) as caught:
             source.poll()
@@ -275,14 +255,14 @@ def test_good_endpoint_values(value: str, base: str, monkeypatch: pytest.MonkeyP
 
 
 def test_gce_notice_seconds_is_checked_when_the_source_is_made(
-    monkeypatch: pytest.MonkeyPatch, server: MetadataServer
+    monkeypatch: pytest.MonkeyPatch, metadata_server: MetadataServer
 ) -> None:
-    monkeypatch.setenv("GCE_METADATA_HOST", server.host)
+    monkeypatch.setenv("GCE_METADATA_HOST", metadata_server.host)
     monkeypatch.setenv("PREEMPTIBLE_GCE_NOTICE_SECONDS", "abc")
     with pytest.raises(ConfigError, match="PREEMPTIBLE_GCE_NOTICE_SECONDS='abc' is not valid"):
         default_config("gce")
     monkeypatch.setenv("PREEMPTIBLE_GCE_NOTICE_SECONDS", "12")
-    server.state.gce_preempted = "TRUE"
+    metadata_server.state.gce_preempted = "TRUE"
     [gce] = sources_for("gce")
     notice = gce.poll()
     assert notice is not None and notice.deadline is not None
@@ -378,31 +358,6 @@ def test_a_symlink_to_a_file_is_a_stop_and_only_the_link_goes(tmp_path: Path) ->
     assert not stop.is_symlink() and real.exists()
     stop.symlink_to(tmp_path / "missing")
     assert source.poll() is None, "a dangling link is no stop request"
-
-
-@contextlib.contextmanager
-def unremovable(directory: Path) -> Iterator[None]:
-    """No entry of ``directory`` can be removed, by this user either (root: chattr +i)."""
-    if os.geteuid() != 0:
-        directory.chmod(0o555)
-        try:
-            yield
-        finally:
-            directory.chmod(0o755)
-        return
-    chattr = shutil.which("chattr")
-    if chattr is None or subprocess.run([chattr, "+i", directory], capture_output=True).returncode:
-        pytest.skip("running as root without chattr +i: no directory is read-only to us")
-    try:
-        yield
-    finally:
-        subprocess.run([chattr, "-i", directory], check=True)
-
-
-def touch_later(path: Path) -> None:
-    """A new modification time, certainly different from the last one."""
-    ns = path.stat().st_mtime_ns + 1_000_000_000
-    os.utime(path, ns=(ns, ns))
 
 
 def test_a_stop_file_that_cannot_be_removed_stops_once_per_touch(

@@ -1,6 +1,6 @@
 """SLURM's own SIGKILL deadline, the supervisor's escalation under SLURM, and SLURM job ids.
 
-A fake ``scontrol`` (tests/fakes/scontrol.py) answers, fails or hangs; every call is a real
+A fake ``scontrol`` (tests/support/slurm.py) answers, fails or hangs; every call is a real
 subprocess.
 """
 
@@ -14,23 +14,13 @@ import pytest
 
 from preemptible import ConfigError
 from preemptible.supervisor import _slurm, term_timeout
-from tests.fakes.scontrol import FakeScontrol, slurm_time
+from tests.support.slurm import FakeScontrol, slurm_time
 
 pytestmark = pytest.mark.timeout(60)
 
-SLURM_VARS = (
-    "SLURM_JOB_ID",
-    "SLURM_ARRAY_JOB_ID",
-    "SLURM_ARRAY_TASK_ID",
-    "PREEMPTIBLE_GRACE_PERIOD",
-    "PREEMPTIBLE_REQUEUE",
-)
-
 
 @pytest.fixture(autouse=True)
-def clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in SLURM_VARS:
-        monkeypatch.delenv(var, raising=False)
+def clean(clean_platform_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_slurm, "_kill_wait", [], raising=False)
     monkeypatch.setattr(_slurm, "_stuck", [], raising=False)
 

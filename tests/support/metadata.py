@@ -6,7 +6,9 @@ makes every answer of one platform misbehave: "500", "404", "slow" (sleeps past 
 timeout), "garbage", "redirect" (302 to ``redirect_to``; the EC2 token PUT still answers),
 "drip-headers" or "drip-body" (one byte every ``drip_seconds``, for a long time).
 
-Run it by hand with ``python -m tests.fakes.metadata`` (prints its URL, serves until killed).
+The ``metadata_server`` fixture is one, started for a test and stopped after it.
+
+Run it by hand with ``python -m tests.support.metadata`` (prints its URL, serves until killed).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import json
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+import pytest
 
 
 @dataclass
@@ -252,6 +257,13 @@ class MetadataServer:
         self.state.closed.set()
         self._server.shutdown()
         self._server.server_close()
+
+
+@pytest.fixture
+def metadata_server() -> Iterator[MetadataServer]:
+    """A fresh server (GCE, EC2, Azure at once) for one test: ``.host``, ``.url``, ``.state``."""
+    with MetadataServer() as server:
+        yield server
 
 
 if __name__ == "__main__":

@@ -1,0 +1,15 @@
+"""What tests share: fixtures (registered once, through ``pytest_plugins`` in tests/conftest.py),
+fakes of what preemptible talks to, and the README block harness.
+
+metadata  GCE, EC2 and Azure metadata services on 127.0.0.1; fixture ``metadata_server``
+env       the variables that tell preemptible where it runs; ``CLEAN`` for child processes,
+          fixture ``clean_platform_env`` for the test process itself
+signals   fixture ``signal_handlers``: install handlers for one test, put the old ones back
+slurm     a fake ``scontrol``; fixtures ``slurm`` and ``sbatch`` for the real cluster
+postgres  fixtures ``pg_server`` (one per session) and ``store_url`` (an empty sweep database)
+readme    the harness that runs or checks every README.md code block
+files     a directory whose entries cannot be removed; a file touched anew
+sweeps    ``preemptible sweep create`` and friends as real processes
+
+Test modules import from here (or from tests/conftest.py), never from another test module.
+"""
