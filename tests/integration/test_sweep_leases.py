@@ -231,19 +231,19 @@ def test_an_agent_on_another_host_takes_over_only_after_the_stopped_holder_s_run
 
 
 # -- an outage longer than the lease -----------------------------------------------------------
+@pytest.mark.waits
 @pytest.mark.timeout(240)
 def test_runs_that_finish_while_postgresql_is_down_past_their_lease_are_not_run_again(
-    pg_server: PgServer, pg_database: str, spawn: Callable[..., Child], tmp_path: Path
+    own_pg_server: PgServer, spawn: Callable[..., Child], tmp_path: Path
 ) -> None:
     """PostgreSQL stopped for longer than the lease and its margin while agent A's run
     finishes and agent B's ("another host") is still training: B's run stops itself before
     its lease ends; A's result is recorded when the server is back (B, after an outage of its
     own, gives holders elsewhere a lease to report first): run 0 FINISHED after its one
     attempt, never run again; run 1 resumed once, exactly."""
-    if pg_server.directory is None:
-        pytest.skip("the PostgreSQL server was started elsewhere; it is not ours to stop")
+    pg_server = own_pg_server  # stopped below: not the one the other lane's tests use
     prefix = other_host()
-    db = pg_server.database_url(pg_database)
+    db = pg_server.database_url("postgres")
     env = {"PREEMPTIBLE_DB_RETRY_TIMEOUT": "120"}
     down = False
     try:

@@ -82,8 +82,15 @@ def pg_server() -> Iterator[PgServer]:
         pytest.skip(os.environ["PREEMPTIBLE_TEST_PG_SKIP"])
     if not pg_binaries():
         pytest.skip("no PostgreSQL server binaries (pg_ctl): install postgresql to run these")
-    # in memory where possible (CREATE DATABASE per test is 3x faster); right under a sticky
-    # world-writable directory, so that the server's own user can reach it
+    with _started() as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _started() -> Iterator[PgServer]:
+    """A server of our own, removed after: in memory where possible (CREATE DATABASE per test
+    is 3x faster); right under a sticky world-writable directory, so that the server's own
+    user can reach it."""
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else "/tmp"
     directory = Path(tempfile.mkdtemp(prefix="preemptible-pg-", dir=base))
     up = subprocess.run(
@@ -95,6 +102,15 @@ def pg_server() -> Iterator[PgServer]:
         yield PgServer(up.stdout.strip(), directory)
     finally:
         subprocess.run(["bash", str(PG_SCRIPT), "down", str(directory)], timeout=120)
+
+
+@pytest.fixture
+def own_pg_server(pg_server: PgServer) -> Iterator[PgServer]:
+    """A PostgreSQL server for this test alone, for the tests that stop or restart theirs: the
+    session's server stays up for the tests running beside them in the other lane
+    (tests/conftest.py). Skips where ``pg_server`` would."""
+    with _started() as server:
+        yield server
 
 
 @pytest.fixture
