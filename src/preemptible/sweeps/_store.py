@@ -58,18 +58,23 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._env import env_float, env_str
 from .._errors import ConfigError, LeaseLost, PreemptibleError, StoreError
 from .._errors import DatabaseGone as DatabaseGone  # importable from here, as before
 from .._states import Control, Ending, QueueState, spend
 from .._text import printable as printable  # importable from here, as before
-from ._fields import decode_object, field_error, strict_object
+from ._fields import decode_object, field_error
 from ._redact import redact_url, userinfo_problem
+from ._rows import AttemptRow as AttemptRow  # its old home
+from ._rows import Claim as Claim  # its old home
+from ._rows import Orders as Orders  # its old home
+from ._rows import RunRow as RunRow  # its old home
+from ._rows import SweepRow as SweepRow  # its old home
+from ._rows import claim_row, from_row, run_row, sweep_row
 from ._sample import Observation  # what ``propose`` reads: (params, metric, finished)
 from ._values import (
     _check_int,
@@ -139,85 +144,6 @@ class _Health:
 
     def __init__(self) -> None:
         self.recovered_at: float | None = None
-
-
-@dataclass(frozen=True)
-class SweepRow:
-    id: str
-    name: str | None
-    spec: dict[str, Any]
-    control: str
-    cancel_now: bool
-    run_cap: int | None
-    max_failures: int
-    max_preemptions: int
-    seed: int
-    runs_created: int
-    created_at: float
-    unreadable: tuple[str, ...] = ()  # "spec" when it cannot be read back (spec is then {})
-
-
-@dataclass(frozen=True)
-class RunRow:
-    id: str
-    sweep_id: str
-    index: int
-    params: dict[str, Any]
-    state: str
-    attempt: int
-    preemptions: int
-    failures: int
-    lease_owner: str | None
-    lease_host: str | None
-    lease_expires: float | None
-    checkpoint_dir: str
-    summary: dict[str, Any] | None
-    created_at: float
-    updated_at: float
-    # the JSON fields that cannot be read back (_fields): params is then {}, summary None
-    unreadable: tuple[str, ...] = ()
-    epoch: int = 0  # of the newest claim (kept after the run is handed back)
-
-
-@dataclass(frozen=True)
-class AttemptRow:
-    run_id: str
-    number: int
-    agent: str
-    host: str
-    started_at: float
-    ended_at: float | None
-    ending: str | None
-    exit_code: int | None
-    duration: float | None
-    checkpoint_step: int | None
-    marked_preempting: bool
-    outcome: str | None  # the run's state after this attempt
-    closed_by: str | None  # the agent that ended it, or LEASE_EXPIRED
-    epoch: int | None = None  # the lease epoch of its claim (None: before schema version 2)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A run handed to one agent for one attempt. ``checkpoint_dir`` is a directory name (the
-    run id): the agent decides where it lives; every attempt of the run gets the same one."""
-
-    run_id: str
-    sweep_id: str
-    index: int
-    params: dict[str, Any]
-    attempt: int
-    checkpoint_dir: str
-    preemptions: int
-    failures: int
-    epoch: int = 0  # the lease epoch: heartbeats, finish, release and abandon carry it
-
-
-class Orders(NamedTuple):
-    """What a heartbeat answers: the sweep's control and whether a cancel is immediate."""
-
-    control: str
-    cancel_now: bool
 
 
 Propose = Callable[[list[Observation], int], dict[str, Any] | None]
@@ -615,7 +541,7 @@ class Store:
 
     def sweeps(self) -> list[SweepRow]:
         return self._transact(
-            lambda tx: [self._sweep_row(r, strict=False) for r in tx.all("list_sweeps")],
+            lambda tx: [sweep_row(r, strict=False) for r in tx.all("list_sweeps")],
             write=False,
         )
 
@@ -623,35 +549,13 @@ class Store:
         row = tx.one("get_sweep", id=sweep_id)
         if row is None:
             raise self._no_sweep(sweep_id)
-        return self._sweep_row(row)
+        return sweep_row(row)
 
     def _no_sweep(self, sweep_id: str) -> ConfigError:
         return ConfigError(f"no sweep {sweep_id!r} in {self.display}")
 
     def _no_run(self, run_id: str) -> ConfigError:
         return ConfigError(f"no run {run_id!r} in {self.display}")
-
-    @staticmethod
-    def _sweep_row(r: dict[str, Any], *, strict: bool = True) -> SweepRow:
-        """The sweep; its spec must be readable (``strict``: an agent cannot run the sweep
-        without it, UnreadableField), else it is {} and named in ``unreadable``."""
-        spec, why = decode_object(r["spec"])
-        if why is not None and strict:
-            raise field_error(f"sweep {r['id']}", "spec", why)
-        return SweepRow(
-            id=r["id"],
-            name=r["name"],
-            spec=spec or {},
-            control=r["control"],
-            cancel_now=bool(r["cancel_now"]),
-            run_cap=r["run_cap"],
-            max_failures=r["max_failures"],
-            max_preemptions=r["max_preemptions"],
-            seed=r["seed"],
-            runs_created=r["runs_created"],
-            created_at=r["created_at"],
-            unreadable=() if why is None else ("spec",),
-        )
 
     def set_control(self, sweep_id: str, control: ControlName, *, now: bool = False) -> None:
         """running (resume), paused, stopped (no new claims; running runs finish) or cancelled
@@ -785,7 +689,7 @@ class Store:
             if taken != 1:
                 raise StoreError(f"run {picked['id']} was picked but could not be taken")
             tx.run("insert_attempt", id=picked["id"])
-            return self._claim_from(
+            return claim_row(
                 {
                     **picked,
                     "attempt": picked["attempt"] + 1,
@@ -821,21 +725,7 @@ class Store:
     def _claim(self, tx: _Tx, run_id: str) -> Claim:
         row = tx.one("claim_row", id=run_id)
         assert row is not None
-        return self._claim_from(row)
-
-    @staticmethod
-    def _claim_from(r: Mapping[str, Any]) -> Claim:
-        return Claim(
-            run_id=r["id"],
-            sweep_id=r["sweep_id"],
-            index=r["run_index"],
-            params=strict_object(r["params"], f"run {r['id']}", "params"),
-            attempt=r["attempt"],
-            checkpoint_dir=r["checkpoint_dir"],
-            preemptions=r["preemptions"],
-            failures=r["failures"],
-            epoch=r["lease_epoch"],
-        )
+        return claim_row(row)
 
     def heartbeat(
         self, run_id: str, *, agent: str, lease: float, attempt: int, epoch: int | None = None
@@ -1166,7 +1056,7 @@ class Store:
     def runs(self, sweep_id: str) -> list[RunRow]:
         def read(tx: _Tx) -> list[RunRow]:
             self._sweep(tx, sweep_id)
-            return [self._run_row(r) for r in tx.all("list_runs", sweep_id=sweep_id)]
+            return [run_row(r) for r in tx.all("list_runs", sweep_id=sweep_id)]
 
         return self._transact(read, write=False)
 
@@ -1175,56 +1065,13 @@ class Store:
             row = tx.one("get_run", id=run_id)
             if row is None:
                 raise self._no_run(run_id)
-            return self._run_row(row)
+            return run_row(row)
 
         return self._transact(read, write=False)
 
-    @staticmethod
-    def _run_row(r: dict[str, Any]) -> RunRow:
-        params, _ = decode_object(r["params"])  # NOT NULL: None means unreadable
-        summary, summary_why = decode_object(r["summary"])
-        return RunRow(
-            id=r["id"],
-            sweep_id=r["sweep_id"],
-            index=r["run_index"],
-            params=params or {},
-            state=r["state"],
-            attempt=r["attempt"],
-            preemptions=r["preemptions"],
-            failures=r["failures"],
-            lease_owner=r["lease_owner"],
-            lease_host=r["lease_host"],
-            lease_expires=r["lease_expires"],
-            checkpoint_dir=r["checkpoint_dir"],
-            summary=summary,
-            created_at=r["created_at"],
-            updated_at=r["updated_at"],
-            unreadable=(("params",) if params is None else ())
-            + (("summary",) if summary_why else ()),
-            epoch=r["lease_epoch"],
-        )
-
     def attempts(self, run_id: str) -> list[AttemptRow]:
         rows = self._transact(lambda tx: tx.all("list_attempts", run_id=run_id), write=False)
-        return [
-            AttemptRow(
-                run_id=r["run_id"],
-                number=r["number"],
-                agent=r["agent"],
-                host=r["host"],
-                started_at=r["started_at"],
-                ended_at=r["ended_at"],
-                ending=r["ending"],
-                exit_code=r["exit_code"],
-                duration=r["duration"],
-                checkpoint_step=r["checkpoint_step"],
-                marked_preempting=bool(r["marked_preempting"]),
-                outcome=r["outcome"],
-                closed_by=r["closed_by"],
-                epoch=r["epoch"],
-            )
-            for r in rows
-        ]
+        return [from_row(AttemptRow, r) for r in rows]
 
     def history(self, sweep_id: str) -> list[Observation]:
         """Every run of the sweep in creation order, as the samplers see it: its parameters,
