@@ -51,24 +51,24 @@ or process its own).
 from __future__ import annotations
 
 import logging
-import math
-import random
-import re
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
-from importlib import resources
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-from .._env import env_float, env_str
+from .._env import env_str
 from .._errors import ConfigError, LeaseLost, PreemptibleError, StoreError
 from .._errors import DatabaseGone as DatabaseGone  # importable from here, as before
 from .._states import Control, Ending, QueueState, spend
 from .._text import printable as printable  # importable from here, as before
+from ._connector import DEFAULT_RETRY_TIMEOUT as DEFAULT_RETRY_TIMEOUT  # its old home
+from ._connector import MAX_BACKOFF as MAX_BACKOFF  # its old home
+from ._connector import Backend as Backend  # its old home
+from ._connector import Connector, T, _Health, choose_backend, retry_timeout_of
+from ._connector import _Tx as _Tx  # its old home
 from ._fields import decode_object, field_error
-from ._redact import redact_url, userinfo_problem
+from ._redact import redact_url as redact_url  # importable from here, as before
 from ._rows import AttemptRow as AttemptRow  # its old home
 from ._rows import Claim as Claim  # its old home
 from ._rows import Orders as Orders  # its old home
@@ -76,6 +76,10 @@ from ._rows import RunRow as RunRow  # its old home
 from ._rows import SweepRow as SweepRow  # its old home
 from ._rows import claim_row, from_row, run_row, sweep_row
 from ._sample import Observation  # what ``propose`` reads: (params, metric, finished)
+from ._schema import _load_queries as _load_queries  # its old home
+from ._schema import migrate
+from ._schema import migrations as migrations  # its old home
+from ._schema import split_statements as split_statements  # its old home
 from ._values import (
     _check_int,
     _check_seconds,
@@ -90,7 +94,6 @@ from ._values import clean_step as clean_step  # its old home
 
 logger = logging.getLogger("preemptible")
 
-T = TypeVar("T")
 ControlName = Control | str  # a Control, or its value
 CONTROLS = tuple(c.value for c in Control)
 ENDINGS = tuple(e.value for e in Ending if e is not Ending.RELEASED)  # what an attempt reports
@@ -103,9 +106,6 @@ another host takes the run over that long after it ran out by the database's clo
 clock rates that drift apart by up to 20 % over one lease (NTP keeps them within 0.05 %), the
 database's commit latency and the time the stopping run takes past its deadline."""
 PENDING_LOOKAHEAD = 16  # pending runs a claim looks at past those that cannot start here
-DEFAULT_RETRY_TIMEOUT = 300.0
-MAX_BACKOFF = 5.0
-_VALID_URLS = "sqlite:///ABS/PATH.db, sqlite:REL/PATH.db or postgresql://USER:PASSWORD@HOST:PORT/DB"
 
 
 def takeover_margin(lease_seconds: float | None) -> float:
@@ -119,6 +119,9 @@ def recovery_hold(lease_seconds: float | None) -> float:
     longest retry backoff) to report what it did meanwhile."""
     lease = lease_seconds or 0.0
     return lease + takeover_margin(lease) + MAX_BACKOFF
+
+
+Propose = Callable[[list[Observation], int], dict[str, Any] | None]
 
 
 class Local(Protocol):
@@ -136,32 +139,6 @@ class Local(Protocol):
         """Why run ``run_id`` cannot start here now (a process still holds its locks), or
         None."""
         ...
-
-
-class _Health:
-    """Shared by the stores of one agent (``Store.reopen``): when the database last answered
-    again after being unreachable (monotonic), for ``recovery_hold``."""
-
-    def __init__(self) -> None:
-        self.recovered_at: float | None = None
-
-
-Propose = Callable[[list[Observation], int], dict[str, Any] | None]
-
-
-class Backend(Protocol):
-    kind: str
-    display: str
-
-    def connect(self) -> Any: ...
-    def transaction(self, conn: Any, *, write: bool) -> AbstractContextManager[Any]: ...
-    def transient(self, exc: BaseException) -> bool: ...
-    def broken(self, conn: Any) -> bool: ...
-    def convert(self, sql: str) -> str: ...
-    def scrub(self, text: str) -> str: ...
-
-
-# -- URLs: redaction and scrubbing live in _redact -------------------------------------------
 
 
 def open_store(
@@ -182,120 +159,10 @@ def open_store(
     use a queue that exists."""
     if not url:
         url = env_str("PREEMPTIBLE_DB")
-    if retry_timeout is None:
-        retry_timeout = env_float("PREEMPTIBLE_DB_RETRY_TIMEOUT", DEFAULT_RETRY_TIMEOUT)
-        assert retry_timeout is not None
-    elif not (math.isfinite(retry_timeout) and retry_timeout >= 0):
-        raise ConfigError(f"retry_timeout={retry_timeout!r} is not valid; use seconds >= 0")
+    retry_timeout = retry_timeout_of(retry_timeout)
     base = root if root is not None else Path.cwd()
-    backend = _backend(url, base, reader, create)
+    backend = choose_backend(url, base, reader=reader, create=create)
     return Store(backend, retry_timeout=retry_timeout, reader=reader)
-
-
-def _backend(url: str | None, base: Path, reader: bool = False, create: bool = True) -> Backend:
-    from ._store_sqlite import SqliteBackend
-
-    if url is None:
-        path = (base / ".preemptible" / "sweeps.db").absolute()
-        return SqliteBackend(path, reader=reader, create=create)
-    if url.startswith("sqlite:"):
-        rest = url[len("sqlite:") :]
-        if rest.startswith("//"):
-            rest = rest[2:]
-            if not rest.startswith("/"):
-                rest = ""  # sqlite://host/... : SQLite has no host
-        if not rest or rest.endswith("/"):
-            raise ConfigError(f"database URL {redact_url(url)!r} names no file; use {_VALID_URLS}")
-        path = Path("/" + rest.lstrip("/")) if rest.startswith("/") else base / rest
-        return SqliteBackend(path.absolute(), reader=reader, create=create)
-    if url.startswith(("postgresql://", "postgres://")):
-        shown = redact_url(url)
-        problem = userinfo_problem(url)
-        if problem is not None:
-            raise ConfigError(f"database URL {shown!r}: {problem}")
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                f"database URL {shown!r} needs psycopg 3; pip install 'preemptible[postgres]'"
-            ) from None
-        from ._store_pg import PostgresBackend
-
-        return PostgresBackend(url, shown)
-    raise ConfigError(f"database URL {redact_url(url)!r} is not valid; use {_VALID_URLS}")
-
-
-# -- SQL text ---------------------------------------------------------------------------------
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-def _parse_queries(text: str) -> dict[str, str]:
-    pieces = _NAME.split(text)
-    return {name: body.strip() for name, body in zip(pieces[1::2], pieces[2::2], strict=True)}
-
-
-def _load_queries(kind: str) -> dict[str, str]:
-    sql = resources.files("preemptible.sweeps").joinpath("sql")
-    common = _parse_queries(sql.joinpath("queries.sql").read_text(encoding="utf-8"))
-    own = _parse_queries(sql.joinpath(kind).joinpath("queries.sql").read_text(encoding="utf-8"))
-    clash = sorted(set(common) & set(own))
-    if clash:
-        raise StoreError(f"queries {clash} are defined twice for {kind}")
-    return {**common, **own}
-
-
-def migrations(kind: str) -> list[tuple[int, str]]:
-    """(version, SQL) for every ``NNNN_name.sql`` of the backend, in order."""
-    folder = resources.files("preemptible.sweeps").joinpath("sql").joinpath(kind)
-    found = []
-    for entry in folder.iterdir():
-        match = re.fullmatch(r"(\d{4})_\w+\.sql", entry.name)
-        if match:
-            found.append((int(match.group(1)), entry.read_text(encoding="utf-8")))
-    return sorted(found)
-
-
-def split_statements(script: str) -> list[str]:
-    """Statements of a migration: ``;`` ends one at the end of a line; ``--`` lines are
-    comments. (The drivers run one statement per call inside a transaction.)"""
-    lines = [ln for ln in script.splitlines() if not ln.lstrip().startswith("--")]
-    return [s.strip() for s in re.split(r";[ \t]*$", "\n".join(lines), flags=re.M) if s.strip()]
-
-
-class _Tx:
-    """One transaction: named queries with keyword parameters, rows as dicts."""
-
-    def __init__(self, cursor: Any, queries: dict[str, str], retry: bool) -> None:
-        self._cur = cursor
-        self._queries = queries
-        self.retry = retry  # an earlier try of this same operation may have committed
-
-    def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
-        if params:
-            self._cur.execute(sql, params)
-        else:
-            self._cur.execute(sql)
-        return int(self._cur.rowcount)
-
-    def run(self, query: str, /, **params: Any) -> int:
-        return self.execute(self._queries[query], params)
-
-    def all(self, query: str, /, **params: Any) -> list[dict[str, Any]]:
-        self.execute(self._queries[query], params)
-        columns = [d[0] for d in self._cur.description]
-        return [dict(zip(columns, row, strict=True)) for row in self._cur.fetchall()]
-
-    def iter(self, query: str, /, **params: Any) -> Iterator[tuple[Any, ...]]:
-        """The rows of ``query`` as tuples in its column order, a batch at a time (a sweep of
-        100,000 runs is never one list of Python rows); read them all before the next query
-        of this transaction."""
-        self.execute(self._queries[query], params)
-        while rows := self._cur.fetchmany(2000):
-            yield from rows
-
-    def one(self, query: str, /, **params: Any) -> dict[str, Any] | None:
-        rows = self.all(query, **params)
-        return rows[0] if rows else None
 
 
 def settle(
@@ -340,27 +207,34 @@ class Store:
         reader: bool = False,
         health: _Health | None = None,
     ) -> None:
+        queries = {k: backend.convert(v) for k, v in _load_queries(backend.kind).items()}
+        self._db = Connector(
+            backend,
+            queries,
+            retry_timeout=retry_timeout,
+            health=health if health is not None else _Health(),
+        )
         self._backend = backend
-        self._queries = {k: backend.convert(v) for k, v in _load_queries(backend.kind).items()}
-        self._retry_timeout = retry_timeout
-        self._conn: Any = None
-        self._health = health if health is not None else _Health()
+        self._health = self._db.health
         self.kind = backend.kind
         self.display = backend.display  # the URL with its password hidden
-        # monotonic time at which the last successful try of an operation began: before the
-        # database's clock read its "now", so a lease it set cannot end sooner than this + lease
-        self.last_try_at = time.monotonic()
         try:
-            self._migrate(reader=reader)
+            migrate(self._db, reader=reader)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def last_try_at(self) -> float:
+        """Monotonic time at which the last successful try of an operation began: before the
+        database's clock read its "now", so a lease it set cannot end sooner than this + lease."""
+        return self._db.last_try_at
 
     def reopen(self, *, retry_timeout: float | None = None) -> Store:
         """Another connection to the same database (for another thread): the same file (an
         SQLite file replaced since is refused, a deleted one not recreated) and the same
         record of outages."""
-        timeout = self._retry_timeout if retry_timeout is None else retry_timeout
+        timeout = self._db.retry_timeout if retry_timeout is None else retry_timeout
         return Store(self._backend, retry_timeout=timeout, health=self._health)
 
     def __enter__(self) -> Store:
@@ -370,127 +244,10 @@ class Store:
         self.close()
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception as exc:  # closing a dead connection may complain; nothing to do
-                logger.debug("preemptible: closing %s: %s", self.display, exc)
+        self._db.close()
 
-    # -- the retry loop ---------------------------------------------------------------------
     def _transact(self, fn: Callable[[_Tx], T], *, write: bool = True) -> T:
-        """Run ``fn`` in one transaction; on a transient error reconnect if needed and run it
-        again (with backoff) until the retry deadline."""
-        started = time.monotonic()
-        delay = 0.05
-        failures = 0
-        while True:
-            connecting = self._conn is None
-            tried_at = time.monotonic()
-            try:
-                if self._conn is None:
-                    self._conn = self._backend.connect()
-                connecting = False
-                with self._backend.transaction(self._conn, write=write) as cursor:
-                    result = fn(_Tx(cursor, self._queries, retry=failures > 0))
-                self.last_try_at = tried_at
-                if failures:
-                    self._health.recovered_at = time.monotonic()
-                    logger.warning(
-                        "preemptible: the sweep database %s answers again (after %.1f s)",
-                        self.display,
-                        time.monotonic() - started,
-                    )
-                return result
-            except Exception as exc:
-                if isinstance(exc, StoreError):  # ours, already one line (DatabaseGone)
-                    raise
-                if not self._backend.transient(exc):
-                    if not self._driver_error(exc, connecting):
-                        raise
-                    error = StoreError(
-                        f"cannot use the sweep database {self.display}: {self._say(exc)}"
-                    )
-                    if connecting:  # a driver may quote the connection string: no chain
-                        raise error from None
-                    raise error from exc
-                if self._conn is not None and self._backend.broken(self._conn):
-                    self.close()
-                waited = time.monotonic() - started
-                if waited + delay > self._retry_timeout:
-                    raise StoreError(
-                        f"the sweep database {self.display} is unreachable or locked: "
-                        f"{self._say(exc)}; gave up after {waited:.0f} s "
-                        "(PREEMPTIBLE_DB_RETRY_TIMEOUT)"
-                    ) from None
-                failures += 1
-                if failures == 1:
-                    logger.warning(
-                        "preemptible: the sweep database %s is unreachable or locked (%s); "
-                        "retrying for up to %.0f s",
-                        self.display,
-                        self._say(exc),
-                        self._retry_timeout,
-                    )
-                time.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, MAX_BACKOFF)
-
-    def _say(self, exc: BaseException) -> str:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        return self._backend.scrub(lines[0] if lines else type(exc).__name__)
-
-    @staticmethod
-    def _driver_error(exc: BaseException, connecting: bool) -> bool:
-        """An error of the database driver (or of creating the file's directory), to be
-        reported in one line (scrubbed of the URL's secrets); not our own errors, a
-        sampler's, or a bug's. Anything raised while connecting counts: a driver refusing a
-        URL may raise a plain ValueError quoting it, and that must not reach a traceback."""
-        if connecting:
-            return True
-        return type(exc).__module__.startswith(("sqlite3", "psycopg"))
-
-    def _migrate(self, *, reader: bool = False) -> None:
-        """Apply the migrations this database lacks, one migrator at a time (SQLite: the write
-        lock; PostgreSQL: an advisory lock), so agents opening a new database together agree.
-        A ``reader`` that may not write reads a database whose schema is current as it is."""
-        wanted = migrations(self.kind)
-        if reader:
-            try:
-                self._migrate()
-            except StoreError as refused:
-                try:
-                    have = self._transact(
-                        lambda tx: {r["version"] for r in tx.all("schema_versions")}, write=False
-                    )
-                except PreemptibleError:
-                    raise refused from None
-                if have and max(have) > wanted[-1][0]:
-                    raise  # a newer schema: "upgrade preemptible"
-                if not have.issuperset(v for v, _ in wanted):
-                    raise StoreError(
-                        f"{refused}; it has schema version {max(have, default=0)} and this "
-                        f"preemptible reads version {wanted[-1][0]}: migrate it once where it "
-                        "can be written (any preemptible command does)"
-                    ) from None
-            return
-
-        def apply(tx: _Tx) -> None:
-            tx.run("migration_lock")
-            tx.run("create_schema_table")
-            have = {row["version"] for row in tx.all("schema_versions")}
-            newest = max(v for v, _ in wanted)
-            if have and max(have) > newest:
-                raise StoreError(
-                    f"the sweep database {self.display} has schema version {max(have)}; this "
-                    f"preemptible knows up to {newest}: upgrade preemptible"
-                )
-            for version, script in wanted:
-                if version not in have:
-                    for statement in split_statements(script):
-                        tx.execute(statement)
-                    tx.run("record_version", version=version)
-
-        self._transact(apply)
+        return self._db.transact(fn, write=write)
 
     def schema_versions(self) -> list[int]:
         return self._transact(lambda tx: [r["version"] for r in tx.all("schema_versions")])
