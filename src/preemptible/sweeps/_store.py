@@ -35,14 +35,7 @@ Agents on one machine or many share one database. The guarantees:
 * ``open_store(reader=True)`` (``status``) reads a database it may not write (a read-only
   file system or role, a standby) without migrating it, when its schema is current.
 
-Run states after an attempt (``finish``), following ``preemptible run``'s restart policy:
-FINISHED ends the run. PREEMPTED (and a lost lease) goes back to PENDING while the run has
-been preempted at most ``max_preemptions`` times, else the run ends PREEMPTED (or CRASHED).
-FAILED and CRASHED go back while the run has failed at most ``max_failures`` times (a run gets
-1 + ``max_failures`` tries for failures), else it ends in that state. KILLED (a Ctrl+C the run
-did not handle) ends the run. In a cancelled sweep every ending but FINISHED ends it CANCELLED.
-``release`` (the agent is stopping) puts the run back without touching any budget;
-``abandon`` (the attempt could not even start here) undoes the claim: no attempt is counted.
+How an attempt's ending settles its run (the restart policy) is ``_endings``'s docstring.
 
 One ``Store`` is one connection: one thread at a time may use it (give each concurrent thread
 or process its own).
@@ -52,21 +45,28 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from .._env import env_str
 from .._errors import ConfigError, LeaseLost, PreemptibleError, StoreError
 from .._errors import DatabaseGone as DatabaseGone  # importable from here, as before
-from .._states import Control, Ending, QueueState, spend
+from .._states import Control, Ending, QueueState
 from .._text import printable as printable  # importable from here, as before
 from ._connector import DEFAULT_RETRY_TIMEOUT as DEFAULT_RETRY_TIMEOUT  # its old home
 from ._connector import MAX_BACKOFF as MAX_BACKOFF  # its old home
 from ._connector import Backend as Backend  # its old home
 from ._connector import Connector, T, _Health, choose_backend, retry_timeout_of
 from ._connector import _Tx as _Tx  # its old home
+from ._endings import LEASE_EXPIRED as LEASE_EXPIRED  # its old home
+from ._endings import LEASE_MARGIN as LEASE_MARGIN  # its old home
+from ._endings import RELEASED as RELEASED  # its old home
+from ._endings import Local as Local  # its old home
+from ._endings import expire, late, lease_lost, outcome, settle_run
+from ._endings import recovery_hold as recovery_hold  # its old home
+from ._endings import settle as settle  # its old home
+from ._endings import takeover_margin as takeover_margin  # its old home
 from ._fields import decode_object, field_error
 from ._redact import redact_url as redact_url  # importable from here, as before
 from ._rows import AttemptRow as AttemptRow  # its old home
@@ -97,48 +97,10 @@ logger = logging.getLogger("preemptible")
 ControlName = Control | str  # a Control, or its value
 CONTROLS = tuple(c.value for c in Control)
 ENDINGS = tuple(e.value for e in Ending if e is not Ending.RELEASED)  # what an attempt reports
-RELEASED = Ending.RELEASED  # the attempt's ending when a stopping agent hands its run back
-LEASE_EXPIRED = "(lease expired)"  # closed_by of an attempt ended by someone else's expiry
-LEASE_MARGIN = 0.2
-"""The share of a lease that separates its holder's own deadline from a takeover: the holder
-stops its run ``LEASE_MARGIN * lease`` before the lease runs out by its own clock, an agent on
-another host takes the run over that long after it ran out by the database's clock. Covers
-clock rates that drift apart by up to 20 % over one lease (NTP keeps them within 0.05 %), the
-database's commit latency and the time the stopping run takes past its deadline."""
 PENDING_LOOKAHEAD = 16  # pending runs a claim looks at past those that cannot start here
 
 
-def takeover_margin(lease_seconds: float | None) -> float:
-    """Seconds past a lease's end before an agent on another host may take the run over."""
-    return LEASE_MARGIN * lease_seconds if lease_seconds else 0.0
-
-
-def recovery_hold(lease_seconds: float | None) -> float:
-    """Seconds after this process found the database reachable again during which it takes
-    over no run from another host: its holder, cut off as well, gets a whole lease (and the
-    longest retry backoff) to report what it did meanwhile."""
-    lease = lease_seconds or 0.0
-    return lease + takeover_margin(lease) + MAX_BACKOFF
-
-
 Propose = Callable[[list[Observation], int], dict[str, Any] | None]
-
-
-class Local(Protocol):
-    """What only the agent's own host can tell the store (``claim`` asks before a takeover
-    or a start). ``identity``: this process as stored in ``lease_holder``."""
-
-    identity: str
-
-    def holder_alive(self, holder: str | None) -> bool | None:
-        """Whether the process ``holder`` (a ``lease_holder``) still lives; None when it is
-        not on this host (or not comparable: another boot or pid namespace)."""
-        ...
-
-    def blocked(self, run_id: str) -> str | None:
-        """Why run ``run_id`` cannot start here now (a process still holds its locks), or
-        None."""
-        ...
 
 
 def open_store(
@@ -163,36 +125,6 @@ def open_store(
     base = root if root is not None else Path.cwd()
     backend = choose_backend(url, base, reader=reader, create=create)
     return Store(backend, retry_timeout=retry_timeout, reader=reader)
-
-
-def settle(
-    ending: str,
-    *,
-    lost: bool,
-    preemptions: int,
-    failures: int,
-    max_preemptions: int,
-    max_failures: int,
-    control: str,
-) -> tuple[QueueState, int, int]:
-    """(run state, preemptions, failures) after an attempt ended ``ending`` (module docstring).
-    ``lost``: the lease expired; it counts as a preemption whatever the ending. The budgets are
-    spent by the same rule as ``preemptible run``'s restarts (``_states.spend``)."""
-    if ending == Ending.FINISHED:
-        return QueueState.FINISHED, preemptions, failures
-    if control == Control.CANCELLED or ending == Ending.CANCELLED:
-        return QueueState.CANCELLED, preemptions, failures
-    if ending == Ending.KILLED and not lost:
-        return QueueState.KILLED, preemptions, failures
-    spent = spend(
-        preempted=lost or ending == Ending.PREEMPTED,
-        preemptions=preemptions,
-        failures=failures,
-        max_preemptions=max_preemptions,
-        max_failures=max_failures,
-    )
-    state = QueueState.PENDING if spent.again else QueueState(ending)
-    return state, spent.preemptions, spent.failures
 
 
 # -- the store --------------------------------------------------------------------------------
@@ -399,7 +331,7 @@ class Store:
                 mine = tx.one("claimed_by_token", token=token, agent=agent)
                 if mine is not None:
                     return self._claim(tx, mine["id"])
-            self._expire(tx, local)
+            expire(tx, local, self._health)
             sweep = self._sweep(tx, sweep_id)
             if sweep.control != Control.RUNNING:
                 return None
@@ -507,15 +439,6 @@ class Store:
 
         return self._transact(beat)
 
-    def _lease_lost(self, tx: _Tx, run_id: str, agent: str, attempt: int) -> PreemptibleError:
-        row = tx.one("get_run", id=run_id)
-        if row is None:
-            return self._no_run(run_id)
-        return LeaseLost(
-            f"run {run_id} attempt {attempt} is no longer held by agent {agent!r}: the run is "
-            f"{row['state']} at attempt {row['attempt']} (its lease expired?)"
-        )
-
     def finish(
         self,
         run_id: str,
@@ -618,14 +541,14 @@ class Store:
                     and run["state"] != QueueState.RUNNING
                     and not stale
                 ):
-                    return self._late(tx, run, agent, attempt, ending, values)
+                    return late(tx, run, agent, attempt, ending, values, self.display)
                 raise self._lease_lost(tx, run_id, agent, attempt)
             if run["state"] != QueueState.RUNNING or run["attempt"] != attempt:
                 raise self._lease_lost(tx, run_id, agent, attempt)
             if run["lease_owner"] != agent or (epoch is not None and run["lease_epoch"] != epoch):
                 raise self._lease_lost(tx, run_id, agent, attempt)
-            state, counts = self._outcome(run, ending, run["preemptions"])
-            self._settle_run(tx, run_id, attempt, state, counts, values["summary"])
+            state, counts = outcome(run, ending, run["preemptions"])
+            settle_run(tx, run_id, attempt, state, counts, values["summary"])
             tx.run(
                 "close_attempt",
                 run_id=run_id,
@@ -639,145 +562,14 @@ class Store:
 
         return self._transact(close)
 
-    @staticmethod
-    def _outcome(
-        run: Mapping[str, Any], ending: str, preemptions: int
-    ) -> tuple[str, Sequence[int]]:
-        if ending == RELEASED:
-            state = (
-                QueueState.CANCELLED if run["control"] == Control.CANCELLED else QueueState.PENDING
-            )
-            return state, (preemptions, run["failures"])
-        state, *counts = settle(
-            ending,
-            lost=False,
-            preemptions=preemptions,
-            failures=run["failures"],
-            max_preemptions=run["max_preemptions"],
-            max_failures=run["max_failures"],
-            control=run["control"],
-        )
-        return state, counts
-
-    def _late(
-        self,
-        tx: _Tx,
-        run: Mapping[str, Any],
-        agent: str,
-        attempt: int,
-        ending: str,
-        values: dict[str, Any],
-    ) -> str:
-        """The holder's own result for an attempt that another agent ended as lost (its lease
-        had run out) when no other attempt has started since: it replaces the lost ending.
-        The takeover counted a preemption (unless it cancelled the run): taken back."""
-        run_id = run["id"]
-        taken_back = run["attempt_outcome"] != QueueState.CANCELLED
-        preemptions = run["preemptions"] - taken_back
-        state, counts = self._outcome(run, ending, max(preemptions, 0))
-        changed = tx.run(
-            "resettle_run",
-            id=run_id,
-            attempt=attempt,
-            was=run["state"],
-            state=state,
-            preemptions=counts[0],
-            failures=counts[1],
-            summary=values["summary"],
-        )
-        if changed != 1:
-            raise self._lease_lost(tx, run_id, agent, attempt)
-        tx.run(
-            "reclose_attempt",
-            run_id=run_id,
-            number=attempt,
-            ending=ending,
-            outcome=state,
-            closed_by=agent,
-            expired=LEASE_EXPIRED,
-            **values,
-        )
-        logger.warning(
-            "preemptible: run %s attempt %d: its result (%s) came after its lease had run out; "
-            "no other attempt had started, so it is kept: the run is %s",
-            run_id,
-            attempt,
-            ending,
-            state,
-        )
-        return state
-
-    @staticmethod
-    def _settle_run(
-        tx: _Tx, run_id: str, attempt: int, state: str, counts: Sequence[int], summary: Any
-    ) -> bool:
-        preemptions, failures = counts
-        changed = tx.run(
-            "settle_run",
-            id=run_id,
-            attempt=attempt,
-            state=state,
-            preemptions=preemptions,
-            failures=failures,
-            summary=summary,
-        )
-        return changed == 1
+    def _lease_lost(self, tx: _Tx, run_id: str, agent: str, attempt: int) -> PreemptibleError:
+        return lease_lost(tx, run_id, agent, attempt, self.display)
 
     def expire_leases(self, *, local: Local | None = None) -> list[str]:
         """Take over every run whose lease ran out and whose holder is gone (module docstring;
         ``local`` as for ``claim``): end its attempt and requeue it. The ids of those runs.
         Concurrent callers never both deal with the same run."""
-        return self._transact(lambda tx: self._expire(tx, local))
-
-    def _gone(self, r: Mapping[str, Any], local: Local | None) -> bool:
-        """Whether the holder of expired lease ``r`` is provably gone (module docstring)."""
-        alive = local.holder_alive(r["lease_holder"]) if local is not None else None
-        if alive is not None:  # the holder's own host: its process and the run's locks say
-            return not alive and local is not None and local.blocked(r["id"]) is None
-        if r["overdue"] <= takeover_margin(r["lease_seconds"]):
-            return False
-        recovered = self._health.recovered_at
-        hold = recovery_hold(r["lease_seconds"])
-        return recovered is None or time.monotonic() - recovered >= hold
-
-    def _expire(self, tx: _Tx, local: Local | None = None) -> list[str]:
-        expired = []
-        for r in tx.all("expired_runs"):
-            if not self._gone(r, local):
-                continue
-            ending = Ending.PREEMPTED if r["marked_preempting"] else Ending.CRASHED
-            state, *counts = settle(
-                ending,
-                lost=True,
-                preemptions=r["preemptions"],
-                failures=r["failures"],
-                max_preemptions=r["max_preemptions"],
-                max_failures=r["max_failures"],
-                control=r["control"],
-            )
-            if self._settle_run(tx, r["id"], r["attempt"], state, counts, None):
-                tx.run(
-                    "close_attempt",
-                    run_id=r["id"],
-                    number=r["attempt"],
-                    ending=ending,
-                    exit_code=None,
-                    duration=None,
-                    checkpoint_step=None,
-                    marked=0,
-                    outcome=state,
-                    closed_by=LEASE_EXPIRED,
-                )
-                expired.append(r["id"])
-                logger.warning(
-                    "preemptible: run %s lost its agent (lease expired %.1f s ago at attempt "
-                    "%d, its holder gone): %s",
-                    r["id"],
-                    r["overdue"],
-                    r["attempt"],
-                    state,
-                )
-        return expired
+        return self._transact(lambda tx: expire(tx, local, self._health))
 
     def mark_preempting(self, run_id: str, *, attempt: int) -> None:
         """The run declared itself preempting: a lost lease then ends the attempt PREEMPTED."""
