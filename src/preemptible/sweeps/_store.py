@@ -50,10 +50,15 @@ from pathlib import Path
 from typing import Any
 
 from .._env import env_str
-from .._errors import ConfigError, LeaseLost, PreemptibleError, StoreError
+from .._errors import ConfigError, PreemptibleError
 from .._errors import DatabaseGone as DatabaseGone  # importable from here, as before
-from .._states import Control, Ending, QueueState
+from .._errors import LeaseLost as LeaseLost  # importable from here, as before
+from .._errors import StoreError as StoreError  # importable from here, as before
+from .._states import Control as Control  # importable from here, as before
+from .._states import Ending, QueueState
 from .._text import printable as printable  # importable from here, as before
+from ._claims import Propose as Propose  # its old home
+from ._claims import history, insert_run, sweep_of, take
 from ._connector import DEFAULT_RETRY_TIMEOUT as DEFAULT_RETRY_TIMEOUT  # its old home
 from ._connector import MAX_BACKOFF as MAX_BACKOFF  # its old home
 from ._connector import Backend as Backend  # its old home
@@ -67,15 +72,14 @@ from ._endings import expire, late, lease_lost, outcome, settle_run
 from ._endings import recovery_hold as recovery_hold  # its old home
 from ._endings import settle as settle  # its old home
 from ._endings import takeover_margin as takeover_margin  # its old home
-from ._fields import decode_object, field_error
 from ._redact import redact_url as redact_url  # importable from here, as before
 from ._rows import AttemptRow as AttemptRow  # its old home
 from ._rows import Claim as Claim  # its old home
 from ._rows import Orders as Orders  # its old home
 from ._rows import RunRow as RunRow  # its old home
 from ._rows import SweepRow as SweepRow  # its old home
-from ._rows import claim_row, from_row, run_row, sweep_row
-from ._sample import Observation  # what ``propose`` reads: (params, metric, finished)
+from ._rows import from_row, run_row, sweep_row
+from ._sample import Observation as Observation  # what ``propose`` reads, as before
 from ._schema import _load_queries as _load_queries  # its old home
 from ._schema import migrate
 from ._schema import migrations as migrations  # its old home
@@ -84,8 +88,6 @@ from ._values import (
     _check_int,
     _check_seconds,
     _json,
-    _loads,
-    _metric_name,
     _new_id,
     clean_summary,
 )
@@ -97,10 +99,6 @@ logger = logging.getLogger("preemptible")
 ControlName = Control | str  # a Control, or its value
 CONTROLS = tuple(c.value for c in Control)
 ENDINGS = tuple(e.value for e in Ending if e is not Ending.RELEASED)  # what an attempt reports
-PENDING_LOOKAHEAD = 16  # pending runs a claim looks at past those that cannot start here
-
-
-Propose = Callable[[list[Observation], int], dict[str, Any] | None]
 
 
 def open_store(
@@ -235,10 +233,7 @@ class Store:
         )
 
     def _sweep(self, tx: _Tx, sweep_id: str) -> SweepRow:
-        row = tx.one("get_sweep", id=sweep_id)
-        if row is None:
-            raise self._no_sweep(sweep_id)
-        return sweep_row(row)
+        return sweep_of(tx, sweep_id, self.display)
 
     def _no_sweep(self, sweep_id: str) -> ConfigError:
         return ConfigError(f"no sweep {sweep_id!r} in {self.display}")
@@ -292,19 +287,11 @@ class Store:
                     f"sweep {sweep_id!r} has {first} of its {cap} runs (run_cap); "
                     f"{len(texts)} more do not fit"
                 )
-            ids = [self._insert_run(tx, sweep_id, first + i, t, token) for i, t in enumerate(texts)]
+            ids = [insert_run(tx, sweep_id, first + i, t, token) for i, t in enumerate(texts)]
             tx.run("count_created", id=sweep_id, n=len(texts))
             return ids
 
         return self._transact(add)
-
-    @staticmethod
-    def _insert_run(tx: _Tx, sweep_id: str, index: int, params: str, token: str) -> str:
-        run_id = f"{sweep_id}-{index}"
-        tx.run(
-            "insert_run", id=run_id, sweep_id=sweep_id, run_index=index, params=params, token=token
-        )
-        return run_id
 
     def claim(
         self,
@@ -326,95 +313,21 @@ class Store:
         token = secrets.token_hex(8)
         holder = local.identity if local is not None else None
 
-        def take(tx: _Tx) -> Claim | None:
-            if tx.retry:  # did an earlier try commit, its acknowledgement lost?
-                mine = tx.one("claimed_by_token", token=token, agent=agent)
-                if mine is not None:
-                    return self._claim(tx, mine["id"])
-            expire(tx, local, self._health)
-            sweep = self._sweep(tx, sweep_id)
-            if sweep.control != Control.RUNNING:
-                return None
-            picked = self._pick(tx, sweep_id, local)
-            if picked is None and propose is not None:
-                locked = tx.one("lock_sweep", id=sweep_id)  # one creator at a time
-                assert locked is not None
-                if locked["control"] != Control.RUNNING:
-                    return None
-                # a run may have come back, or been added, while this waited for the lock
-                picked = self._pick(tx, sweep_id, local)
-                if picked is None:
-                    index, cap = locked["runs_created"], locked["run_cap"]
-                    if cap is not None and index >= cap:
-                        return None
-                    params = propose(self._history(tx, sweep_id, sweep.spec), index)
-                    if params is None:
-                        return None
-                    text = _json(dict(params), "proposed parameters")
-                    run_id = self._insert_run(tx, sweep_id, index, text, token)
-                    tx.run("count_created", id=sweep_id, n=1)
-                    picked = {
-                        "id": run_id,
-                        "sweep_id": sweep_id,
-                        "run_index": index,
-                        "params": text,
-                        "attempt": 0,
-                        "checkpoint_dir": run_id,
-                        "preemptions": 0,
-                        "failures": 0,
-                        "lease_epoch": 0,
-                    }
-            if picked is None:
-                return None
-            taken = tx.run(
-                "take_run",
-                id=picked["id"],
+        return self._transact(
+            lambda tx: take(
+                tx,
+                sweep_id,
                 agent=agent,
                 host=host,
                 lease=lease,
                 token=token,
                 holder=holder,
+                propose=propose,
+                local=local,
+                health=self._health,
+                display=self.display,
             )
-            if taken != 1:
-                raise StoreError(f"run {picked['id']} was picked but could not be taken")
-            tx.run("insert_attempt", id=picked["id"])
-            return claim_row(
-                {
-                    **picked,
-                    "attempt": picked["attempt"] + 1,
-                    "lease_epoch": picked["lease_epoch"] + 1,
-                }
-            )
-
-        return self._transact(take)
-
-    @staticmethod
-    def _pick(tx: _Tx, sweep_id: str, local: Local | None) -> dict[str, Any] | None:
-        """The first pending run in line that can start here and whose parameters can be read
-        back; one that cannot be read (text that is not a JSON object) could never run: it ends
-        FAILED, with the reason logged. One whose locks a process holds here is passed over."""
-        n = 1  # the one in line, locked alone (PostgreSQL); more only when it cannot start here
-        while True:
-            failed = False
-            rows = tx.all("pick_pending", sweep_id=sweep_id, n=n)
-            for row in rows:
-                _, why = decode_object(row["params"])
-                if why is not None or row["params"] is None:
-                    tx.run("fail_unreadable_run", id=row["id"])
-                    reason = field_error(f"run {row['id']}", "params", why or "missing (NULL)")
-                    logger.error("preemptible: %s; it cannot run: FAILED", reason)
-                    failed = True
-                elif local is None or local.blocked(row["id"]) is None:
-                    return row
-            if not failed and (n == PENDING_LOOKAHEAD or not rows):
-                return None  # every run in line is blocked here, or there is none
-            if not failed:
-                n = PENDING_LOOKAHEAD
-
-    def _claim(self, tx: _Tx, run_id: str) -> Claim:
-        row = tx.one("claim_row", id=run_id)
-        assert row is not None
-        return claim_row(row)
+        )
 
     def heartbeat(
         self, run_id: str, *, agent: str, lease: float, attempt: int, epoch: int | None = None
@@ -628,18 +541,6 @@ class Store:
         ``metric.name``; None if missing or not a finite number), whether it finished."""
 
         def read(tx: _Tx) -> list[Observation]:
-            return self._history(tx, sweep_id, self._sweep(tx, sweep_id).spec)
+            return history(tx, sweep_id, self._sweep(tx, sweep_id).spec)
 
         return self._transact(read, write=False)
-
-    @staticmethod
-    def _history(tx: _Tx, sweep_id: str, spec: Mapping[str, Any]) -> list[Observation]:
-        name = _metric_name(spec)
-        seen = []
-        for r in tx.all("history", sweep_id=sweep_id):
-            params = _loads(r["params"])
-            if params is None:  # unreadable: it can tell a sampler nothing (claims fail it)
-                continue
-            metric = _metric(_loads(r["summary"]), name)
-            seen.append(Observation(params, metric, r["state"] == QueueState.FINISHED))
-        return seen
