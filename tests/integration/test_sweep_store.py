@@ -26,10 +26,10 @@ from preemptible.sweeps._store import (
     LEASE_EXPIRED,
     LEASE_MARGIN,
     Claim,
-    Control,
     DatabaseGone,
     LeaseLost,
     Observation,
+    Orders,
     Store,
     StoreError,
     open_store,
@@ -175,7 +175,7 @@ def test_stop_and_pause_refuse_claims_and_reach_heartbeats(store: Store, control
     assert c is not None
     store.set_control(sweep, control)  # type: ignore[arg-type]
     assert claim(store, sweep, agent="a2") is None
-    assert store.heartbeat(c.run_id, agent="a1", lease=60, attempt=1) == Control(control, False)
+    assert store.heartbeat(c.run_id, agent="a1", lease=60, attempt=1) == Orders(control, False)
     assert finish(store, c, "FINISHED") == "FINISHED"  # the running run finishes
     store.set_control(sweep, "running")
     resumed = claim(store, sweep, agent="a2")
@@ -189,9 +189,9 @@ def test_cancel_cancels_pending_runs_and_reaches_running_ones(store: Store) -> N
     done = claim(store, sweep)
     assert c is not None and done is not None
     store.set_control(sweep, "cancelled")
-    assert store.heartbeat(c.run_id, agent="a1", lease=60, attempt=1) == Control("cancelled", False)
+    assert store.heartbeat(c.run_id, agent="a1", lease=60, attempt=1) == Orders("cancelled", False)
     store.set_control(sweep, "cancelled", now=True)
-    assert store.heartbeat(c.run_id, agent="a1", lease=60, attempt=1) == Control("cancelled", True)
+    assert store.heartbeat(c.run_id, agent="a1", lease=60, attempt=1) == Orders("cancelled", True)
     assert claim(store, sweep, propose=lambda h, i: {"x": 9}) is None
     assert finish(store, c, "PREEMPTED") == "CANCELLED"
     assert finish(store, done, "FINISHED") == "FINISHED"  # it did finish
