@@ -35,14 +35,7 @@ Agents on one machine or many share one database. The guarantees:
 * ``open_store(reader=True)`` (``status``) reads a database it may not write (a read-only
   file system or role, a standby) without migrating it, when its schema is current.
 
-Run states after an attempt (``finish``), following ``preemptible run``'s restart policy:
-FINISHED ends the run. PREEMPTED (and a lost lease) goes back to PENDING while the run has
-been preempted at most ``max_preemptions`` times, else the run ends PREEMPTED (or CRASHED).
-FAILED and CRASHED go back while the run has failed at most ``max_failures`` times (a run gets
-1 + ``max_failures`` tries for failures), else it ends in that state. KILLED (a Ctrl+C the run
-did not handle) ends the run. In a cancelled sweep every ending but FINISHED ends it CANCELLED.
-``release`` (the agent is stopping) puts the run back without touching any budget;
-``abandon`` (the attempt could not even start here) undoes the claim: no attempt is counted.
+How an attempt's ending settles its run (the restart policy) is ``_endings``'s docstring.
 
 One ``Store`` is one connection: one thread at a time may use it (give each concurrent thread
 or process its own).
@@ -50,188 +43,62 @@ or process its own).
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import random
-import re
 import secrets
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from importlib import resources
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any
 
-from .._env import env_float, env_str
-from .._errors import ConfigError, LeaseLost, PreemptibleError, StoreError
+from .._env import env_str
+from .._errors import ConfigError, PreemptibleError
 from .._errors import DatabaseGone as DatabaseGone  # importable from here, as before
-from .._states import Control, Ending, QueueState, spend
+from .._errors import LeaseLost as LeaseLost  # importable from here, as before
+from .._errors import StoreError as StoreError  # importable from here, as before
+from .._states import Control as Control  # importable from here, as before
+from .._states import Ending, QueueState
 from .._text import printable as printable  # importable from here, as before
-from ._fields import decode_object, field_error, strict_object
-from ._redact import redact_url, userinfo_problem
-from ._sample import Observation  # what ``propose`` reads: (params, metric, finished)
+from ._claims import Propose as Propose  # its old home
+from ._claims import history, insert_run, sweep_of, take
+from ._connector import DEFAULT_RETRY_TIMEOUT as DEFAULT_RETRY_TIMEOUT  # its old home
+from ._connector import MAX_BACKOFF as MAX_BACKOFF  # its old home
+from ._connector import Backend as Backend  # its old home
+from ._connector import Connector, T, _Health, choose_backend, retry_timeout_of
+from ._connector import _Tx as _Tx  # its old home
+from ._endings import LEASE_EXPIRED as LEASE_EXPIRED  # its old home
+from ._endings import LEASE_MARGIN as LEASE_MARGIN  # its old home
+from ._endings import RELEASED as RELEASED  # its old home
+from ._endings import Local as Local  # its old home
+from ._endings import expire, late, lease_lost, outcome, settle_run
+from ._endings import recovery_hold as recovery_hold  # its old home
+from ._endings import settle as settle  # its old home
+from ._endings import takeover_margin as takeover_margin  # its old home
+from ._redact import redact_url as redact_url  # importable from here, as before
+from ._rows import AttemptRow as AttemptRow  # its old home
+from ._rows import Claim as Claim  # its old home
+from ._rows import Orders as Orders  # its old home
+from ._rows import RunRow as RunRow  # its old home
+from ._rows import SweepRow as SweepRow  # its old home
+from ._rows import from_row, run_row, sweep_row
+from ._sample import Observation as Observation  # what ``propose`` reads, as before
+from ._schema import _load_queries as _load_queries  # its old home
+from ._schema import migrate
+from ._schema import migrations as migrations  # its old home
+from ._schema import split_statements as split_statements  # its old home
+from ._values import (
+    _check_int,
+    _check_seconds,
+    _json,
+    _new_id,
+    clean_summary,
+)
+from ._values import _metric as _metric  # its old home
+from ._values import clean_step as clean_step  # its old home
 
 logger = logging.getLogger("preemptible")
 
-T = TypeVar("T")
 ControlName = Control | str  # a Control, or its value
 CONTROLS = tuple(c.value for c in Control)
 ENDINGS = tuple(e.value for e in Ending if e is not Ending.RELEASED)  # what an attempt reports
-RELEASED = Ending.RELEASED  # the attempt's ending when a stopping agent hands its run back
-LEASE_EXPIRED = "(lease expired)"  # closed_by of an attempt ended by someone else's expiry
-LEASE_MARGIN = 0.2
-"""The share of a lease that separates its holder's own deadline from a takeover: the holder
-stops its run ``LEASE_MARGIN * lease`` before the lease runs out by its own clock, an agent on
-another host takes the run over that long after it ran out by the database's clock. Covers
-clock rates that drift apart by up to 20 % over one lease (NTP keeps them within 0.05 %), the
-database's commit latency and the time the stopping run takes past its deadline."""
-PENDING_LOOKAHEAD = 16  # pending runs a claim looks at past those that cannot start here
-DEFAULT_RETRY_TIMEOUT = 300.0
-MAX_BACKOFF = 5.0
-_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
-_VALID_URLS = "sqlite:///ABS/PATH.db, sqlite:REL/PATH.db or postgresql://USER:PASSWORD@HOST:PORT/DB"
-MAX_COUNT = 2**31 - 1  # run_cap, max_failures, max_preemptions: PostgreSQL integer columns
-MIN_STEP, MAX_STEP = -(2**63), 2**63 - 1  # checkpoint_step: a bigint (SQLite: INTEGER)
-_MAX_SUMMARY_DEPTH = 32
-_MAX_WARNED = 10_000
-_warned: set[tuple[str, str]] = set()  # (run, metric) whose dropped value was logged
-
-
-def takeover_margin(lease_seconds: float | None) -> float:
-    """Seconds past a lease's end before an agent on another host may take the run over."""
-    return LEASE_MARGIN * lease_seconds if lease_seconds else 0.0
-
-
-def recovery_hold(lease_seconds: float | None) -> float:
-    """Seconds after this process found the database reachable again during which it takes
-    over no run from another host: its holder, cut off as well, gets a whole lease (and the
-    longest retry backoff) to report what it did meanwhile."""
-    lease = lease_seconds or 0.0
-    return lease + takeover_margin(lease) + MAX_BACKOFF
-
-
-class Local(Protocol):
-    """What only the agent's own host can tell the store (``claim`` asks before a takeover
-    or a start). ``identity``: this process as stored in ``lease_holder``."""
-
-    identity: str
-
-    def holder_alive(self, holder: str | None) -> bool | None:
-        """Whether the process ``holder`` (a ``lease_holder``) still lives; None when it is
-        not on this host (or not comparable: another boot or pid namespace)."""
-        ...
-
-    def blocked(self, run_id: str) -> str | None:
-        """Why run ``run_id`` cannot start here now (a process still holds its locks), or
-        None."""
-        ...
-
-
-class _Health:
-    """Shared by the stores of one agent (``Store.reopen``): when the database last answered
-    again after being unreachable (monotonic), for ``recovery_hold``."""
-
-    def __init__(self) -> None:
-        self.recovered_at: float | None = None
-
-
-@dataclass(frozen=True)
-class SweepRow:
-    id: str
-    name: str | None
-    spec: dict[str, Any]
-    control: str
-    cancel_now: bool
-    run_cap: int | None
-    max_failures: int
-    max_preemptions: int
-    seed: int
-    runs_created: int
-    created_at: float
-    unreadable: tuple[str, ...] = ()  # "spec" when it cannot be read back (spec is then {})
-
-
-@dataclass(frozen=True)
-class RunRow:
-    id: str
-    sweep_id: str
-    index: int
-    params: dict[str, Any]
-    state: str
-    attempt: int
-    preemptions: int
-    failures: int
-    lease_owner: str | None
-    lease_host: str | None
-    lease_expires: float | None
-    checkpoint_dir: str
-    summary: dict[str, Any] | None
-    created_at: float
-    updated_at: float
-    # the JSON fields that cannot be read back (_fields): params is then {}, summary None
-    unreadable: tuple[str, ...] = ()
-    epoch: int = 0  # of the newest claim (kept after the run is handed back)
-
-
-@dataclass(frozen=True)
-class AttemptRow:
-    run_id: str
-    number: int
-    agent: str
-    host: str
-    started_at: float
-    ended_at: float | None
-    ending: str | None
-    exit_code: int | None
-    duration: float | None
-    checkpoint_step: int | None
-    marked_preempting: bool
-    outcome: str | None  # the run's state after this attempt
-    closed_by: str | None  # the agent that ended it, or LEASE_EXPIRED
-    epoch: int | None = None  # the lease epoch of its claim (None: before schema version 2)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A run handed to one agent for one attempt. ``checkpoint_dir`` is a directory name (the
-    run id): the agent decides where it lives; every attempt of the run gets the same one."""
-
-    run_id: str
-    sweep_id: str
-    index: int
-    params: dict[str, Any]
-    attempt: int
-    checkpoint_dir: str
-    preemptions: int
-    failures: int
-    epoch: int = 0  # the lease epoch: heartbeats, finish, release and abandon carry it
-
-
-class Orders(NamedTuple):
-    """What a heartbeat answers: the sweep's control and whether a cancel is immediate."""
-
-    control: str
-    cancel_now: bool
-
-
-Propose = Callable[[list[Observation], int], dict[str, Any] | None]
-
-
-class Backend(Protocol):
-    kind: str
-    display: str
-
-    def connect(self) -> Any: ...
-    def transaction(self, conn: Any, *, write: bool) -> AbstractContextManager[Any]: ...
-    def transient(self, exc: BaseException) -> bool: ...
-    def broken(self, conn: Any) -> bool: ...
-    def convert(self, sql: str) -> str: ...
-    def scrub(self, text: str) -> str: ...
-
-
-# -- URLs: redaction and scrubbing live in _redact -------------------------------------------
 
 
 def open_store(
@@ -252,288 +119,10 @@ def open_store(
     use a queue that exists."""
     if not url:
         url = env_str("PREEMPTIBLE_DB")
-    if retry_timeout is None:
-        retry_timeout = env_float("PREEMPTIBLE_DB_RETRY_TIMEOUT", DEFAULT_RETRY_TIMEOUT)
-        assert retry_timeout is not None
-    elif not (math.isfinite(retry_timeout) and retry_timeout >= 0):
-        raise ConfigError(f"retry_timeout={retry_timeout!r} is not valid; use seconds >= 0")
+    retry_timeout = retry_timeout_of(retry_timeout)
     base = root if root is not None else Path.cwd()
-    backend = _backend(url, base, reader, create)
+    backend = choose_backend(url, base, reader=reader, create=create)
     return Store(backend, retry_timeout=retry_timeout, reader=reader)
-
-
-def _backend(url: str | None, base: Path, reader: bool = False, create: bool = True) -> Backend:
-    from ._store_sqlite import SqliteBackend
-
-    if url is None:
-        path = (base / ".preemptible" / "sweeps.db").absolute()
-        return SqliteBackend(path, reader=reader, create=create)
-    if url.startswith("sqlite:"):
-        rest = url[len("sqlite:") :]
-        if rest.startswith("//"):
-            rest = rest[2:]
-            if not rest.startswith("/"):
-                rest = ""  # sqlite://host/... : SQLite has no host
-        if not rest or rest.endswith("/"):
-            raise ConfigError(f"database URL {redact_url(url)!r} names no file; use {_VALID_URLS}")
-        path = Path("/" + rest.lstrip("/")) if rest.startswith("/") else base / rest
-        return SqliteBackend(path.absolute(), reader=reader, create=create)
-    if url.startswith(("postgresql://", "postgres://")):
-        shown = redact_url(url)
-        problem = userinfo_problem(url)
-        if problem is not None:
-            raise ConfigError(f"database URL {shown!r}: {problem}")
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                f"database URL {shown!r} needs psycopg 3; pip install 'preemptible[postgres]'"
-            ) from None
-        from ._store_pg import PostgresBackend
-
-        return PostgresBackend(url, shown)
-    raise ConfigError(f"database URL {redact_url(url)!r} is not valid; use {_VALID_URLS}")
-
-
-# -- SQL text ---------------------------------------------------------------------------------
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-def _parse_queries(text: str) -> dict[str, str]:
-    pieces = _NAME.split(text)
-    return {name: body.strip() for name, body in zip(pieces[1::2], pieces[2::2], strict=True)}
-
-
-def _load_queries(kind: str) -> dict[str, str]:
-    sql = resources.files("preemptible.sweeps").joinpath("sql")
-    common = _parse_queries(sql.joinpath("queries.sql").read_text(encoding="utf-8"))
-    own = _parse_queries(sql.joinpath(kind).joinpath("queries.sql").read_text(encoding="utf-8"))
-    clash = sorted(set(common) & set(own))
-    if clash:
-        raise StoreError(f"queries {clash} are defined twice for {kind}")
-    return {**common, **own}
-
-
-def migrations(kind: str) -> list[tuple[int, str]]:
-    """(version, SQL) for every ``NNNN_name.sql`` of the backend, in order."""
-    folder = resources.files("preemptible.sweeps").joinpath("sql").joinpath(kind)
-    found = []
-    for entry in folder.iterdir():
-        match = re.fullmatch(r"(\d{4})_\w+\.sql", entry.name)
-        if match:
-            found.append((int(match.group(1)), entry.read_text(encoding="utf-8")))
-    return sorted(found)
-
-
-def split_statements(script: str) -> list[str]:
-    """Statements of a migration: ``;`` ends one at the end of a line; ``--`` lines are
-    comments. (The drivers run one statement per call inside a transaction.)"""
-    lines = [ln for ln in script.splitlines() if not ln.lstrip().startswith("--")]
-    return [s.strip() for s in re.split(r";[ \t]*$", "\n".join(lines), flags=re.M) if s.strip()]
-
-
-class _Tx:
-    """One transaction: named queries with keyword parameters, rows as dicts."""
-
-    def __init__(self, cursor: Any, queries: dict[str, str], retry: bool) -> None:
-        self._cur = cursor
-        self._queries = queries
-        self.retry = retry  # an earlier try of this same operation may have committed
-
-    def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> int:
-        if params:
-            self._cur.execute(sql, params)
-        else:
-            self._cur.execute(sql)
-        return int(self._cur.rowcount)
-
-    def run(self, query: str, /, **params: Any) -> int:
-        return self.execute(self._queries[query], params)
-
-    def all(self, query: str, /, **params: Any) -> list[dict[str, Any]]:
-        self.execute(self._queries[query], params)
-        columns = [d[0] for d in self._cur.description]
-        return [dict(zip(columns, row, strict=True)) for row in self._cur.fetchall()]
-
-    def iter(self, query: str, /, **params: Any) -> Iterator[tuple[Any, ...]]:
-        """The rows of ``query`` as tuples in its column order, a batch at a time (a sweep of
-        100,000 runs is never one list of Python rows); read them all before the next query
-        of this transaction."""
-        self.execute(self._queries[query], params)
-        while rows := self._cur.fetchmany(2000):
-            yield from rows
-
-    def one(self, query: str, /, **params: Any) -> dict[str, Any] | None:
-        rows = self.all(query, **params)
-        return rows[0] if rows else None
-
-
-# -- values -----------------------------------------------------------------------------------
-def _json(value: Any, what: str) -> str:
-    try:
-        return json.dumps(value, sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{what} is not JSON-serializable ({exc}); use plain values") from None
-
-
-def _loads(text: object) -> Any:
-    """A stored JSON object, or None when it is NULL or cannot be read back (_fields)."""
-    return decode_object(text)[0]
-
-
-def _check_int(
-    name: str, value: object, low: int, *, high: int = MAX_COUNT, none_ok: bool = False
-) -> None:
-    if value is None and none_ok:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        extra = " or None" if none_ok else ""
-        raise ConfigError(
-            f"{name}={_short(value)} is not valid; use an integer from {low} to {high}{extra}"
-        )
-
-
-def _short(value: object, limit: int = 60) -> str:
-    try:
-        shown = repr(value)
-    except Exception:  # an int too long for repr, a foreign object
-        shown = f"<{type(value).__name__}>"
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
-
-
-def _number_ok(value: object) -> bool:
-    """A finite number that a float holds (a bool counts: it is JSON's true/false)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return isinstance(value, bool)
-    try:
-        return math.isfinite(value)  # an int too large for a float raises OverflowError
-    except OverflowError:
-        return False
-
-
-def _storable(value: object, depth: int = 0) -> bool:
-    """Whether a summary value can be stored and read back as it is: plain JSON whose
-    numbers are all finite floats (or ints a float can hold)."""
-    if depth > _MAX_SUMMARY_DEPTH:
-        return False
-    if value is None or isinstance(value, str):
-        return True
-    if isinstance(value, (bool, int, float)):
-        return _number_ok(value)
-    if isinstance(value, (list, tuple)):
-        return all(_storable(item, depth + 1) for item in value)
-    if isinstance(value, Mapping):
-        return all(isinstance(k, str) and _storable(v, depth + 1) for k, v in value.items())
-    return False
-
-
-def clean_summary(summary: Mapping[str, Any], run_id: str) -> dict[str, Any]:
-    """The run's reported metrics that can be stored; the others (a NaN, an infinity, an
-    integer too large for a float, anything not plain JSON) are dropped with a warning, so
-    that one run's bad value never stops the agent or the sweep's readers."""
-    kept: dict[str, Any] = {}
-    dropped: list[str] = []
-    for key, value in summary.items():
-        if isinstance(key, str) and _storable(value):
-            kept[key] = value
-            continue
-        shown = printable(key[:40] if isinstance(key, str) else _short(key, 40))
-        if (run_id, shown) not in _warned:  # a run reports every step: say it once
-            dropped.append(shown)
-            if len(_warned) >= _MAX_WARNED:
-                _warned.clear()
-            _warned.add((run_id, shown))
-    if dropped:
-        logger.warning(
-            "preemptible: run %s reported %s that %s not a finite number or plain JSON data; "
-            "not stored",
-            run_id,
-            ", ".join(dropped[:10])
-            + (f" and {len(dropped) - 10} more" if len(dropped) > 10 else ""),
-            "is" if len(dropped) == 1 else "are",
-        )
-    return kept
-
-
-def clean_step(step: object, where: str) -> int | None:
-    """A checkpoint step the database can hold (a signed 64-bit integer), else None (unknown)
-    with a warning: a file name with a step of 30 digits must not stop the agent."""
-    if step is None:
-        return None
-    if isinstance(step, int) and not isinstance(step, bool) and MIN_STEP <= step <= MAX_STEP:
-        return step
-    logger.warning(
-        "preemptible: %s has checkpoint step %s, which is not an integer from %d to %d; "
-        "recorded as unknown",
-        printable(where),
-        _short(step),
-        MIN_STEP,
-        MAX_STEP,
-    )
-    return None
-
-
-def _check_seconds(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{name}={value!r} is not valid; use seconds > 0")
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{name}={value!r} is not valid; use seconds > 0")
-
-
-def _new_id() -> str:
-    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
-
-
-def _metric_name(spec: Mapping[str, Any]) -> str | None:
-    metric = spec.get("metric")
-    if isinstance(metric, Mapping):
-        metric = metric.get("name")
-    return metric if isinstance(metric, str) else None
-
-
-def _metric(summary: Any, name: str | None) -> float | None:
-    """The metric ``name`` of a stored summary as a finite float; None if missing or not one
-    (text, a NaN, an infinity, an integer too large for a float: whatever was stored)."""
-    if name is None or not isinstance(summary, Mapping):
-        return None
-    value = summary.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def settle(
-    ending: str,
-    *,
-    lost: bool,
-    preemptions: int,
-    failures: int,
-    max_preemptions: int,
-    max_failures: int,
-    control: str,
-) -> tuple[QueueState, int, int]:
-    """(run state, preemptions, failures) after an attempt ended ``ending`` (module docstring).
-    ``lost``: the lease expired; it counts as a preemption whatever the ending. The budgets are
-    spent by the same rule as ``preemptible run``'s restarts (``_states.spend``)."""
-    if ending == Ending.FINISHED:
-        return QueueState.FINISHED, preemptions, failures
-    if control == Control.CANCELLED or ending == Ending.CANCELLED:
-        return QueueState.CANCELLED, preemptions, failures
-    if ending == Ending.KILLED and not lost:
-        return QueueState.KILLED, preemptions, failures
-    spent = spend(
-        preempted=lost or ending == Ending.PREEMPTED,
-        preemptions=preemptions,
-        failures=failures,
-        max_preemptions=max_preemptions,
-        max_failures=max_failures,
-    )
-    state = QueueState.PENDING if spent.again else QueueState(ending)
-    return state, spent.preemptions, spent.failures
 
 
 # -- the store --------------------------------------------------------------------------------
@@ -548,27 +137,34 @@ class Store:
         reader: bool = False,
         health: _Health | None = None,
     ) -> None:
+        queries = {k: backend.convert(v) for k, v in _load_queries(backend.kind).items()}
+        self._db = Connector(
+            backend,
+            queries,
+            retry_timeout=retry_timeout,
+            health=health if health is not None else _Health(),
+        )
         self._backend = backend
-        self._queries = {k: backend.convert(v) for k, v in _load_queries(backend.kind).items()}
-        self._retry_timeout = retry_timeout
-        self._conn: Any = None
-        self._health = health if health is not None else _Health()
+        self._health = self._db.health
         self.kind = backend.kind
         self.display = backend.display  # the URL with its password hidden
-        # monotonic time at which the last successful try of an operation began: before the
-        # database's clock read its "now", so a lease it set cannot end sooner than this + lease
-        self.last_try_at = time.monotonic()
         try:
-            self._migrate(reader=reader)
+            migrate(self._db, reader=reader)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def last_try_at(self) -> float:
+        """Monotonic time at which the last successful try of an operation began: before the
+        database's clock read its "now", so a lease it set cannot end sooner than this + lease."""
+        return self._db.last_try_at
 
     def reopen(self, *, retry_timeout: float | None = None) -> Store:
         """Another connection to the same database (for another thread): the same file (an
         SQLite file replaced since is refused, a deleted one not recreated) and the same
         record of outages."""
-        timeout = self._retry_timeout if retry_timeout is None else retry_timeout
+        timeout = self._db.retry_timeout if retry_timeout is None else retry_timeout
         return Store(self._backend, retry_timeout=timeout, health=self._health)
 
     def __enter__(self) -> Store:
@@ -578,127 +174,10 @@ class Store:
         self.close()
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception as exc:  # closing a dead connection may complain; nothing to do
-                logger.debug("preemptible: closing %s: %s", self.display, exc)
+        self._db.close()
 
-    # -- the retry loop ---------------------------------------------------------------------
     def _transact(self, fn: Callable[[_Tx], T], *, write: bool = True) -> T:
-        """Run ``fn`` in one transaction; on a transient error reconnect if needed and run it
-        again (with backoff) until the retry deadline."""
-        started = time.monotonic()
-        delay = 0.05
-        failures = 0
-        while True:
-            connecting = self._conn is None
-            tried_at = time.monotonic()
-            try:
-                if self._conn is None:
-                    self._conn = self._backend.connect()
-                connecting = False
-                with self._backend.transaction(self._conn, write=write) as cursor:
-                    result = fn(_Tx(cursor, self._queries, retry=failures > 0))
-                self.last_try_at = tried_at
-                if failures:
-                    self._health.recovered_at = time.monotonic()
-                    logger.warning(
-                        "preemptible: the sweep database %s answers again (after %.1f s)",
-                        self.display,
-                        time.monotonic() - started,
-                    )
-                return result
-            except Exception as exc:
-                if isinstance(exc, StoreError):  # ours, already one line (DatabaseGone)
-                    raise
-                if not self._backend.transient(exc):
-                    if not self._driver_error(exc, connecting):
-                        raise
-                    error = StoreError(
-                        f"cannot use the sweep database {self.display}: {self._say(exc)}"
-                    )
-                    if connecting:  # a driver may quote the connection string: no chain
-                        raise error from None
-                    raise error from exc
-                if self._conn is not None and self._backend.broken(self._conn):
-                    self.close()
-                waited = time.monotonic() - started
-                if waited + delay > self._retry_timeout:
-                    raise StoreError(
-                        f"the sweep database {self.display} is unreachable or locked: "
-                        f"{self._say(exc)}; gave up after {waited:.0f} s "
-                        "(PREEMPTIBLE_DB_RETRY_TIMEOUT)"
-                    ) from None
-                failures += 1
-                if failures == 1:
-                    logger.warning(
-                        "preemptible: the sweep database %s is unreachable or locked (%s); "
-                        "retrying for up to %.0f s",
-                        self.display,
-                        self._say(exc),
-                        self._retry_timeout,
-                    )
-                time.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, MAX_BACKOFF)
-
-    def _say(self, exc: BaseException) -> str:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        return self._backend.scrub(lines[0] if lines else type(exc).__name__)
-
-    @staticmethod
-    def _driver_error(exc: BaseException, connecting: bool) -> bool:
-        """An error of the database driver (or of creating the file's directory), to be
-        reported in one line (scrubbed of the URL's secrets); not our own errors, a
-        sampler's, or a bug's. Anything raised while connecting counts: a driver refusing a
-        URL may raise a plain ValueError quoting it, and that must not reach a traceback."""
-        if connecting:
-            return True
-        return type(exc).__module__.startswith(("sqlite3", "psycopg"))
-
-    def _migrate(self, *, reader: bool = False) -> None:
-        """Apply the migrations this database lacks, one migrator at a time (SQLite: the write
-        lock; PostgreSQL: an advisory lock), so agents opening a new database together agree.
-        A ``reader`` that may not write reads a database whose schema is current as it is."""
-        wanted = migrations(self.kind)
-        if reader:
-            try:
-                self._migrate()
-            except StoreError as refused:
-                try:
-                    have = self._transact(
-                        lambda tx: {r["version"] for r in tx.all("schema_versions")}, write=False
-                    )
-                except PreemptibleError:
-                    raise refused from None
-                if have and max(have) > wanted[-1][0]:
-                    raise  # a newer schema: "upgrade preemptible"
-                if not have.issuperset(v for v, _ in wanted):
-                    raise StoreError(
-                        f"{refused}; it has schema version {max(have, default=0)} and this "
-                        f"preemptible reads version {wanted[-1][0]}: migrate it once where it "
-                        "can be written (any preemptible command does)"
-                    ) from None
-            return
-
-        def apply(tx: _Tx) -> None:
-            tx.run("migration_lock")
-            tx.run("create_schema_table")
-            have = {row["version"] for row in tx.all("schema_versions")}
-            newest = max(v for v, _ in wanted)
-            if have and max(have) > newest:
-                raise StoreError(
-                    f"the sweep database {self.display} has schema version {max(have)}; this "
-                    f"preemptible knows up to {newest}: upgrade preemptible"
-                )
-            for version, script in wanted:
-                if version not in have:
-                    for statement in split_statements(script):
-                        tx.execute(statement)
-                    tx.run("record_version", version=version)
-
-        self._transact(apply)
+        return self._db.transact(fn, write=write)
 
     def schema_versions(self) -> list[int]:
         return self._transact(lambda tx: [r["version"] for r in tx.all("schema_versions")])
@@ -749,43 +228,18 @@ class Store:
 
     def sweeps(self) -> list[SweepRow]:
         return self._transact(
-            lambda tx: [self._sweep_row(r, strict=False) for r in tx.all("list_sweeps")],
+            lambda tx: [sweep_row(r, strict=False) for r in tx.all("list_sweeps")],
             write=False,
         )
 
     def _sweep(self, tx: _Tx, sweep_id: str) -> SweepRow:
-        row = tx.one("get_sweep", id=sweep_id)
-        if row is None:
-            raise self._no_sweep(sweep_id)
-        return self._sweep_row(row)
+        return sweep_of(tx, sweep_id, self.display)
 
     def _no_sweep(self, sweep_id: str) -> ConfigError:
         return ConfigError(f"no sweep {sweep_id!r} in {self.display}")
 
     def _no_run(self, run_id: str) -> ConfigError:
         return ConfigError(f"no run {run_id!r} in {self.display}")
-
-    @staticmethod
-    def _sweep_row(r: dict[str, Any], *, strict: bool = True) -> SweepRow:
-        """The sweep; its spec must be readable (``strict``: an agent cannot run the sweep
-        without it, UnreadableField), else it is {} and named in ``unreadable``."""
-        spec, why = decode_object(r["spec"])
-        if why is not None and strict:
-            raise field_error(f"sweep {r['id']}", "spec", why)
-        return SweepRow(
-            id=r["id"],
-            name=r["name"],
-            spec=spec or {},
-            control=r["control"],
-            cancel_now=bool(r["cancel_now"]),
-            run_cap=r["run_cap"],
-            max_failures=r["max_failures"],
-            max_preemptions=r["max_preemptions"],
-            seed=r["seed"],
-            runs_created=r["runs_created"],
-            created_at=r["created_at"],
-            unreadable=() if why is None else ("spec",),
-        )
 
     def set_control(self, sweep_id: str, control: ControlName, *, now: bool = False) -> None:
         """running (resume), paused, stopped (no new claims; running runs finish) or cancelled
@@ -833,19 +287,11 @@ class Store:
                     f"sweep {sweep_id!r} has {first} of its {cap} runs (run_cap); "
                     f"{len(texts)} more do not fit"
                 )
-            ids = [self._insert_run(tx, sweep_id, first + i, t, token) for i, t in enumerate(texts)]
+            ids = [insert_run(tx, sweep_id, first + i, t, token) for i, t in enumerate(texts)]
             tx.run("count_created", id=sweep_id, n=len(texts))
             return ids
 
         return self._transact(add)
-
-    @staticmethod
-    def _insert_run(tx: _Tx, sweep_id: str, index: int, params: str, token: str) -> str:
-        run_id = f"{sweep_id}-{index}"
-        tx.run(
-            "insert_run", id=run_id, sweep_id=sweep_id, run_index=index, params=params, token=token
-        )
-        return run_id
 
     def claim(
         self,
@@ -867,108 +313,20 @@ class Store:
         token = secrets.token_hex(8)
         holder = local.identity if local is not None else None
 
-        def take(tx: _Tx) -> Claim | None:
-            if tx.retry:  # did an earlier try commit, its acknowledgement lost?
-                mine = tx.one("claimed_by_token", token=token, agent=agent)
-                if mine is not None:
-                    return self._claim(tx, mine["id"])
-            self._expire(tx, local)
-            sweep = self._sweep(tx, sweep_id)
-            if sweep.control != Control.RUNNING:
-                return None
-            picked = self._pick(tx, sweep_id, local)
-            if picked is None and propose is not None:
-                locked = tx.one("lock_sweep", id=sweep_id)  # one creator at a time
-                assert locked is not None
-                if locked["control"] != Control.RUNNING:
-                    return None
-                # a run may have come back, or been added, while this waited for the lock
-                picked = self._pick(tx, sweep_id, local)
-                if picked is None:
-                    index, cap = locked["runs_created"], locked["run_cap"]
-                    if cap is not None and index >= cap:
-                        return None
-                    params = propose(self._history(tx, sweep_id, sweep.spec), index)
-                    if params is None:
-                        return None
-                    text = _json(dict(params), "proposed parameters")
-                    run_id = self._insert_run(tx, sweep_id, index, text, token)
-                    tx.run("count_created", id=sweep_id, n=1)
-                    picked = {
-                        "id": run_id,
-                        "sweep_id": sweep_id,
-                        "run_index": index,
-                        "params": text,
-                        "attempt": 0,
-                        "checkpoint_dir": run_id,
-                        "preemptions": 0,
-                        "failures": 0,
-                        "lease_epoch": 0,
-                    }
-            if picked is None:
-                return None
-            taken = tx.run(
-                "take_run",
-                id=picked["id"],
+        return self._transact(
+            lambda tx: take(
+                tx,
+                sweep_id,
                 agent=agent,
                 host=host,
                 lease=lease,
                 token=token,
                 holder=holder,
+                propose=propose,
+                local=local,
+                health=self._health,
+                display=self.display,
             )
-            if taken != 1:
-                raise StoreError(f"run {picked['id']} was picked but could not be taken")
-            tx.run("insert_attempt", id=picked["id"])
-            return self._claim_from(
-                {
-                    **picked,
-                    "attempt": picked["attempt"] + 1,
-                    "lease_epoch": picked["lease_epoch"] + 1,
-                }
-            )
-
-        return self._transact(take)
-
-    @staticmethod
-    def _pick(tx: _Tx, sweep_id: str, local: Local | None) -> dict[str, Any] | None:
-        """The first pending run in line that can start here and whose parameters can be read
-        back; one that cannot be read (text that is not a JSON object) could never run: it ends
-        FAILED, with the reason logged. One whose locks a process holds here is passed over."""
-        n = 1  # the one in line, locked alone (PostgreSQL); more only when it cannot start here
-        while True:
-            failed = False
-            rows = tx.all("pick_pending", sweep_id=sweep_id, n=n)
-            for row in rows:
-                _, why = decode_object(row["params"])
-                if why is not None or row["params"] is None:
-                    tx.run("fail_unreadable_run", id=row["id"])
-                    reason = field_error(f"run {row['id']}", "params", why or "missing (NULL)")
-                    logger.error("preemptible: %s; it cannot run: FAILED", reason)
-                    failed = True
-                elif local is None or local.blocked(row["id"]) is None:
-                    return row
-            if not failed and (n == PENDING_LOOKAHEAD or not rows):
-                return None  # every run in line is blocked here, or there is none
-            if not failed:
-                n = PENDING_LOOKAHEAD
-
-    def _claim(self, tx: _Tx, run_id: str) -> Claim:
-        row = tx.one("claim_row", id=run_id)
-        assert row is not None
-        return self._claim_from(row)
-
-    @staticmethod
-    def _claim_from(r: Mapping[str, Any]) -> Claim:
-        return Claim(
-            run_id=r["id"],
-            sweep_id=r["sweep_id"],
-            index=r["run_index"],
-            params=strict_object(r["params"], f"run {r['id']}", "params"),
-            attempt=r["attempt"],
-            checkpoint_dir=r["checkpoint_dir"],
-            preemptions=r["preemptions"],
-            failures=r["failures"],
-            epoch=r["lease_epoch"],
         )
 
     def heartbeat(
@@ -993,15 +351,6 @@ class Store:
             return Orders(row["control"], bool(row["cancel_now"]))
 
         return self._transact(beat)
-
-    def _lease_lost(self, tx: _Tx, run_id: str, agent: str, attempt: int) -> PreemptibleError:
-        row = tx.one("get_run", id=run_id)
-        if row is None:
-            return self._no_run(run_id)
-        return LeaseLost(
-            f"run {run_id} attempt {attempt} is no longer held by agent {agent!r}: the run is "
-            f"{row['state']} at attempt {row['attempt']} (its lease expired?)"
-        )
 
     def finish(
         self,
@@ -1105,14 +454,14 @@ class Store:
                     and run["state"] != QueueState.RUNNING
                     and not stale
                 ):
-                    return self._late(tx, run, agent, attempt, ending, values)
+                    return late(tx, run, agent, attempt, ending, values, self.display)
                 raise self._lease_lost(tx, run_id, agent, attempt)
             if run["state"] != QueueState.RUNNING or run["attempt"] != attempt:
                 raise self._lease_lost(tx, run_id, agent, attempt)
             if run["lease_owner"] != agent or (epoch is not None and run["lease_epoch"] != epoch):
                 raise self._lease_lost(tx, run_id, agent, attempt)
-            state, counts = self._outcome(run, ending, run["preemptions"])
-            self._settle_run(tx, run_id, attempt, state, counts, values["summary"])
+            state, counts = outcome(run, ending, run["preemptions"])
+            settle_run(tx, run_id, attempt, state, counts, values["summary"])
             tx.run(
                 "close_attempt",
                 run_id=run_id,
@@ -1126,145 +475,14 @@ class Store:
 
         return self._transact(close)
 
-    @staticmethod
-    def _outcome(
-        run: Mapping[str, Any], ending: str, preemptions: int
-    ) -> tuple[str, Sequence[int]]:
-        if ending == RELEASED:
-            state = (
-                QueueState.CANCELLED if run["control"] == Control.CANCELLED else QueueState.PENDING
-            )
-            return state, (preemptions, run["failures"])
-        state, *counts = settle(
-            ending,
-            lost=False,
-            preemptions=preemptions,
-            failures=run["failures"],
-            max_preemptions=run["max_preemptions"],
-            max_failures=run["max_failures"],
-            control=run["control"],
-        )
-        return state, counts
-
-    def _late(
-        self,
-        tx: _Tx,
-        run: Mapping[str, Any],
-        agent: str,
-        attempt: int,
-        ending: str,
-        values: dict[str, Any],
-    ) -> str:
-        """The holder's own result for an attempt that another agent ended as lost (its lease
-        had run out) when no other attempt has started since: it replaces the lost ending.
-        The takeover counted a preemption (unless it cancelled the run): taken back."""
-        run_id = run["id"]
-        taken_back = run["attempt_outcome"] != QueueState.CANCELLED
-        preemptions = run["preemptions"] - taken_back
-        state, counts = self._outcome(run, ending, max(preemptions, 0))
-        changed = tx.run(
-            "resettle_run",
-            id=run_id,
-            attempt=attempt,
-            was=run["state"],
-            state=state,
-            preemptions=counts[0],
-            failures=counts[1],
-            summary=values["summary"],
-        )
-        if changed != 1:
-            raise self._lease_lost(tx, run_id, agent, attempt)
-        tx.run(
-            "reclose_attempt",
-            run_id=run_id,
-            number=attempt,
-            ending=ending,
-            outcome=state,
-            closed_by=agent,
-            expired=LEASE_EXPIRED,
-            **values,
-        )
-        logger.warning(
-            "preemptible: run %s attempt %d: its result (%s) came after its lease had run out; "
-            "no other attempt had started, so it is kept: the run is %s",
-            run_id,
-            attempt,
-            ending,
-            state,
-        )
-        return state
-
-    @staticmethod
-    def _settle_run(
-        tx: _Tx, run_id: str, attempt: int, state: str, counts: Sequence[int], summary: Any
-    ) -> bool:
-        preemptions, failures = counts
-        changed = tx.run(
-            "settle_run",
-            id=run_id,
-            attempt=attempt,
-            state=state,
-            preemptions=preemptions,
-            failures=failures,
-            summary=summary,
-        )
-        return changed == 1
+    def _lease_lost(self, tx: _Tx, run_id: str, agent: str, attempt: int) -> PreemptibleError:
+        return lease_lost(tx, run_id, agent, attempt, self.display)
 
     def expire_leases(self, *, local: Local | None = None) -> list[str]:
         """Take over every run whose lease ran out and whose holder is gone (module docstring;
         ``local`` as for ``claim``): end its attempt and requeue it. The ids of those runs.
         Concurrent callers never both deal with the same run."""
-        return self._transact(lambda tx: self._expire(tx, local))
-
-    def _gone(self, r: Mapping[str, Any], local: Local | None) -> bool:
-        """Whether the holder of expired lease ``r`` is provably gone (module docstring)."""
-        alive = local.holder_alive(r["lease_holder"]) if local is not None else None
-        if alive is not None:  # the holder's own host: its process and the run's locks say
-            return not alive and local is not None and local.blocked(r["id"]) is None
-        if r["overdue"] <= takeover_margin(r["lease_seconds"]):
-            return False
-        recovered = self._health.recovered_at
-        hold = recovery_hold(r["lease_seconds"])
-        return recovered is None or time.monotonic() - recovered >= hold
-
-    def _expire(self, tx: _Tx, local: Local | None = None) -> list[str]:
-        expired = []
-        for r in tx.all("expired_runs"):
-            if not self._gone(r, local):
-                continue
-            ending = Ending.PREEMPTED if r["marked_preempting"] else Ending.CRASHED
-            state, *counts = settle(
-                ending,
-                lost=True,
-                preemptions=r["preemptions"],
-                failures=r["failures"],
-                max_preemptions=r["max_preemptions"],
-                max_failures=r["max_failures"],
-                control=r["control"],
-            )
-            if self._settle_run(tx, r["id"], r["attempt"], state, counts, None):
-                tx.run(
-                    "close_attempt",
-                    run_id=r["id"],
-                    number=r["attempt"],
-                    ending=ending,
-                    exit_code=None,
-                    duration=None,
-                    checkpoint_step=None,
-                    marked=0,
-                    outcome=state,
-                    closed_by=LEASE_EXPIRED,
-                )
-                expired.append(r["id"])
-                logger.warning(
-                    "preemptible: run %s lost its agent (lease expired %.1f s ago at attempt "
-                    "%d, its holder gone): %s",
-                    r["id"],
-                    r["overdue"],
-                    r["attempt"],
-                    state,
-                )
-        return expired
+        return self._transact(lambda tx: expire(tx, local, self._health))
 
     def mark_preempting(self, run_id: str, *, attempt: int) -> None:
         """The run declared itself preempting: a lost lease then ends the attempt PREEMPTED."""
@@ -1300,7 +518,7 @@ class Store:
     def runs(self, sweep_id: str) -> list[RunRow]:
         def read(tx: _Tx) -> list[RunRow]:
             self._sweep(tx, sweep_id)
-            return [self._run_row(r) for r in tx.all("list_runs", sweep_id=sweep_id)]
+            return [run_row(r) for r in tx.all("list_runs", sweep_id=sweep_id)]
 
         return self._transact(read, write=False)
 
@@ -1309,56 +527,13 @@ class Store:
             row = tx.one("get_run", id=run_id)
             if row is None:
                 raise self._no_run(run_id)
-            return self._run_row(row)
+            return run_row(row)
 
         return self._transact(read, write=False)
 
-    @staticmethod
-    def _run_row(r: dict[str, Any]) -> RunRow:
-        params, _ = decode_object(r["params"])  # NOT NULL: None means unreadable
-        summary, summary_why = decode_object(r["summary"])
-        return RunRow(
-            id=r["id"],
-            sweep_id=r["sweep_id"],
-            index=r["run_index"],
-            params=params or {},
-            state=r["state"],
-            attempt=r["attempt"],
-            preemptions=r["preemptions"],
-            failures=r["failures"],
-            lease_owner=r["lease_owner"],
-            lease_host=r["lease_host"],
-            lease_expires=r["lease_expires"],
-            checkpoint_dir=r["checkpoint_dir"],
-            summary=summary,
-            created_at=r["created_at"],
-            updated_at=r["updated_at"],
-            unreadable=(("params",) if params is None else ())
-            + (("summary",) if summary_why else ()),
-            epoch=r["lease_epoch"],
-        )
-
     def attempts(self, run_id: str) -> list[AttemptRow]:
         rows = self._transact(lambda tx: tx.all("list_attempts", run_id=run_id), write=False)
-        return [
-            AttemptRow(
-                run_id=r["run_id"],
-                number=r["number"],
-                agent=r["agent"],
-                host=r["host"],
-                started_at=r["started_at"],
-                ended_at=r["ended_at"],
-                ending=r["ending"],
-                exit_code=r["exit_code"],
-                duration=r["duration"],
-                checkpoint_step=r["checkpoint_step"],
-                marked_preempting=bool(r["marked_preempting"]),
-                outcome=r["outcome"],
-                closed_by=r["closed_by"],
-                epoch=r["epoch"],
-            )
-            for r in rows
-        ]
+        return [from_row(AttemptRow, r) for r in rows]
 
     def history(self, sweep_id: str) -> list[Observation]:
         """Every run of the sweep in creation order, as the samplers see it: its parameters,
@@ -1366,18 +541,6 @@ class Store:
         ``metric.name``; None if missing or not a finite number), whether it finished."""
 
         def read(tx: _Tx) -> list[Observation]:
-            return self._history(tx, sweep_id, self._sweep(tx, sweep_id).spec)
+            return history(tx, sweep_id, self._sweep(tx, sweep_id).spec)
 
         return self._transact(read, write=False)
-
-    @staticmethod
-    def _history(tx: _Tx, sweep_id: str, spec: Mapping[str, Any]) -> list[Observation]:
-        name = _metric_name(spec)
-        seen = []
-        for r in tx.all("history", sweep_id=sweep_id):
-            params = _loads(r["params"])
-            if params is None:  # unreadable: it can tell a sampler nothing (claims fail it)
-                continue
-            metric = _metric(_loads(r["summary"]), name)
-            seen.append(Observation(params, metric, r["state"] == QueueState.FINISHED))
-        return seen
