@@ -226,7 +226,7 @@ def render_sweeps(rows: Sequence[Mapping[str, Any]], *, width: int | None = None
 def format_params(params: Mapping[str, Any]) -> str:
     """``k=v`` pairs, nested groups flattened to ``a.b=v``, long values shortened, control
     characters escaped (``printable``)."""
-    return printable(" ".join(f"{key}={_short(value)}" for key, value in _flatten(params, "")))
+    return printable(" ".join(f"{key}={_cell(value)}" for key, value in _flatten(params, "")))
 
 
 def _flatten(params: Mapping[str, Any], prefix: str) -> list[tuple[str, Any]]:
@@ -239,7 +239,8 @@ def _flatten(params: Mapping[str, Any], prefix: str) -> list[tuple[str, Any]]:
     return out
 
 
-def _short(value: Any) -> str:
+def _cell(value: Any) -> str:
+    """A parameter value as a short one-line table cell."""
     if isinstance(value, str):
         text = value
     elif isinstance(value, float):

@@ -14,7 +14,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from .._paths import MAX_STEP
-from .._text import printable
+from .._text import printable, short_repr
 from ._fields import decode_object
 
 logger = logging.getLogger("preemptible")
@@ -47,16 +47,8 @@ def _check_int(
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         extra = " or None" if none_ok else ""
         raise ConfigError(
-            f"{name}={_short(value)} is not valid; use an integer from {low} to {high}{extra}"
+            f"{name}={short_repr(value)} is not valid; use an integer from {low} to {high}{extra}"
         )
-
-
-def _short(value: object, limit: int = 60) -> str:
-    try:
-        shown = repr(value)
-    except Exception:  # an int too long for repr, a foreign object
-        shown = f"<{type(value).__name__}>"
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def _number_ok(value: object) -> bool:
@@ -95,7 +87,7 @@ def clean_summary(summary: Mapping[str, Any], run_id: str) -> dict[str, Any]:
         if isinstance(key, str) and _storable(value):
             kept[key] = value
             continue
-        shown = printable(key[:40] if isinstance(key, str) else _short(key, 40))
+        shown = printable(key[:40] if isinstance(key, str) else short_repr(key, 40))
         if (run_id, shown) not in _warned:  # a run reports every step: say it once
             dropped.append(shown)
             if len(_warned) >= _MAX_WARNED:
@@ -124,7 +116,7 @@ def clean_step(step: object, where: str) -> int | None:
         "preemptible: %s has checkpoint step %s, which is not an integer from %d to %d; "
         "recorded as unknown",
         printable(where),
-        _short(step),
+        short_repr(step),
         MIN_STEP,
         MAX_STEP,
     )
