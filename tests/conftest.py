@@ -266,3 +266,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 # ---- end of the sweep store block -----------------------------------------------------------
+
+
+# ---- uninterrupted reference runs, one per command for the session (tests/support/reference.py)
+from tests.support.reference import reference_runs  # noqa: E402, F401
