@@ -21,6 +21,7 @@ pytest_plugins = [
     "tests.support.env",
     "tests.support.metadata",
     "tests.support.postgres",
+    "tests.support.reference",
     "tests.support.signals",
     "tests.support.slurm",
 ]

@@ -13,10 +13,15 @@ import torch
 
 from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import python_args, wait_for
+from tests.support.reference import DIR, References
 
 pytestmark = pytest.mark.timeout(180)
 
 STEPS = 24
+# the same command as test_exact_resume.py's reference: one run serves both
+REFERENCE = python_args(
+    "train.py", "--ckpt", f"{DIR}/ckpt", "--out", f"{DIR}/final.pt", "--steps", str(STEPS)
+)
 
 
 def train(tmp_path: Path, name: str, *extra: str, steps: int = STEPS) -> list[str]:
@@ -40,21 +45,11 @@ def same_weights(a: Path, b: Path) -> None:
         assert torch.equal(wa[k], wb[k]), k
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.conftest import Child
-
-    d = tmp_path_factory.mktemp("async-ref")
-    child = Child(
-        python_args(
-            "train.py", "--ckpt", str(d / "c"), "--out", str(d / "ref.pt"), "--steps", str(STEPS)
-        )
-    )
-    try:
-        assert child.wait(120) == 0, child.output
-    finally:
-        child.kill()
-    return d / "ref.pt"
+@pytest.fixture
+def reference(reference_runs: References) -> Path:
+    """The uninterrupted run, saving synchronously (how it saves changes no weight), shared
+    with test_exact_resume.py."""
+    return reference_runs.result(REFERENCE) / "final.pt"
 
 
 def test_the_loop_keeps_training_while_a_slow_write_is_in_flight(tmp_path: Path, spawn) -> None:

@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ import torch
 from preemptible.checkpoint._state import read_payload
 from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import PY, SCRIPTS, Child, attempts, read_pid, supervise, wait_for
+from tests.support.reference import DIR, References
 from tests.support.slurm import job_field
 
 SCRIPT = str(SCRIPTS / "ddp_train.py")
@@ -129,29 +130,29 @@ def assert_same_run(tmp_path: Path, reference: Path, out: str, world: int = 2) -
 
 
 def resume_exactly(
-    tmp_path: Path, spawn: Callable[..., Child], args: list[str], step: int, reference: Path
+    tmp_path: Path,
+    spawn: Callable[..., Child],
+    args: list[str],
+    step: int,
+    reference: Callable[[], Path],
 ) -> None:
     """Run the job again on both ranks: it resumes from ``step`` and ends as the reference."""
     again = launch(spawn, 2, args)
     assert wait_all(again, 120) == [0, 0], "\n".join(r.output for r in again)
     assert all(f"resumed {step}" in r.output for r in again)
-    assert_same_run(tmp_path, reference, "out.pt")
+    assert_same_run(tmp_path, reference(), "out.pt")
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """An uninterrupted 2-rank run (saving every 5 steps, as the runs compared with it)."""
-    where = tmp_path_factory.mktemp("reference")
-    ranks: list[Child] = []
-    try:
-        ranks = launch(
-            lambda args, **kw: Child(args, **kw), 2, job_args(where, "ref.pt", "--save-every", "5")
-        )
-        assert wait_all(ranks, 120) == [0, 0], "\n".join(r.output for r in ranks)
-        yield where
-    finally:
-        for r in ranks:
-            r.kill()
+REFERENCE = [PY, SCRIPT, *job_args(Path(DIR), "ref.pt", "--save-every", "5")]
+
+
+@pytest.fixture
+def reference(reference_runs: References) -> Callable[[], Path]:
+    """An uninterrupted 2-rank run (saving every 5 steps, as the runs compared with it), one
+    per session: started as the test begins, beside its own ranks; called, it waits for it and
+    gives its directory."""
+    reference_runs.start(REFERENCE, ranks=2)
+    return lambda: reference_runs.result(REFERENCE, ranks=2, timeout=120)
 
 
 @pytest.mark.timeout(120)
@@ -266,7 +267,7 @@ def test_rank_zero_killed_mid_save_leaves_the_previous_checkpoint_the_newest(
 
 @pytest.mark.timeout(180)
 def test_sharded_checkpoints_hold_every_ranks_shards_and_resume_exactly(
-    tmp_path: Path, spawn, reference: Path
+    tmp_path: Path, spawn, reference: Callable[[], Path]
 ) -> None:
     # 0.05 s steps (the weights do not depend on them): the signal lands before the end
     args = job_args(tmp_path, "out.pt", "--save-every", "5", "--sharded", "--step-sleep", "0.05")
@@ -284,7 +285,7 @@ def test_sharded_checkpoints_hold_every_ranks_shards_and_resume_exactly(
 
 @pytest.mark.timeout(180)
 def test_sharded_async_saves_train_on_while_writing_and_a_stop_mid_write_commits_its_step(
-    tmp_path: Path, spawn, reference: Path
+    tmp_path: Path, spawn, reference: Callable[[], Path]
 ) -> None:
     """DCP async_save: the ranks train while step 5 is written (its commit held 2 s); SIGTERM
     to rank 1 then stops both at one step, after the write in flight, with that step
@@ -313,7 +314,7 @@ def test_sharded_async_saves_train_on_while_writing_and_a_stop_mid_write_commits
 
 @pytest.mark.timeout(120)
 def test_periodic_saves_by_rank_zeros_clock_go_to_the_background_on_every_rank(
-    tmp_path: Path, spawn, reference: Path
+    tmp_path: Path, spawn, reference: Callable[[], Path]
 ) -> None:
     """save_every_seconds: rank 0's clock asks, all ranks save at the agreed step, and every
     rank knows the save is the periodic one (written in the background), not an insurance."""
@@ -322,12 +323,12 @@ def test_periodic_saves_by_rank_zeros_clock_go_to_the_background_on_every_rank(
     assert wait_all(ranks, 90) == [0, 0], "\n".join(r.output for r in ranks)
     found = [re.findall(r"in the background \(step (\d+)\)", r.output) for r in ranks]
     assert found[0] and found[0] == found[1], found
-    assert_same_run(tmp_path, reference, "out.pt")
+    assert_same_run(tmp_path, reference(), "out.pt")
 
 
 @pytest.mark.timeout(180)
 def test_rank_zero_killed_mid_sharded_async_save_leaves_the_previous_one_and_resumes_exactly(
-    tmp_path: Path, spawn, reference: Path
+    tmp_path: Path, spawn, reference: Callable[[], Path]
 ) -> None:
     async_args = ["--sharded", "--async-save", "--save-every", "5"]
     args = job_args(tmp_path, "out.pt", *async_args, "--slow-write", "2")
@@ -363,7 +364,7 @@ def test_fsdp2_shards_are_written_by_each_rank_and_resumed(tmp_path: Path, spawn
 
 @pytest.mark.timeout(240)
 def test_preemptible_run_over_torchrun_classifies_preempted_and_resumes_exactly(
-    tmp_path: Path, spawn, reference: Path
+    tmp_path: Path, spawn, reference: Callable[[], Path]
 ) -> None:
     """SIGTERM to torchrun: it passes it to both ranks at once, which stop together (143), and
     torchrun exits 1; the supervisor reads rank 0's record (PREEMPTED), restarts, and the
@@ -390,14 +391,14 @@ def test_preemptible_run_over_torchrun_classifies_preempted_and_resumes_exactly(
     stopped = list(STOPPED_IN.finditer(sup.output))
     assert len(stopped) == 2 and len({(m.group(2), m.group(4)) for m in stopped}) == 1, stopped
     assert stopped[0].group(4) == "143"
-    assert_same_run(tmp_path, reference, "out.pt")
+    assert_same_run(tmp_path, reference(), "out.pt")
 
 
 @pytest.mark.timeout(300)
 def test_srun_ranks_stopped_by_slurm_are_requeued_and_resume_exactly(
     tmp_path: Path,
     sbatch,
-    reference: Path,
+    reference: Callable[[], Path],
 ) -> None:
     """A real SLURM job: ``preemptible run -- srun`` with two tasks as two ranks. SLURM's own
     SIGTERM to every process of the step (``scancel --signal=TERM``, what a time limit or a
@@ -429,4 +430,4 @@ def test_srun_ranks_stopped_by_slurm_are_requeued_and_resume_exactly(
     assert len(stopped) == 2 and len({(m.group(2), m.group(4)) for m in stopped}) == 1, text
     assert stopped[0].group(4) == "143", text
     assert f"requeued SLURM job {job}" in text and "FINISHED (exit 0)" in text, text
-    assert_same_run(tmp_path, reference, "out.pt")
+    assert_same_run(tmp_path, reference(), "out.pt")

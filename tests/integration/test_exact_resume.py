@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import Child, python_args
+from tests.conftest import python_args
+from tests.support.reference import DIR, References
 
-STEPS = 30
+STEPS = 24
 STEP = re.compile(r"step \d+")  # train.py prints it as a step starts
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,18 +33,15 @@ def assert_same_weights(a: Path, b: Path) -> None:
         assert torch.equal(wa[name], wb[name]), f"{name} differs after resume"
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("reference")
-    out = d / "final.pt"
-    child = Child(
-        python_args("train.py", "--ckpt", str(d / "ckpt"), "--out", str(out), "--steps", str(STEPS))
-    )
-    try:
-        assert child.wait(120) == 0, child.output
-    finally:
-        child.kill()
-    return out
+# the uninterrupted run (one per session: test_async_save.py compares with the same one)
+REFERENCE = python_args(
+    "train.py", "--ckpt", f"{DIR}/ckpt", "--out", f"{DIR}/final.pt", "--steps", str(STEPS)
+)
+
+
+@pytest.fixture
+def reference(reference_runs: References) -> Path:
+    return reference_runs.result(REFERENCE) / "final.pt"
 
 
 def committed(ckpt: Path) -> list[Path]:

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from preemptible.stop._latch import DUPLICATE_WINDOW
-from tests.conftest import Child, attempts, python_args, supervise, wait_for
+from tests.conftest import attempts, python_args, supervise, wait_for
+from tests.support.reference import DIR, PORT, References
 from tests.wandb_records import summary
 
 pytestmark = pytest.mark.timeout(240)
@@ -34,21 +35,34 @@ def same_weights(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = {}
-    for kind, extra in KINDS.items():
-        d = tmp_path_factory.mktemp(f"ref-{kind}")
-        child = Child(fit_args(d, *extra))
-        try:
-            assert child.wait(180) == 0, child.output
-        finally:
-            child.kill()
-        out[kind] = d / "o.pt"
-    return out
-
-
 KINDS = {"plain": [], "val": ["--val"], "shuffle": ["--shuffle"]}
+
+
+class Reference:
+    """The uninterrupted fit of each kind (one per session, shared with the other Lightning
+    tests): ``start`` it as a test begins, it runs beside the test's own fits; ``weights``
+    waits for it. The fits compared with it differ only in what does not change the weights
+    (sleeps, the signal, the resume)."""
+
+    def __init__(self, runs: References) -> None:
+        self.runs = runs
+
+    def start(self, kind: str) -> None:
+        self.runs.start(fit_args(Path(DIR), *KINDS[kind]))
+
+    def weights(self, kind: str) -> Path:
+        return self.runs.result(fit_args(Path(DIR), *KINDS[kind])) / "o.pt"
+
+
+@pytest.fixture
+def references(reference_runs: References) -> Reference:
+    return Reference(reference_runs)
+
+
+def val_sleep_from(epoch: int, batch: int) -> list[str]:
+    """Validations sleep (1 s a batch with --step-sleep) from the one due after this batch
+    on: where the stop lands they are as slow as before, the earlier ones take no time."""
+    return ["--val-sleep-from", str(12 * epoch + batch + 1)]
 
 
 @pytest.mark.parametrize(
@@ -71,9 +85,12 @@ KINDS = {"plain": [], "val": ["--val"], "shuffle": ["--shuffle"]}
     ],
 )
 def test_interrupt_then_resume_is_bit_exact(
-    epoch: int, batch: int, kind: str, references: dict[str, Path], tmp_path: Path, spawn
+    epoch: int, batch: int, kind: str, references: Reference, tmp_path: Path, spawn
 ) -> None:
-    first = spawn(fit_args(tmp_path, "--step-sleep", "0.05", *KINDS[kind]))
+    references.start(kind)
+    first = spawn(
+        fit_args(tmp_path, "--step-sleep", "0.05", *val_sleep_from(epoch, batch), *KINDS[kind])
+    )
     first.wait_line(batch_line(epoch, batch), timeout=120)
     first.signal(signal.SIGTERM)
     assert first.wait(60) == 0, first.output
@@ -82,16 +99,17 @@ def test_interrupt_then_resume_is_bit_exact(
     second = spawn(fit_args(tmp_path, "--resume", *KINDS[kind]))
     assert second.wait(180) == 0, second.output
     assert second.lines.count(f"batch {epoch} {batch}") == 0, "a trained batch was replayed"
-    assert same_weights(references[kind], tmp_path / "o.pt")
+    assert same_weights(references.weights(kind), tmp_path / "o.pt")
 
 
 @pytest.mark.timeout(300)
 def test_a_finished_resumed_fit_run_again_trains_nothing_and_says_so(
-    references: dict[str, Path], tmp_path: Path, spawn
+    references: Reference, tmp_path: Path, spawn
 ) -> None:
     """The README's recipe run once more after the resumed fit finished: resume.ckpt holds the
     finished fit (not the stop's), so Lightning trains 0 batches; the weights stay those of the
     uninterrupted fit and no ModelCheckpoint/epoch-end work runs again."""
+    references.start("plain")
     first = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--exit-code", "0"))
     first.wait_line(batch_line(1, 6), timeout=120)
     first.signal(signal.SIGTERM)
@@ -99,12 +117,12 @@ def test_a_finished_resumed_fit_run_again_trains_nothing_and_says_so(
     second = spawn(fit_args(tmp_path, "--resume"))
     assert second.wait(180) == 0, second.output
     assert "batch 2 11" in second.lines
-    assert same_weights(references["plain"], tmp_path / "o.pt")
+    assert same_weights(references.weights("plain"), tmp_path / "o.pt")
     again = spawn(fit_args(tmp_path, "--resume"))
     assert again.wait(180) == 0, again.output
     assert [line for line in again.lines if line.startswith("batch ")] == [], again.output
     assert "resume.ckpt is of a finished run; nothing left to train" in again.output
-    assert same_weights(references["plain"], tmp_path / "o.pt")
+    assert same_weights(references.weights("plain"), tmp_path / "o.pt")
 
 
 def test_the_default_exit_code_tells_a_scheduler_the_fit_was_stopped(tmp_path: Path, spawn) -> None:
@@ -120,16 +138,19 @@ def test_the_default_exit_code_tells_a_scheduler_the_fit_was_stopped(tmp_path: P
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["plain", "val"])
 def test_a_stop_on_the_last_batch_then_one_in_the_next_epoch_resumes_exactly(
-    kind: str, references: dict[str, Path], tmp_path: Path, spawn
+    kind: str, references: Reference, tmp_path: Path, spawn
 ) -> None:
     """The fit resumed after epoch 1's last batch counts epoch 2 as started (as an
     uninterrupted fit does), so a checkpoint taken in epoch 2 resumes mid-epoch, not as if
     epoch 2 were about to start again."""
-    first = spawn(fit_args(tmp_path, "--step-sleep", "0.05", *KINDS[kind]))
+    references.start(kind)
+    first = spawn(fit_args(tmp_path, "--step-sleep", "0.05", *val_sleep_from(1, 11), *KINDS[kind]))
     first.wait_line(batch_line(1, 11), timeout=120)
     first.signal(signal.SIGTERM)
     assert first.wait(60) == 0, first.output
-    second = spawn(fit_args(tmp_path, "--step-sleep", "0.05", "--resume", *KINDS[kind]))
+    second = spawn(
+        fit_args(tmp_path, "--step-sleep", "0.05", "--resume", *val_sleep_from(2, 5), *KINDS[kind])
+    )
     second.wait_line(batch_line(2, 5), timeout=120)
     second.signal(signal.SIGTERM)
     assert second.wait(60) == 0, second.output
@@ -137,7 +158,7 @@ def test_a_stop_on_the_last_batch_then_one_in_the_next_epoch_resumes_exactly(
     assert third.wait(180) == 0, third.output
     assert third.lines.count("batch 2 5") == 0, "a trained batch was replayed"
     assert "batch 2 6" in third.lines
-    assert same_weights(references[kind], tmp_path / "o.pt")
+    assert same_weights(references.weights(kind), tmp_path / "o.pt")
 
 
 def test_contract_on_ctrl_c_to_the_group(tmp_path: Path, spawn) -> None:
@@ -220,12 +241,13 @@ def test_exit_code_option_and_run_record(tmp_path: Path, spawn) -> None:
 
 
 def test_slurm_usr1_under_preemptible_run_checkpoints_with_the_default_signals(
-    references: dict[str, Path], tmp_path: Path, spawn
+    references: Reference, tmp_path: Path, spawn
 ) -> None:
     """The README's SLURM recipe: ``sbatch --signal=B:USR1@120`` to ``exec preemptible run``,
     which passes USR1 on to the fit. Under the callback's defaults the fit saves at the batch
     boundary and exits with its exit code (0), the run is recorded PREEMPTED (not CRASHED by
     signal 10), and the resumed fit ends with the reference weights."""
+    references.start("plain")
     sup = supervise(
         spawn, tmp_path, "--max-preemptions", "0", "--", *fit_args(tmp_path, "--step-sleep", "0.05")
     )
@@ -239,7 +261,7 @@ def test_slurm_usr1_under_preemptible_run_checkpoints_with_the_default_signals(
     assert "later train-end hook ran" not in sup.output
     resumed = spawn(fit_args(tmp_path, "--resume"))
     assert resumed.wait(180) == 0, resumed.output
-    assert same_weights(references["plain"], tmp_path / "o.pt")
+    assert same_weights(references.weights("plain"), tmp_path / "o.pt")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR2, signal.SIGHUP])
@@ -327,14 +349,15 @@ def stops_by_rank(output: str, pids: dict[str, int]) -> dict[str, int]:
 
 
 @pytest.mark.timeout(420)
-def test_a_ddp_fit_resumed_in_a_later_epoch_draws_that_epochs_order(tmp_path: Path, spawn) -> None:
+def test_a_ddp_fit_resumed_in_a_later_epoch_draws_that_epochs_order(
+    reference_runs: References, tmp_path: Path, spawn
+) -> None:
     """DistributedSampler permutes by epoch (Lightning sets it at each epoch's start). The
     iterator a mid-epoch resume recreates must be drawn for the resumed epoch, not epoch 0:
     the resumed fit ends with the weights of the uninterrupted one, bit for bit."""
     args = ["--devices", "2", "--epochs", "2", "--shuffle"]
-    ref = tmp_path / "ref"
-    reference = spawn(fit_args(ref, *args), env={"MASTER_PORT": "29410"})
-    assert reference.wait(240) == 0, reference.output
+    reference = (fit_args(Path(DIR), *args), {"MASTER_PORT": PORT})
+    reference_runs.start(*reference)
     d = tmp_path / "run"
     first = spawn(fit_args(d, *args, "--step-sleep", "0.05"), env={"MASTER_PORT": "29411"})
     first.wait_line(lambda line: "batch 1 2" in line, timeout=180)  # both ranks share the pipe
@@ -342,7 +365,7 @@ def test_a_ddp_fit_resumed_in_a_later_epoch_draws_that_epochs_order(tmp_path: Pa
     assert first.wait(120) == 0, first.output
     second = spawn(fit_args(d, *args, "--resume"), env={"MASTER_PORT": "29412"})
     assert second.wait(240) == 0, second.output
-    assert same_weights(ref / "o.pt", d / "o.pt")
+    assert same_weights(reference_runs.result(*reference) / "o.pt", d / "o.pt")
 
 
 def test_ddp_signal_to_one_rank_stops_both_at_the_same_batch(tmp_path: Path, spawn) -> None:

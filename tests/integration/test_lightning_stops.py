@@ -22,6 +22,7 @@ import torch
 
 from tests.conftest import Child, python_args
 from tests.support.metadata import MetadataServer
+from tests.support.reference import DIR, References
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -60,18 +61,29 @@ def temporaries(d: Path) -> list[Path]:
     return sorted(d.glob(".tmp-resume.ckpt.*"))
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = {}
-    for kind, extra in REFERENCES.items():
-        d = tmp_path_factory.mktemp(f"ref-{kind}")
-        child = Child(fit_args(d, *extra))
-        try:
-            assert child.wait(180) == 0, child.output
-        finally:
-            child.kill()
-        out[kind] = d / "o.pt"
-    return out
+class Reference:
+    """The uninterrupted fit of each kind (one per session, shared with test_lightning.py):
+    ``start`` it as a test begins, it runs beside the test's own fits; ``weights`` waits."""
+
+    def __init__(self, runs: References) -> None:
+        self.runs = runs
+
+    def start(self, kind: str) -> None:
+        self.runs.start(fit_args(Path(DIR), *REFERENCES[kind]))
+
+    def weights(self, kind: str) -> Path:
+        return self.runs.result(fit_args(Path(DIR), *REFERENCES[kind])) / "o.pt"
+
+
+@pytest.fixture
+def references(reference_runs: References) -> Reference:
+    return Reference(reference_runs)
+
+
+def val_sleep_from(step: int) -> list[str]:
+    """Validations sleep from global step ``step`` on (where the stop lands; 12 batches an
+    epoch): as slow there as before, the earlier ones take no time."""
+    return ["--val-sleep-from", str(step)]
 
 
 def resume(spawn, d: Path, *extra: str) -> Child:
@@ -89,8 +101,9 @@ def validated_first(child: Child) -> bool:
 
 @pytest.mark.timeout(400)
 def test_stops_in_validations_and_a_kill_mid_write(
-    references: dict[str, Path], tmp_path: Path, spawn
+    references: Reference, tmp_path: Path, spawn
 ) -> None:
+    references.start("val")
     ckpt = tmp_path / "resume.ckpt"
     # 1. SIGTERM in a validation pass mid-epoch: four batches of 1 s each after batch 3, and
     # the stop must not wait for them.
@@ -135,6 +148,7 @@ def test_stops_in_validations_and_a_kill_mid_write(
         fit_args(
             tmp_path,
             *("--resume", "--val", "--val-sleep", "1.0"),  # 1 s to land the SIGINT in
+            *val_sleep_from(36),  # the final validation only
             *("--tracker", "local", "--exit-code", "signal"),
         )
     )
@@ -151,13 +165,14 @@ def test_stops_in_validations_and_a_kill_mid_write(
     fourth = resume(spawn, tmp_path, "--val")
     assert "val 0" in fourth.lines
     assert not any(line.startswith("batch ") for line in fourth.lines)
-    assert same_weights(references["val"], tmp_path / "o.pt")
+    assert same_weights(references.weights("val"), tmp_path / "o.pt")
 
 
 @pytest.mark.timeout(300)
 def test_sigterm_in_the_sanity_check_then_in_the_last_epoch_end(
-    references: dict[str, Path], tmp_path: Path, spawn
+    references: Reference, tmp_path: Path, spawn
 ) -> None:
+    references.start("val")
     args = ["--val", "--sanity-steps", "2"]
     # 1. The sanity check: the SIGTERM is ours, not Lightning's (no SIGTERMException).
     first = spawn(fit_args(tmp_path, *args, "--step-sleep", "0.05", "--tracker", "local"))
@@ -199,7 +214,7 @@ def test_sigterm_in_the_sanity_check_then_in_the_last_epoch_end(
     # 3. Nothing is left to train; the weights are exact.
     third = resume(spawn, tmp_path, *args)
     assert not any(line.startswith("batch ") for line in third.lines)
-    assert same_weights(references["val"], tmp_path / "o.pt")
+    assert same_weights(references.weights("val"), tmp_path / "o.pt")
 
 
 # ModelCheckpoint(monitor="val_loss") in the fit: validation at each epoch's end (it then saves
@@ -214,23 +229,10 @@ MC_KINDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def mc_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """The uninterrupted fit of a kind (run once per module, when first asked for)."""
-    done: dict[str, Path] = {}
-
-    def reference(kind: str) -> Path:
-        if kind not in done:
-            d = tmp_path_factory.mktemp(f"ref-mc-{kind}")
-            child = Child(fit_args(d, *MC_KINDS[kind]))
-            try:
-                assert child.wait(180) == 0, child.output
-            finally:
-                child.kill()
-            done[kind] = d
-        return done[kind]
-
-    return reference
+@pytest.fixture
+def mc_reference(reference_runs: References) -> Callable[[str], Path]:
+    """The uninterrupted fit of a kind (one per session): its directory, once it ended."""
+    return lambda kind: reference_runs.result(fit_args(Path(DIR), *MC_KINDS[kind]))
 
 
 def mc_state(d: Path) -> dict[str, object]:
@@ -253,6 +255,7 @@ def test_model_checkpoint_after_a_stop_at_an_epochs_end_is_the_uninterrupted_fit
     kind: str,
     stop_after: tuple[str, ...],
     mc_reference: Callable[[str], Path],
+    reference_runs: References,
     tmp_path: Path,
     spawn,
 ) -> None:
@@ -262,14 +265,15 @@ def test_model_checkpoint_after_a_stop_at_an_epochs_end_is_the_uninterrupted_fit
     same best_model_path and best_k_models, the module's on_train_epoch_end runs for epoch 1,
     and the plateau scheduler steps there (exact weights). (None of it used to run: Lightning's
     restore counts that epoch as ended.)"""
-    ref = mc_reference(kind)
-    first = spawn(fit_args(tmp_path, *MC_KINDS[kind], "--step-sleep", "0.05"))
+    reference_runs.start(fit_args(Path(DIR), *MC_KINDS[kind]))
+    first = spawn(fit_args(tmp_path, *MC_KINDS[kind], "--step-sleep", "0.05", *val_sleep_from(24)))
     first.wait_line(after(*stop_after), timeout=120)
     first.signal(signal.SIGTERM)
     assert first.wait(60) == 0, first.output
     assert "epoch end 1" not in first.lines and "batch 2 0" not in first.lines
     assert "val 1" not in first.lines[first.lines.index("batch 1 11") :]
     second = resume(spawn, tmp_path, *MC_KINDS[kind])
+    ref = mc_reference(kind)
     assert mc_state(tmp_path) == mc_state(ref)
     lines = second.lines
     assert "epoch end 1" in lines, second.output
@@ -286,8 +290,9 @@ WINDOW = 6.0  # seconds of notice the fake GCE gives
 
 
 def test_gce_notice_insurance_then_final_before_the_deadline(
-    references: dict[str, Path], tmp_path: Path, spawn
+    references: Reference, tmp_path: Path, spawn
 ) -> None:
+    references.weights("val")  # not beside the timed window: it runs first if it must
     with MetadataServer() as server:
         env = {
             "GCE_METADATA_HOST": server.host,
@@ -318,7 +323,7 @@ def test_gce_notice_insurance_then_final_before_the_deadline(
     assert exited - noticed < WINDOW + 15, f"exited {exited - noticed:.2f} s after the notice"
     assert temporaries(tmp_path) == []
     resume(spawn, tmp_path, "--val")
-    assert same_weights(references["val"], tmp_path / "o.pt")
+    assert same_weights(references.weights("val"), tmp_path / "o.pt")
 
 
 def test_ddp_stop_after_the_last_batch_on_one_rank_stops_both_alike(tmp_path: Path, spawn) -> None:
@@ -347,18 +352,23 @@ def test_ddp_stop_after_the_last_batch_on_one_rank_stops_both_alike(tmp_path: Pa
 
 
 def test_a_stop_in_the_final_validation_is_resumed_once_and_a_rerun_does_nothing(
-    references: dict[str, Path], tmp_path: Path, spawn
+    references: Reference, tmp_path: Path, spawn
 ) -> None:
     """The resumed fit runs the final validation that was due (and nothing else); its end is
     committed, so the same command run once more validates nothing again."""
-    first = spawn(fit_args(tmp_path, "--val", "--step-sleep", "0.05", "--exit-code", "signal"))
+    references.start("val")
+    first = spawn(
+        fit_args(
+            tmp_path, "--val", "--step-sleep", "0.05", *val_sleep_from(36), "--exit-code", "signal"
+        )
+    )
     first.wait_line(after("batch 2 11", "val 0"), timeout=180)
     first.signal(signal.SIGTERM)
     assert first.wait(60) == 143, first.output
     second = resume(spawn, tmp_path, "--val")
     assert not any(line.startswith("batch ") for line in second.lines)
     assert any(line.startswith("val ") for line in second.lines), "the due validation"
-    assert same_weights(references["val"], tmp_path / "o.pt")
+    assert same_weights(references.weights("val"), tmp_path / "o.pt")
     third = resume(spawn, tmp_path, "--val")
     assert not any(line.startswith(("batch ", "val ")) for line in third.lines), third.output
     assert "resume.ckpt is of a finished run; nothing left to train" in third.output

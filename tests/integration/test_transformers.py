@@ -23,6 +23,7 @@ import torch
 from preemptible.stop._latch import DUPLICATE_WINDOW
 from tests.conftest import Child, attempts, python_args, read_pid, supervise, wait_for
 from tests.support.metadata import MetadataServer
+from tests.support.reference import DIR, References
 from tests.wandb_records import summary
 
 pytest.importorskip("transformers")
@@ -60,16 +61,26 @@ def last_checkpoint(out: Path) -> str | None:
     return None if found is None else Path(found).name
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The run never stopped: its final weights."""
-    d = tmp_path_factory.mktemp("hf-ref")
-    child = Child(hf_args(d / "out", "--weights", str(d / "w.pt"), "--no-callback"))
-    try:
-        assert child.wait(180) == 0, child.output
-    finally:
-        child.kill()
-    return d / "w.pt"
+REFERENCE = hf_args(Path(DIR) / "out", "--weights", f"{DIR}/w.pt", "--no-callback")
+
+
+class Reference:
+    """The run never stopped (one per session): ``start`` it as a test begins, it runs beside
+    the test's own; ``weights`` waits for it and gives its final weights."""
+
+    def __init__(self, runs: References) -> None:
+        self.runs = runs
+
+    def start(self) -> None:
+        self.runs.start(REFERENCE)
+
+    def weights(self) -> Path:
+        return self.runs.result(REFERENCE) / "w.pt"
+
+
+@pytest.fixture
+def reference(reference_runs: References) -> Reference:
+    return Reference(reference_runs)
 
 
 def resume(spawn, out: Path, *extra: str) -> Child:  # type: ignore[no-untyped-def]
@@ -89,8 +100,9 @@ def resume(spawn, out: Path, *extra: str) -> Child:  # type: ignore[no-untyped-d
     ids=["SIGTERM", "SIGINT", "SIGUSR1", "group-SIGTERM-workers"],
 )
 def test_signal_at_a_random_step_commits_and_resumes_exactly(
-    sig: signal.Signals, extra: tuple[str, ...], reference: Path, tmp_path: Path, spawn
+    sig: signal.Signals, extra: tuple[str, ...], reference: Reference, tmp_path: Path, spawn
 ) -> None:
+    reference.start()
     out = tmp_path / "out"
     at = random.Random(f"{sig}{extra}").randint(1, STEPS - 1)
     child = spawn(hf_args(out, "--sleep", "0.05", *extra))
@@ -108,12 +120,13 @@ def test_signal_at_a_random_step_commits_and_resumes_exactly(
     assert temporaries(out) == []
     again = resume(spawn, out, *extra)
     assert f"preemptible: resumed from {out / f'checkpoint-{step}'} at step {step}" in again.lines
-    assert same_weights(reference, out / "w.pt"), again.output
+    assert same_weights(reference.weights(), out / "w.pt"), again.output
 
 
 def test_kill_during_a_save_then_a_second_signal_keep_the_committed_checkpoint(
-    reference: Path, tmp_path: Path, spawn
+    reference: Reference, tmp_path: Path, spawn
 ) -> None:
+    reference.start()
     out = tmp_path / "out"
     periodic = ("--save-steps", "4", "--limit", "1")
     # 1. SIGKILL while the Trainer writes checkpoint-8 (the model written, the RNG not yet):
@@ -141,7 +154,7 @@ def test_kill_during_a_save_then_a_second_signal_keep_the_committed_checkpoint(
 
     # 3. Resumed from checkpoint-8: exact.
     resume(spawn, out, *periodic)
-    assert same_weights(reference, out / "w.pt")
+    assert same_weights(reference.weights(), out / "w.pt")
 
 
 def test_a_signal_during_a_periodic_save_stops_at_that_step(tmp_path: Path, spawn) -> None:
@@ -168,8 +181,9 @@ WINDOW = 6.0  # seconds of notice the fake GCE gives
 
 
 def test_gce_notice_trains_on_then_stops_before_the_deadline(
-    reference: Path, tmp_path: Path, spawn
+    reference: Reference, tmp_path: Path, spawn
 ) -> None:
+    reference.weights()  # not beside the timed window: it runs first if it must
     out = tmp_path / "out"
     with MetadataServer() as server:
         env = {
@@ -195,7 +209,7 @@ def test_gce_notice_trains_on_then_stops_before_the_deadline(
     final = f"checkpoint-{stopped.split('stopped at step ')[1].split()[0]}"
     assert len(checkpoints(out)) == 2 and last_checkpoint(out) == final, child.output
     resume(spawn, out)
-    assert same_weights(reference, out / "w.pt")
+    assert same_weights(reference.weights(), out / "w.pt")
 
 
 def test_exit_false_returns_and_mlflow_run_is_killed_once(tmp_path: Path, spawn) -> None:
@@ -254,13 +268,16 @@ def torchrun(out: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-def test_torchrun_ranks_stop_at_one_step_and_resume_exactly(tmp_path: Path, spawn) -> None:
+def test_torchrun_ranks_stop_at_one_step_and_resume_exactly(
+    reference_runs: References, tmp_path: Path, spawn
+) -> None:
     """SIGTERM to torchrun, which passes it to both ranks: they agree on one step, both write
     their part of checkpoint-N (each its own RNG state), rank 0 commits, both exit 143; the
     resumed job ends with the weights of a job never stopped."""
     steps = ("--steps", str(STEPS))
-    ref = spawn(torchrun(tmp_path / "ref", *steps, "--weights", str(tmp_path / "ref.pt")))
-    assert ref.wait(180) == 0, ref.output
+    # torchrun --standalone takes a free port of its own: the reference runs beside the job
+    ref = torchrun(Path(DIR) / "ref", *steps, "--weights", f"{DIR}/ref.pt")
+    reference_runs.start(ref)
     out = tmp_path / "out"
     job = spawn(torchrun(out, *steps, "--sleep", "0.1"))
     job.wait_line(lambda line: "step 4" in line, timeout=120)  # ranks share the pipe
@@ -274,15 +291,16 @@ def test_torchrun_ranks_stop_at_one_step_and_resume_exactly(tmp_path: Path, spaw
     assert temporaries(out) == []
     again = spawn(torchrun(out, *steps, "--resume", "--weights", str(out / "w.pt")))
     assert again.wait(180) == 0, again.output
-    assert same_weights(tmp_path / "ref.pt", out / "w.pt"), again.output
+    assert same_weights(reference_runs.result(ref) / "ref.pt", out / "w.pt"), again.output
 
 
 def test_under_preemptible_run_a_stop_is_preempted_and_the_restart_resumes_exactly(
-    reference: Path, tmp_path: Path, spawn
+    reference: Reference, tmp_path: Path, spawn
 ) -> None:
     """The job's own SIGTERM (a pod's container, a SLURM step): the attempt is PREEMPTED (the
     run record the callback wrote says so), the supervisor restarts the same command, which
     resumes from checkpoint-N and finishes with the weights of a run never stopped."""
+    reference.start()
     out, pid_file = tmp_path / "out", tmp_path / "job.pid"
     job = hf_args(out, "--resume", "--sleep", "0.05", "--weights", str(tmp_path / "w.pt"))
     sup = supervise(spawn, tmp_path, "--pid-file", str(pid_file), "--", *job)
@@ -292,4 +310,4 @@ def test_under_preemptible_run_a_stop_is_preempted_and_the_restart_resumes_exact
     first, second = attempts(tmp_path)
     assert (first["state"], second["state"]) == ("PREEMPTED", "FINISHED"), (first, second)
     assert any("resumed from" in line and "checkpoint-" in line for line in sup.lines)
-    assert same_weights(reference, tmp_path / "w.pt"), sup.output
+    assert same_weights(reference.weights(), tmp_path / "w.pt"), sup.output

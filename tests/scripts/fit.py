@@ -38,8 +38,10 @@ class Model(pl.LightningModule):
         val_sleep: float = 0.0,
         epoch_end_sleep: float = 0.0,
         plateau: bool = False,
+        val_sleep_from: int = 0,
     ) -> None:
         super().__init__()
+        self.val_sleep_from = val_sleep_from
         self.plateau = plateau
         self.slow_save = slow_save
         self.val_sleep = val_sleep
@@ -71,7 +73,8 @@ class Model(pl.LightningModule):
 
     def validation_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
         print(f"{'sanity ' if self.trainer.sanity_checking else ''}val {batch_idx}", flush=True)
-        time.sleep(self.val_sleep)  # a slow validation the stop must not wait for
+        if self.trainer.global_step >= self.val_sleep_from:
+            time.sleep(self.val_sleep)  # a slow validation the stop must not wait for
         x, y = batch
         self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
 
@@ -163,6 +166,14 @@ def main() -> int:
     p.add_argument("--val-size", type=int, default=16, help="validation samples (8 a batch)")
     p.add_argument("--val-sleep", type=float, default=None, help="default: 1 s with --step-sleep")
     p.add_argument(
+        "--val-sleep-from",
+        type=int,
+        default=0,
+        metavar="STEP",
+        help="--val-sleep only in validations from global step STEP on (the one a test stops "
+        "in; the weights do not depend on it)",
+    )
+    p.add_argument(
         "--val-every",
         default="4",
         help="with --val: validate every N training batches, or 'epoch' (at each epoch's end)",
@@ -252,7 +263,14 @@ def main() -> int:
     )
     print(f"rank {trainer.global_rank} pid {os.getpid()}", flush=True)
     val_sleep = args.val_sleep if args.val_sleep is not None else (1.0 if args.step_sleep else 0.0)
-    model = Model(args.step_sleep, args.slow_save, val_sleep, args.epoch_end_sleep, args.plateau)
+    model = Model(
+        args.step_sleep,
+        args.slow_save,
+        val_sleep,
+        args.epoch_end_sleep,
+        args.plateau,
+        args.val_sleep_from,
+    )
     try:
         trainer.fit(model, train, val, ckpt_path=callback.ckpt_path if args.resume else None)
         if trainer.global_rank == 0:

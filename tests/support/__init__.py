@@ -6,7 +6,9 @@ env       the variables that tell preemptible where it runs; ``CLEAN`` for child
           fixture ``clean_platform_env`` for the test process itself
 signals   fixture ``signal_handlers``: install handlers for one test, put the old ones back
 slurm     a fake ``scontrol``; fixtures ``slurm`` and ``sbatch`` for the real cluster
-postgres  fixtures ``pg_server`` (one per session) and ``store_url`` (an empty sweep database)
+postgres  fixtures ``pg_server`` (one per session), ``own_pg_server`` (one test's, to stop) and
+          ``store_url`` (an empty sweep database)
+reference fixture ``reference_runs``: one uninterrupted run per command for the session
 readme    the harness that runs or checks every README.md code block
 files     a directory whose entries cannot be removed; a file touched anew
 sweeps    ``preemptible sweep create`` and friends as real processes

@@ -29,14 +29,29 @@ def test_local_tracker_finalizes_once(tmp_path: Path, caplog: pytest.LogCaptureF
         LocalTracker(tmp_path / "other.jsonl").finalize("success")  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One MLflow store for the session: making one (its schema migrations) takes a second or
+    more; each test gets an experiment of its own in it."""
     import mlflow
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
-    experiment = mlflow.create_experiment("preemptible", artifact_location=str(tmp_path / "art"))
-    yield uri, experiment
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    mlflow.MlflowClient(tracking_uri=uri).search_experiments()  # creates the schema now
+    return uri
+
+
+@pytest.fixture
+def mlflow_store(mlflow_uri: str, tmp_path: Path, request: pytest.FixtureRequest):
+    """The session's store, and a new experiment (named after the test, artifacts under its
+    tmp_path) that only this test's runs go to."""
+    import uuid
+
+    import mlflow
+
+    mlflow.set_tracking_uri(mlflow_uri)
+    name = f"{request.node.name}-{uuid.uuid4().hex[:8]}"
+    experiment = mlflow.create_experiment(name, artifact_location=str(tmp_path / "art"))
+    yield mlflow_uri, experiment
     while mlflow.active_run() is not None:
         mlflow.end_run()
 
