@@ -4,6 +4,7 @@ a spec (see ``_spec``)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -13,6 +14,7 @@ from typing import Any
 import yaml
 
 from .._errors import ConfigError
+from .._paths import file_kind, read_bounded
 from ._spec_model import MAX_SPEC_BYTES
 from ._spec_text import _flat, _is_spec, _short, _unquoted
 
@@ -96,32 +98,28 @@ def _at(mark: yaml.Mark | None) -> str:
 def _read(file: Path, source: str) -> bytes:
     """The bytes of a spec file: a regular file only (a FIFO would wait for a writer forever,
     a device such as /dev/zero never ends), and at most ``MAX_SPEC_BYTES``."""
-    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as fh:
-        mode = os.fstat(fh.fileno()).st_mode
+    try:
+        data = read_bounded(file, MAX_SPEC_BYTES)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        try:  # what it is, for the message: read_bounded refuses all but a regular file
+            mode = os.stat(file).st_mode
+        except OSError:
+            raise exc from None
         if stat.S_ISDIR(mode):
-            raise IsADirectoryError(file)
-        if not stat.S_ISREG(mode):
-            raise ConfigError(
-                f"{source}: is not a regular file ({_file_kind(mode)}); give the spec file "
-                "(YAML or JSON)"
-            )
-        data = fh.read(MAX_SPEC_BYTES + 1)
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(file)) from None
+        if stat.S_ISREG(mode):
+            raise
+        raise ConfigError(
+            f"{source}: is not a regular file ({file_kind(mode)}); give the spec file "
+            "(YAML or JSON)"
+        ) from None
     if len(data) > MAX_SPEC_BYTES:
         raise ConfigError(
             f"{source}: is larger than 1 MiB; a spec is at most {MAX_SPEC_BYTES} bytes"
         )
     return data
-
-
-def _file_kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a file"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
