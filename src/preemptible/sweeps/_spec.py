@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .._errors import ConfigError
 from ._spec_checks import _parse
 from ._spec_load import load_data
 from ._spec_model import BETAS as BETAS  # its old home
@@ -61,7 +60,7 @@ from ._spec_model import SweepSpec as SweepSpec  # its old home
 from ._spec_model import canonical as canonical  # its old home
 from ._spec_model import leaves as leaves  # its old home
 from ._spec_params import grid_key as grid_key  # its old home
-from ._spec_text import _clean, _Invalid
+from ._spec_text import _checked, _clean
 
 
 def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
@@ -73,8 +72,4 @@ def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
 
 def parse_spec(data: object, *, source: str = "spec") -> SweepSpec:
     """Validate ``data`` (the loaded YAML/JSON mapping); raise ConfigError with one line."""
-    try:
-        return _parse(data)
-    except _Invalid as exc:
-        where = f"{exc.path}: " if exc.path else ""
-        raise ConfigError(f"{_clean(source)}: {where}{exc.problem}") from None
+    return _checked(_parse, data, source)

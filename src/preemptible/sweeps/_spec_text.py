@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from typing import NoReturn, TypeVar
 
+from .._errors import ConfigError
 from ._spec_model import TOP_KEYS, WANDB_IGNORED
+
+T = TypeVar("T")
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class _Invalid(Exception):
+    """A problem a check found (``_fail``); ``_checked`` makes it one ConfigError line."""
+
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(path, problem)
         self.path = path
@@ -22,6 +27,16 @@ class _Invalid(Exception):
 
 def _fail(path: str, problem: str) -> NoReturn:
     raise _Invalid(path, problem)
+
+
+def _checked(check: Callable[[object], T], data: object, source: str) -> T:
+    """``check(data)``, with the problem it finds raised as one ConfigError line that names
+    ``source`` and the key path."""
+    try:
+        return check(data)
+    except _Invalid as exc:
+        where = f"{exc.path}: " if exc.path else ""
+        raise ConfigError(f"{_clean(source)}: {where}{exc.problem}") from None
 
 
 def _number(path: str, value: object) -> float:
