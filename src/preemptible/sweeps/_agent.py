@@ -48,7 +48,6 @@ import secrets
 import signal
 import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,31 +56,31 @@ from typing import Any
 
 from .._errors import (
     ConfigError,
-    DatabaseGone,
     LeaseLost,
     PreemptibleError,
     RunLockedError,
-    StoreError,
 )
-from .._paths import LEASE_NAME, RunPaths
+from .._paths import RunPaths
 from .._report import read_summary
 from .._run import read_record
 from .._states import Control, Ending, QueueState
 from ..checkpoint._store import CheckpointStore
-from ..notices._lease import LEASE_FILE_ENV, write_lease
+from ..notices._lease import LEASE_FILE_ENV
 from ..stop._signals import STOP_SIGNALS, install_handlers, restore_handlers
 from ..stop._termination import signal_exit_code
 from ._command import build_command
+from ._holding import MIN_LEASE_HEARTBEATS as MIN_LEASE_HEARTBEATS  # its old home
+from ._holding import WARN_AFTER_HEARTBEATS as WARN_AFTER_HEARTBEATS
+from ._holding import RunLease
+from ._holding import lease_times as lease_times
 from ._lease import HostView
 from ._sample import Observation, propose
 from ._spec import SweepSpec, parse_spec
 from ._store import (
     Claim,
-    Store,
     clean_step,
     open_store,
     printable,
-    takeover_margin,
 )
 
 logger = logging.getLogger("preemptible")
@@ -90,25 +89,10 @@ logger = logging.getLogger("preemptible")
 DEFAULT_HEARTBEAT = 10.0
 DEFAULT_LEASE = 60.0
 DEFAULT_MAX_CONSECUTIVE_FAILURES = 5  # as W&B's agent
-MIN_LEASE_HEARTBEATS = 3.0  # a lease lasts at least this many heartbeats
-WARN_AFTER_HEARTBEATS = 2.5  # a run is told to stop once this many renewals in a row are late
 QUICK_FAILURE = 10.0  # seconds: a run that failed sooner counts toward the crash loop
 MAX_BACKOFF = 60.0  # seconds between two runs in a crash loop, at most
 EXIT_CANNOT_START = 2
 EXIT_CRASH_LOOP = 1
-
-
-def lease_times(lease: float, heartbeat: float) -> tuple[float, float]:
-    """(seconds from a renewal to the run's deadline, warning seconds before that deadline).
-
-    The deadline is ``LEASE_MARGIN`` of the lease before the lease ends. The run is told to
-    stop once ``WARN_AFTER_HEARTBEATS`` renewals in a row are missing, or half its time to the
-    deadline has passed, whichever is later: a long lease rides out a long outage and still
-    leaves half of it to save in. With the defaults (10 s, 60 s): 25 s after the last renewal,
-    23 s before its deadline."""
-    deadline = lease - takeover_margin(lease)
-    tell = max(WARN_AFTER_HEARTBEATS * heartbeat, deadline / 2)
-    return deadline, max(deadline - tell, 0.0)
 
 
 @dataclass(frozen=True)
@@ -274,7 +258,16 @@ class Agent:
                 )
             )
             made = _mkdirs(attempt_dir)
-            beat = _Lease(self, claim, supervisor, attempt_dir, renewed_at)
+            beat = RunLease(
+                self.config.lease,
+                self.config.heartbeat,
+                self.store,
+                self.id,
+                claim,
+                supervisor,
+                attempt_dir,
+                renewed_at,
+            )
             beat.write()
         except (OSError, PreemptibleError) as exc:
             return self._could_not_start(claim, exc, [*made, lease_file])
@@ -421,195 +414,6 @@ class Agent:
             checkpoint_step=None,
             summary=None,
         )
-
-
-class _Lease:
-    """This agent's hold on one claimed run while its attempt runs.
-
-    A heartbeat thread renews the lease (on a connection of its own), passes the queue's news
-    (cancel, a lost lease, a deleted database) to the supervisor and rewrites ``lease.json``;
-    a watchdog thread stops the run itself when the renewals stop (module docstring), so that
-    a heartbeat stuck in the database's retries cannot keep a run past its lease."""
-
-    def __init__(
-        self, agent: Agent, claim: Claim, supervisor: Any, attempt_dir: Path, renewed_at: float
-    ) -> None:
-        self.agent, self.claim, self.supervisor = agent, claim, supervisor
-        self.attempt_dir = attempt_dir
-        self.file = attempt_dir / LEASE_NAME
-        config = agent.config
-        self._span, self.warn = lease_times(config.lease, config.heartbeat)
-        self.deadline = renewed_at + self._span  # monotonic: gone by then
-        self.expired = False  # the run was stopped for its lease (not renewed, or taken over)
-        self.gone: DatabaseGone | None = None
-        self._done = threading.Event()
-        self._guard = threading.Lock()
-        self._store: Store | None = None
-        self._warned_file = False
-        self._beat = threading.Thread(target=self._beat_loop, name="preemptible-lease", daemon=True)
-        self._watch = threading.Thread(
-            target=self._watchdog, name="preemptible-lease-watchdog", daemon=True
-        )
-
-    def write(self) -> None:
-        """``lease.json`` for the run: its deadline now."""
-        write_lease(
-            self.file,
-            run_id=self.claim.run_id,
-            attempt=self.claim.attempt,
-            epoch=self.claim.epoch,
-            deadline=self.deadline,
-            warn=self.warn,
-            margin=takeover_margin(self.agent.config.lease),
-        )
-
-    def start(self) -> None:
-        self._store = self.agent.store.reopen()
-        self._beat.start()
-        self._watch.start()
-
-    def stop(self) -> None:
-        self._done.set()
-        for thread in (self._beat, self._watch):
-            if thread.is_alive():
-                thread.join()
-        store, self._store = self._store, None
-        if store is not None:
-            store.close()
-
-    def _renewed(self, at: float) -> None:
-        with self._guard:
-            self.deadline = max(self.deadline, at + self._span)
-        try:
-            self.write()
-        except OSError as exc:
-            if not self._warned_file:
-                self._warned_file = True
-                logger.warning(
-                    "preemptible: cannot write %s (%s); the run cannot watch its lease, only "
-                    "this agent does",
-                    self.file,
-                    exc.strerror or exc,
-                )
-
-    def _beat_loop(self) -> None:
-        store = self._store
-        assert store is not None
-        config, claim = self.agent.config, self.claim
-        summary: dict[str, Any] = {}
-        marked = cancelled = False
-        while not self._done.wait(config.heartbeat):
-            try:
-                control = store.heartbeat(
-                    claim.run_id,
-                    agent=self.agent.id,
-                    lease=config.lease,
-                    attempt=claim.attempt,
-                    epoch=claim.epoch,
-                )
-                self._renewed(store.last_try_at)
-                if not marked and read_record(self.attempt_dir).get("preempting"):
-                    store.mark_preempting(claim.run_id, attempt=claim.attempt)
-                    marked = True
-                latest = read_summary(self.attempt_dir)
-                if latest and latest != summary:
-                    store.report(claim.run_id, latest, epoch=claim.epoch)
-                    summary = latest
-            except LeaseLost:
-                self.expired = True  # ended for the lease, not for anything the run did
-                logger.error(
-                    "preemptible: run %s attempt %d: another agent took the run over; killing "
-                    "what is left of this attempt",
-                    claim.run_id,
-                    claim.attempt,
-                )
-                self._inject(signal.SIGKILL)
-                return
-            except DatabaseGone as exc:  # nothing can be recorded: the run saves and stops
-                self.gone = exc
-                logger.error("preemptible: %s; stopping run %s", exc, claim.run_id)
-                self._inject(signal.SIGTERM)
-                return
-            except (StoreError, OSError) as exc:  # the database is away: the watchdog acts
-                logger.warning("preemptible: heartbeat of run %s failed: %s", claim.run_id, exc)
-                continue
-            except PreemptibleError as exc:  # a value the queue refused: keep the lease alive
-                logger.warning(
-                    "preemptible: heartbeat of run %s: %s; the run goes on", claim.run_id, exc
-                )
-                continue
-            if control.control == Control.CANCELLED and (not cancelled or control.cancel_now):
-                now = control.cancel_now
-                logger.warning(
-                    "preemptible: sweep %s cancelled%s; stopping run %s",
-                    claim.sweep_id,
-                    " --now" if now else "",
-                    claim.run_id,
-                )
-                self._inject(signal.SIGKILL if now else signal.SIGTERM)
-                cancelled = True
-                if now:
-                    return
-
-    def _watchdog(self) -> None:
-        """SIGTERM ``warn`` seconds before the deadline, SIGKILL at it, unless renewed."""
-        termed = killed = False
-        while not killed:
-            with self._guard:
-                deadline = self.deadline
-            now = time.monotonic()
-            if now >= deadline:
-                killed = True
-                if _group_alive(self.supervisor.job_group):
-                    self.expired = True
-                    logger.error(
-                        "preemptible: run %s: its lease was not renewed in time; SIGKILL, "
-                        "before another agent may take the run over",
-                        self.claim.run_id,
-                    )
-                    self._inject(signal.SIGKILL)
-                break
-            if now >= deadline - self.warn and not termed:
-                termed = True
-                if not _group_alive(self.supervisor.job_group):
-                    continue  # it has ended (while this agent was stopped, say): nothing to stop
-                self.expired = True
-                logger.warning(
-                    "preemptible: run %s: its lease has not been renewed for %.0f s (the "
-                    "database is unreachable?); stopping the run (SIGTERM) to have it gone "
-                    "%.0f s from now, before another agent may take it over",
-                    self.claim.run_id,
-                    now - (deadline - self._span),
-                    deadline - now,
-                )
-                self._inject(signal.SIGTERM)
-            wake = deadline if termed else deadline - self.warn
-            if self._done.wait(min(max(wake - now, 0.0), 1.0)):
-                return
-
-    def _inject(self, signum: int) -> None:
-        self.supervisor.stop_job(signum)
-
-
-def _group_alive(pgid: int | None) -> bool:
-    """Whether a process of group ``pgid`` still runs (zombies do not)."""
-    if pgid is None:
-        return False
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True  # cannot tell: act as if it ran
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as fh:
-                fields = fh.read().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
 
 
 def _mkdirs(directory: Path) -> list[Path]:
