@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, cast
 
+from .._text import short_repr
 from ._command import DEFAULT_COMMAND, macro_problem, uses_macro
 from ._hyperband import early_terminate_problem
 from ._spec_model import (
@@ -28,7 +29,7 @@ from ._spec_model import (
     SweepSpec,
 )
 from ._spec_params import _check_grid, _check_grid_size, _parameters
-from ._spec_text import _fail, _is_spec, _key, _kind, _short, _what
+from ._spec_text import _fail, _is_spec, _key, _kind, _what
 
 _ALL_TOP_KEYS = (*TOP_KEYS, *WANDB_IGNORED, WANDB_CONTROLLER)
 _MAX_DEPTH = 64  # of the data as a whole
@@ -59,7 +60,7 @@ def _parse(data: object) -> SweepSpec:
     if method is None:
         _fail("method", f"required; valid: {', '.join(METHODS)}")
     if method not in METHODS:
-        _fail("method", f"{_short(method)} is not valid; valid: {', '.join(METHODS)}")
+        _fail("method", f"{short_repr(method)} is not valid; valid: {', '.join(METHODS)}")
     if raw.get("parameters") is None:
         _fail("parameters", "required: the parameters to sweep, e.g. {lr: {min: 0.0001, max: 0.1}}")
     parameters = _parameters("parameters", raw["parameters"], 0)
@@ -119,7 +120,7 @@ def _controller(data: object, ignored: list[str]) -> None:
             _fail(f"{WANDB_CONTROLLER}.{_key(key)}", "not a controller key; valid: type")
     kind = data.get("type")
     if kind not in CONTROLLER_TYPES:
-        shown = "required" if kind is None else f"{_short(kind)} is not valid"
+        shown = "required" if kind is None else f"{short_repr(kind)} is not valid"
         _fail(f"{WANDB_CONTROLLER}.type", f"{shown}; valid: {', '.join(CONTROLLER_TYPES)}")
     ignored.append(WANDB_CONTROLLER)
 
@@ -147,7 +148,7 @@ def _metric(data: object, ignored: list[str]) -> Metric | None:
         )
     goal = data.get("goal", "minimize")
     if goal not in GOALS:
-        _fail("metric.goal", f"{_short(goal)} is not valid; valid: {', '.join(GOALS)}")
+        _fail("metric.goal", f"{short_repr(goal)} is not valid; valid: {', '.join(GOALS)}")
     return Metric(name=name, goal=cast(Goal, goal))
 
 
@@ -179,7 +180,9 @@ def _count(raw: dict[str, Any], key: str, default: int | None, *, minimum: int) 
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
-        _fail(key, f"{_short(value)} is not valid; use an integer from {minimum} to {MAX_COUNT}")
+        _fail(
+            key, f"{short_repr(value)} is not valid; use an integer from {minimum} to {MAX_COUNT}"
+        )
     return value
 
 
@@ -187,7 +190,7 @@ def _term_timeout(value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        _fail("term_timeout", f"{_short(value)} is not valid; use seconds > 0, e.g. 30")
+        _fail("term_timeout", f"{short_repr(value)} is not valid; use seconds > 0, e.g. 30")
     return float(value)
 
 
@@ -226,7 +229,9 @@ def _plain(value: object, path: str, depth: int, nodes: list[int]) -> Any:
         out: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                _fail(path or "(top level)", f"key {_short(key)} must be text (quote it in YAML)")
+                _fail(
+                    path or "(top level)", f"key {short_repr(key)} must be text (quote it in YAML)"
+                )
             where = f"{path}.{_key(key)}" if path else _key(key)
             out[key] = _plain(item, where, depth + 1, nodes)
         return out

@@ -15,8 +15,9 @@ import yaml
 
 from .._errors import ConfigError
 from .._paths import file_kind, read_bounded
+from .._text import short_repr
 from ._spec_model import MAX_SPEC_BYTES
-from ._spec_text import _flat, _is_spec, _short, _unquoted
+from ._spec_text import _flat, _is_spec, _unquoted
 
 
 def load_data(file: Path, source: str) -> object:
@@ -85,8 +86,8 @@ def load_data(file: Path, source: str) -> object:
     if duplicates and _is_spec(data):
         key, where = duplicates[0]
         raise ConfigError(
-            f"{source}: not valid {kind}: duplicate key {_short(key)}{where}; each key may appear "
-            "once in a mapping"
+            f"{source}: not valid {kind}: duplicate key {short_repr(key)}{where}; each key may "
+            "appear once in a mapping"
         )
     return data
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, cast
 
+from .._text import short_repr
 from ._spec_model import (
     BETAS,
     DISTRIBUTIONS,
@@ -24,7 +25,7 @@ from ._spec_model import (
     canonical,
     leaves,
 )
-from ._spec_text import _fail, _integer, _key, _number, _short, _what
+from ._spec_text import _fail, _integer, _key, _number, _what
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")  # W&B's pattern for parameter names
 _MAX_NESTING = 16  # of nested parameter groups
@@ -79,7 +80,7 @@ def _parameter(path: str, data: object, depth: int) -> ParamSpec:
     elif not isinstance(dist, str) or dist not in DISTRIBUTIONS:
         _fail(
             f"{path}.distribution",
-            f"{_short(dist)} is not valid; valid: {', '.join(DISTRIBUTIONS)}",
+            f"{short_repr(dist)} is not valid; valid: {', '.join(DISTRIBUTIONS)}",
         )
     keys = DISTRIBUTIONS[dist]
     for key in data:
@@ -140,7 +141,7 @@ def _categorical(path: str, data: dict[str, Any]) -> ParamSpec:
         )
     for i, p in enumerate(probabilities):
         if isinstance(p, bool) or not isinstance(p, (int, float)) or p < 0:
-            _fail(f"{where}[{i}]", f"{_short(p)} is not valid; use a number >= 0")
+            _fail(f"{where}[{i}]", f"{short_repr(p)} is not valid; use a number >= 0")
     total = math.fsum(probabilities)
     if abs(total - 1.0) > PROBABILITY_TOLERANCE:
         _fail(where, f"must add up to 1 (within {PROBABILITY_TOLERANCE:.0e}), not {total:g}")
@@ -153,7 +154,7 @@ def _normal(path: str, dist: str, data: dict[str, Any]) -> ParamSpec:
     mu = _number(f"{path}.mu", data.get("mu", 0.0))
     sigma = _number(f"{path}.sigma", data.get("sigma", 1.0))
     if not sigma > 0:
-        _fail(f"{path}.sigma", f"{_short(sigma)} is not valid; use a number > 0")
+        _fail(f"{path}.sigma", f"{short_repr(sigma)} is not valid; use a number > 0")
     q = _q(path, data) if dist.startswith("q_") else None
     if dist in ("log_normal", "q_log_normal"):
         if mu + _Z_RANGE * sigma > _EXP_LIMIT:
@@ -220,7 +221,7 @@ def _beta(path: str, dist: str, data: dict[str, Any]) -> ParamSpec:
     for key in ("a", "b"):
         value = _number(f"{path}.{key}", data.get(key, 1.0))  # W&B's defaults
         if not value > 0:
-            _fail(f"{path}.{key}", f"{_short(value)} is not valid; use a number > 0")
+            _fail(f"{path}.{key}", f"{short_repr(value)} is not valid; use a number > 0")
         shape.append(float(value))
     param = ParamSpec(dist, a=shape[0], b=shape[1], low=0.0, high=1.0)
     return _quantized(path, param, data) if dist == "q_beta" else param
@@ -229,7 +230,7 @@ def _beta(path: str, dist: str, data: dict[str, Any]) -> ParamSpec:
 def _q(path: str, data: dict[str, Any]) -> float:
     q = _number(f"{path}.q", data.get("q", 1.0))  # W&B's default, a float
     if not q > 0:
-        _fail(f"{path}.q", f"{_short(q)} is not valid; use a number > 0")
+        _fail(f"{path}.q", f"{short_repr(q)} is not valid; use a number > 0")
     return q
 
 

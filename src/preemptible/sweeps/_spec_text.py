@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import NoReturn, TypeVar
 
 from .._errors import ConfigError
+from .._text import short_repr
 from ._spec_model import TOP_KEYS, WANDB_IGNORED
 
 T = TypeVar("T")
@@ -105,29 +106,20 @@ def _what(value: object) -> str:
     if isinstance(value, bool):
         return f"true/false ({value})"
     if isinstance(value, str):
-        return f"text {_short(value)}"
+        return f"text {short_repr(value)}"
     if isinstance(value, int):
-        return f"integer {_short(value)}"
+        return f"integer {short_repr(value)}"
     if isinstance(value, float):
-        return f"number {_short(value)}"
+        return f"number {short_repr(value)}"
     if isinstance(value, (list, tuple)):
         return "a list"
     if isinstance(value, Mapping):
         return "a mapping"
-    return f"a {type(value).__name__} ({_short(value)})"
-
-
-def _short(value: object, limit: int = 60) -> str:
-    """A repr short enough for one line of an error message (repr escapes line breaks)."""
-    try:
-        shown = repr(value)
-    except Exception:  # a foreign object whose repr fails must not replace the real error
-        shown = f"<{type(value).__name__}>"
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+    return f"a {type(value).__name__} ({short_repr(value)})"
 
 
 def _key(key: object) -> str:
-    return key if isinstance(key, str) and _PLAIN_KEY.fullmatch(key) else _short(key)
+    return key if isinstance(key, str) and _PLAIN_KEY.fullmatch(key) else short_repr(key)
 
 
 def _flat(text: str) -> str:
@@ -135,4 +127,4 @@ def _flat(text: str) -> str:
 
 
 def _clean(source: str) -> str:
-    return source if source.isprintable() else _short(source)
+    return source if source.isprintable() else short_repr(source)
