@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from .._errors import ConfigError
 from .._text import short_repr
+from ._spec_text import _what  # one wording of what a bad value is
 
 Goal = Literal["minimize", "maximize"]
 GOALS: tuple[Goal, ...] = ("minimize", "maximize")
@@ -254,21 +255,3 @@ def _number_above_one(value: object) -> bool:
 
 def _path(key: str) -> str:
     return f"{_WHERE}.{key}" if _PLAIN_KEY.fullmatch(key) else f"{_WHERE}[{short_repr(key)}]"
-
-
-def _what(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"true/false ({value})"
-    if isinstance(value, str):
-        return f"text {short_repr(value)}"
-    if isinstance(value, int):
-        return f"integer {short_repr(value)}"
-    if isinstance(value, float):
-        return f"number {short_repr(value)}"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    return f"a {type(value).__name__}"
