@@ -184,15 +184,8 @@ def python_args(script: str, *args: str) -> list[str]:
     return [sys.executable, str(SCRIPTS / script), *args]
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Two lanes under ``-n 2 --dist loadgroup`` (``make test``'s integration tier): the tests
-    marked ``waits`` and those that submit SLURM jobs (one lane, so that jobs never queue
-    behind each other on the one node) in one, every other test in the other, each lane one
-    test at a time. A waiting test costs the other lane little CPU, so the tests that time
-    real processes against deadlines still run almost as if alone. Runs before xdist's own
-    hook, which reads the groups."""
-    for item in items:
-        waits = item.get_closest_marker("waits") or "sbatch" in getattr(item, "fixturenames", ())
-        lane = "waits" if waits else "serial"
-        item.add_marker(pytest.mark.xdist_group(lane))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test that submits SLURM jobs runs in the ``waits`` lane (tests/services/lanes.sh): all
+    of them in one lane, so that their jobs never queue behind each other on the one node."""
+    if "sbatch" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.waits)
