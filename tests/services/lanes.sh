@@ -18,7 +18,7 @@ base=$(mktemp -d "${TMPDIR:-/tmp}/preemptible-lanes.XXXXXX")
 trap 'rm -rf "$base"' EXIT
 # each lane its own --basetemp: pytest prunes old numbered ones, which a lane would do under
 # the other one's feet
-"$py" -m pytest -m waits --basetemp "$base/waits" "$@" >"$base/waits.log" 2>&1 &
+"$py" -m pytest -p no:cacheprovider -m waits --basetemp "$base/waits" "$@" >"$base/waits.log" 2>&1 &
 waits=$!
 "$py" -m pytest -m "not waits" --basetemp "$base/rest" "$@"
 rest=$?
