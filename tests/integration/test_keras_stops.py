@@ -15,7 +15,7 @@ import random
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import Child, python_args, wait_for
 from tests.support.metadata import MetadataServer
+from tests.support.reference import DIR, References
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -36,35 +37,13 @@ TOTAL = {"array": 36, "pydataset": 18, "tfdata": 18}
 BACKENDS = ("torch", "tensorflow")
 
 
-class References:
-    """Uninterrupted fits, started when first asked for and waited for when compared."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.children: dict[tuple[str, str], tuple[Child, Path]] = {}
-
-    def start(self, backend: str, data: str) -> None:
-        if (backend, data) not in self.children:
-            d = self.base / f"{backend}-{data}"
-            child = Child(fit_args(d, data), env={"KERAS_BACKEND": backend})
-            self.children[backend, data] = (child, d / "out.npz")
-
-    def result(self, backend: str, data: str) -> Path:
-        self.start(backend, data)
-        child, out = self.children[backend, data]
-        assert child.wait(240) == 0, child.output
-        return out
-
-    def close(self) -> None:
-        for child, _ in self.children.values():
-            child.kill()
+def start_reference(references: References, backend: str, data: str) -> None:
+    references.start(fit_args(Path(DIR), data), {"KERAS_BACKEND": backend})
 
 
-@pytest.fixture(scope="session")
-def references(tmp_path_factory: pytest.TempPathFactory) -> Iterator[References]:
-    refs = References(tmp_path_factory.mktemp("keras-references"))
-    yield refs
-    refs.close()
+def reference_out(references: References, backend: str, data: str) -> Path:
+    """The uninterrupted fit's weights (the session's shared reference runs)."""
+    return references.result(fit_args(Path(DIR), data), {"KERAS_BACKEND": backend}) / "out.npz"
 
 
 def fit_args(d: Path, data: str, *extra: str) -> list[str]:
@@ -109,9 +88,9 @@ def check_resumed(child: Child, d: Path, step: int) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_each_signal_at_a_random_batch_resumes_exactly(
-    backend: str, references: References, tmp_path: Path, spawn
+    backend: str, reference_runs: References, tmp_path: Path, spawn
 ) -> None:
-    references.start(backend, "array")
+    start_reference(reference_runs, backend, "array")
     env = {"KERAS_BACKEND": backend}
     seed = random.randrange(1 << 30)
     # not the last batches: a signal that lands a batch late must still find one to stop at
@@ -134,14 +113,14 @@ def test_each_signal_at_a_random_batch_resumes_exactly(
     assert last.wait(120) == 0, last.output
     check_resumed(last, tmp_path, step)
     assert f"fit done it={TOTAL['array']}" in last.lines
-    assert same_values(references.result(backend, "array"), tmp_path / "out.npz"), seed
+    assert same_values(reference_out(reference_runs, backend, "array"), tmp_path / "out.npz"), seed
 
 
 @pytest.mark.parametrize(("backend", "data"), [("torch", "pydataset"), ("tensorflow", "tfdata")])
 def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_a_second_signal_exits_1(
-    backend: str, data: str, references: References, tmp_path: Path, spawn
+    backend: str, data: str, reference_runs: References, tmp_path: Path, spawn
 ) -> None:
-    references.start(backend, data)
+    start_reference(reference_runs, backend, data)
     env = {"KERAS_BACKEND": backend}
     periodic = ("--save-every", "4", "--step-sleep", "0.05")
     # 1. Periodic saves at 4 and 8; the one at 12 is SIGKILLed halfway through its write.
@@ -171,7 +150,7 @@ def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_a_second_signal_exit
     third = spawn(fit_args(tmp_path, data, *periodic), env=env)
     assert third.wait(120) == 0, third.output
     check_resumed(third, tmp_path, 8)
-    assert same_values(references.result(backend, data), tmp_path / "out.npz")
+    assert same_values(reference_out(reference_runs, backend, data), tmp_path / "out.npz")
 
 
 WINDOW = 6.0  # seconds of notice the fake GCE gives
