@@ -534,6 +534,7 @@ def runs(home: Path, as_json: bool) -> None:
 @click.option("--serve", is_flag=True, help="Serve the sweep as a live web page until Ctrl+C.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address --serve binds.")
 @click.option("--port", type=int, default=8765, show_default=True, help="--serve's port (0: any).")
+@_home_option("With --serve: the agents' --home, where a run's page reads its journal and records.")
 def status(
     sweep_id: str | None,
     db: str | None,
@@ -543,6 +544,7 @@ def status(
     serve: bool,
     host: str,
     port: int,
+    home: Path,
 ) -> None:
     """The sweeps in the database, or one sweep's runs (state, attempts, checkpoint step,
     metric, agent@host, heartbeat age, duration); --serve: as a web page."""
@@ -554,7 +556,7 @@ def status(
                 _fail("--serve needs a SWEEP_ID, and no --json, --watch or --plot")
             from .sweeps._web import serve_status
 
-            serve_status(db, sweep_id, host=host, port=port)
+            serve_status(db, sweep_id, host=host, port=port, home=home)
             return
         show_status(db, sweep_id, as_json=as_json, watch_every=watch, plot=plot)
     except PreemptibleError as exc:
