@@ -21,6 +21,7 @@ from preemptible.sweeps._web_model import PAGE_ROWS, SweepModel
 from preemptible.sweeps._web_page import best_chart, render_page, sweep_document
 from preemptible.sweeps._web_run import NotFound, interruptions, render_run_page, run_document
 from preemptible.sweeps._web_svg import Chart, Marker, Series, envelope, nice_ticks, render
+from preemptible.sweeps._web_timeline import timeline_svg
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -334,10 +335,44 @@ def test_the_page_escapes_what_the_queue_holds(store: Store) -> None:
     model = SweepModel(sweep)
     states = frozenset({"FINISHED", "PENDING"})
     doc = sweep_document(model, store, states=states)
-    page = render_page(doc, None, nonce="n0nce", plot=True, chart=best_chart(model), states=states)
+    page = render_page(doc, None, nonce="n0nce", chart=best_chart(model), states=states)
     assert EVIL not in page and "<svg onload" not in page
     assert page.count("<script") == 1
     assert 'value="FINISHED" checked' in page and 'value="RUNNING">' in page
-    assert 'src="/plot.png?state=PENDING&amp;state=FINISHED"' in page
+    assert 'id="timeline"' in page and f'<g class="run" data-run="{ids[0]}">' in page
+    assert 'class="attempt ending-FINISHED" data-attempt="1"' in page
     assert f'href="/run/{ids[0]}"' in page
     ET.fromstring(best_chart(model))
+
+
+def test_the_timeline_draws_each_attempt_and_marks_the_stops() -> None:
+    def attempt(n: int, start: float, end: float | None, ending: str | None) -> dict[str, Any]:
+        return {"number": n, "started_at": start, "ended_at": end, "ending": ending, "lost": False}
+
+    doc = {
+        "now": 1400.0,
+        "runs": [
+            {"run_id": EVIL, "index": 1, "attempts": [attempt(1, 1000.0, 1100.0, "FINISHED")]},
+            {
+                "run_id": "r-0",
+                "index": 0,
+                "attempts": [
+                    attempt(1, 1000.0, 1200.0, "PREEMPTED"),
+                    attempt(2, 1210.0, None, None),
+                ],
+            },
+            {"run_id": "r-2", "index": 2, "attempts": []},
+        ],
+    }
+    svg = timeline_svg(doc)
+    root = ET.fromstring(svg)
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    rows = root.findall(".//s:g[@class='run']", ns)
+    assert [g.get("data-run") for g in rows] == ["r-0", EVIL, "r-2"]  # by index
+    bars = rows[0].findall("s:rect", ns)
+    assert [b.get("class") for b in bars] == ["attempt ending-PREEMPTED", "attempt ending-None"]
+    # the running attempt reaches now: the right edge of the plot
+    assert float(bars[1].get("x", 0)) + float(bars[1].get("width", 0)) == pytest.approx(900 - 16)
+    assert len(rows[0].findall("s:path[@class='stop']", ns)) == 1
+    assert EVIL not in svg and "time since the first attempt shown (min)" in svg
+    assert "no attempt yet" in timeline_svg({"now": 0.0, "runs": []})

@@ -9,8 +9,9 @@ so no file is ever served from disk):
   and pages it, so a filtered page can be linked. No external asset (the machine may have no
   network): inline CSS and SVG drawn here, and a script that redraws it every 2 s;
 * ``/api/sweep`` (same query): that page's data as JSON; ``/best.svg``: the chart alone;
-* ``/plot.png`` (same query): the timeline of the attempts of the runs on that page of the
-  table (``_status.timeline_figure``; 404 without matplotlib);
+  ``/timeline.svg`` (same query): the attempts timeline of that page's runs, as the page
+  shows it; ``/plot.png`` (same query): the same as ``status --plot`` draws it
+  (``_status.timeline_figure``; 404 without matplotlib);
 * ``/run/ID`` and ``/api/run/ID``: a run's page and its data (``_web_run``): attempts, metric
   curves with preemptions and resumes marked, its journal and records from ``--home``.
 
@@ -42,7 +43,7 @@ import ipaddress
 import logging
 import secrets
 import signal
-import sys
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -50,7 +51,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from .._env import env_float
@@ -64,6 +65,7 @@ from ._web_html import BadRequest, parse_query, policy
 from ._web_model import PAGE_ROWS, SweepModel
 from ._web_page import best_chart, render_page, sweep_document
 from ._web_run import NotFound, render_live, render_run_page, run_document
+from ._web_timeline import timeline_svg
 
 logger = logging.getLogger("preemptible")
 
@@ -199,6 +201,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, "application/json", _encode(server.sweep(query)).encode())
         elif route == "/best.svg":
             self._send(HTTPStatus.OK, "image/svg+xml", server.chart().encode())
+        elif route == "/timeline.svg":
+            svg = timeline_svg(server.sweep(query))
+            self._send(HTTPStatus.OK, "image/svg+xml", svg.encode())
         elif route == "/plot.png" and server.plot:
             self._send(HTTPStatus.OK, "image/png", server.png(query))
         elif route.startswith("/run/"):
@@ -229,9 +234,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise
         except PreemptibleError as exc:
             error = f"database unreachable: {exc}"
-        page = render_page(
-            doc, error, nonce=nonce, plot=self.server.plot, chart=chart, states=states
-        )
+        page = render_page(doc, error, nonce=nonce, chart=chart, states=states)
         status = HTTPStatus.OK if error is None else HTTPStatus.SERVICE_UNAVAILABLE
         self._send(status, _HTML, page.encode(), policy=policy(nonce))
 
@@ -250,6 +253,32 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("preemptible: web: " + format, *args)
 
 
+def _bind_error(host: str, port: int, exc: OSError) -> ConfigError:
+    return ConfigError(
+        f"cannot serve on {host}:{port}: {exc.strerror or exc}; choose another with "
+        "--port N (0: any free port) or --host"
+    )
+
+
+def check_port(host: str, port: int) -> None:
+    """ConfigError when ``port`` is not one to serve on, or cannot be bound now (taken)."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port {port}: give a port between 1 and 65535, or 0 for a free one")
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise _bind_error(host, port, exc) from None
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
 def page_address(host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host else host
     if host in ("0.0.0.0", "::"):  # every address of this host: name one that works here
@@ -264,13 +293,14 @@ def serve_status(
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     home: Path | None = None,
-    out: IO[str] | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> None:
     """Serve the sweep's page until Ctrl+C, SIGTERM or SIGHUP (then return: exit 0). The
-    first line written to ``out`` is ``serving sweep ID at http://HOST:PORT/`` (port 0: the
-    free port the system picked). ``home``: the agents' ``--home``, where the run pages
-    read each run's journal and records (default ``.preemptible``)."""
-    out = sys.stdout if out is None else out
+    first line given to ``echo`` (default: printed) is ``serving sweep ID at
+    http://HOST:PORT/`` (port 0: the free port the system picked). ``home``: the agents'
+    ``--home``, where the run pages read each run's journal and records (default
+    ``.preemptible``)."""
+    say = _print if echo is None else echo
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port {port}: give a port between 1 and 65535, or 0 for a free one")
     configured = env_float("PREEMPTIBLE_DB_RETRY_TIMEOUT", DEFAULT_RETRY_TIMEOUT)
@@ -286,10 +316,7 @@ def serve_status(
                 (host, port), store, model, Path(".preemptible") if home is None else home
             )
         except OSError as exc:
-            raise ConfigError(
-                f"cannot serve on {host}:{port}: {exc.strerror or exc}; choose another with "
-                "--port N (0: any free port) or --host"
-            ) from None
+            raise _bind_error(host, port, exc) from None
         stops: list[int] = []
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -299,15 +326,13 @@ def serve_status(
         try:
             server.timeout = _POLL
             address = page_address(host, server.server_address[1])
-            print(f"serving sweep {printable(sweep_id)} at {address} (Ctrl+C stops)", file=out)
-            out.flush()
+            say(f"serving sweep {printable(sweep_id)} at {address} (Ctrl+C stops)")
             while not stops:
                 server.handle_request()
         finally:
             restore_handlers(previous, ours=on_signal)
             server.server_close()
-        print(f"stopped ({signal_name(stops[0])})", file=out)
-        out.flush()
+        say(f"stopped ({signal_name(stops[0])})")
     finally:
         # a request still reading (in its thread) finishes first; a database that hangs
         # holds the exit for at most a few seconds

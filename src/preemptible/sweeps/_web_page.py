@@ -2,10 +2,12 @@
 filters, one page of the runs table, the best run and the best-so-far chart (``/best.svg``).
 
 The table shows ``PAGE_ROWS`` runs at a time, by index, of the states the query names
-(``?state=RUNNING&state=FAILED&page=2``; none: every run), so a filtered page is a link.
-The script redraws it from ``/api/sweep`` every ``REFRESH`` seconds with the same query; it
-sets text only, and when the runs changed it puts the chart in place again from
-``/best.svg`` (markup this server drew, never text from the queue unescaped).
+(``?state=RUNNING&state=FAILED&page=2``; none: every run), so a filtered page is a link;
+under it, the timeline of those runs' attempts (``/timeline.svg``, same query). The script
+redraws the table from ``/api/sweep`` every ``REFRESH`` seconds with the same query; it sets
+text only, and puts the charts in place again from ``/best.svg`` (when the runs changed) and
+``/timeline.svg`` (every 5 refreshes): markup this server drew, never the queue's text
+unescaped.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ._store import Store
 from ._web_html import _e, counts_of, query_of, shell
 from ._web_model import PAGE_ROWS, SweepModel
 from ._web_svg import Chart, Marker, Series, render
+from ._web_timeline import timeline_svg
 
 REFRESH = 2.0  # seconds between the page's reads of /api/sweep
 COLUMNS = ("run", "state", "attempt", "params", "metric", "ckpt step", "age", "agent@host")
@@ -93,6 +96,10 @@ def sweep_document(
                 "age": age,
                 "agent": run["agent"],
                 "host": run["host"],
+                "attempts": [
+                    {k: a[k] for k in ("number", "started_at", "ended_at", "ending", "lost")}
+                    for a in run["attempt_log"]
+                ],
                 "cells": _cells(run, age),
             }
         )
@@ -207,15 +214,6 @@ function draw(d) {
   }
   if (d.chart !== chartKey) { chartKey = d.chart; loadChart(); }
 }
-async function loadChart() {
-  const r = await fetch('/best.svg', {cache: 'no-store'});
-  if (!r.ok) return;
-  const doc = new DOMParser().parseFromString(await r.text(), 'image/svg+xml');
-  const svg = doc.documentElement;
-  if (svg.namespaceURI === 'http://www.w3.org/2000/svg' && svg.id === 'best-chart') {
-    byId('best-chart').replaceWith(document.importNode(svg, true));
-  }
-}
 async function refresh() {
   clearTimeout(timer);
   const mine = ++asked;
@@ -256,12 +254,17 @@ window.addEventListener('popstate', () => {
   refresh();
 });
 for (const button of form.querySelectorAll('button')) button.hidden = true;
-const plot = byId('plot');
-if (plot) setInterval(() => {
-  const q = new URLSearchParams(location.search);
-  q.set('t', Date.now());
-  plot.src = '/plot.png?' + q;
-}, %(plot_every)d);
+async function loadSvg(url, id) {
+  const r = await fetch(url, {cache: 'no-store'});
+  if (!r.ok) return;
+  const doc = new DOMParser().parseFromString(await r.text(), 'image/svg+xml');
+  const svg = doc.documentElement;
+  if (svg.namespaceURI === 'http://www.w3.org/2000/svg' && svg.id === id) {
+    byId(id).replaceWith(document.importNode(svg, true));
+  }
+}
+function loadChart() { return loadSvg('/best.svg', 'best-chart'); }
+setInterval(() => loadSvg('/timeline.svg' + location.search, 'timeline'), %(timeline_every)d);
 timer = setTimeout(refresh, %(refresh)d);
 """
 
@@ -323,12 +326,12 @@ def render_page(
     error: str | None,
     *,
     nonce: str,
-    plot: bool,
     chart: str,
     states: frozenset[str] = frozenset(),
 ) -> str:
     """The page: ``doc`` (``sweep_document``) drawn on the server, or ``error`` in its place;
-    ``chart``: the best-so-far chart (``best_chart``)."""
+    ``chart``: the best-so-far chart (``best_chart``), then the table and its runs' attempts
+    timeline (``timeline_svg``)."""
     rows = []
     for run in (doc or {}).get("runs", ()):
         classes = [f"state s-{run['state']}" if c == "state" else _css_name(c) for c in COLUMNS]
@@ -346,9 +349,8 @@ def render_page(
         "columns": json.dumps(list(COLUMNS)),
         "chart": json.dumps(doc["chart"] if doc else None),
         "refresh": int(REFRESH * 1000),
-        "plot_every": int(5 * REFRESH * 1000),
+        "timeline_every": int(5 * REFRESH * 1000),
     }
-    plot_src = "/plot.png" + query_of(states)
     body = (
         f"<h1>{_e(title)}</h1>"
         f'<div id="header">{_e(doc["header"] if doc else "")}</div>'
@@ -358,11 +360,6 @@ def render_page(
         "<table><thead><tr>"
         + "".join(f"<th>{_e(c)}</th>" for c in COLUMNS)
         + f'</tr></thead><tbody id="runs">{"".join(rows)}</tbody></table>'
-        + (
-            f'<h2>attempts of these runs</h2><img id="plot" src="{_e(plot_src)}" '
-            'alt="timeline of the attempts of the runs in the table">'
-            if plot
-            else ""
-        )
+        + (timeline_svg(doc) if doc else "")
     )
     return shell(title, body, script, nonce)
