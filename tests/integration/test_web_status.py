@@ -1,6 +1,7 @@
 """``preemptible status SWEEP --serve``: the real CLI as a child process, serving a real SQLite
 sweep queue whose runs went through the Store API; read with urllib (and, where chromium is
-installed, in a headless browser); stopped with real signals."""
+installed, in the session's headless browser: tests/support/browser.py); stopped with real
+signals."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from preemptible.sweeps._store import Store, open_store
+from tests.support.browser import Tab
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,10 +39,6 @@ SPEC: dict[str, Any] = {
     "metric": {"name": METRIC, "goal": "minimize"},
     "parameters": {"lr": {"min": 0.001, "max": 0.1}},
 }
-CHROMIUM = "/usr/bin/chromium"
-# PREEMPTIBLE_SCREENSHOTS=docs: the browser test also writes its screenshots there (the
-# README's pictures: `make screenshots`)
-SCREENSHOTS = os.environ.get("PREEMPTIBLE_SCREENSHOTS")
 
 
 def _sweep(store: Store) -> tuple[str, list[str]]:
@@ -239,60 +236,6 @@ def test_unknown_sweep_is_one_line(store: tuple[Store, str]) -> None:
         env={**os.environ, "PYTHONPATH": str(SRC)},
     )
     assert done.returncode == 2 and "no sweep 'nope'" in done.stderr
-
-
-BROWSER_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """One headless chromium for the module's browser tests (starting one costs seconds)."""
-    if not shutil.which(CHROMIUM):
-        pytest.skip(f"no chromium at {CHROMIUM} (apt-get install -y chromium)")
-    playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    with playwright.sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
-
-
-class Tab:
-    """A page of the browser that records script errors and dialogs (an injected alert)."""
-
-    def __init__(self, browser: Any) -> None:
-        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
-        self.errors: list[str] = []
-        self.dialogs: list[str] = []
-        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
-        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
-
-    def wait(self, expression: str, arg: Any = None) -> None:
-        """Until ``expression`` (of ``arg``) is true in the page; a function, not a string
-        to evaluate, which the page's Content-Security-Policy refuses."""
-        self.page.wait_for_function(f"(arg) => ({expression})", arg=arg, timeout=15_000)
-
-    def shoot(self, tmp_path: Path, name: str) -> None:
-        """A screenshot kept with the test's files, and in $PREEMPTIBLE_SCREENSHOTS if set."""
-        path = tmp_path / name
-        self.page.screenshot(path=str(path), full_page=True)
-        assert path.stat().st_size > 1000
-        if SCREENSHOTS:
-            Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, Path(SCREENSHOTS) / name)
-
-    def close(self) -> None:
-        assert self.errors == [] and self.dialogs == []  # no script error, no injected alert
-        self.page.close()
 
 
 def _row(run_id: str) -> str:
