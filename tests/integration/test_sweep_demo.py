@@ -19,7 +19,7 @@ from preemptible._states import RecordState
 from preemptible._sweep_demo import SIGTERM_RUN, STOP_FILE_RUN, run_sweep_demo
 from preemptible.sweeps._store import open_store
 from tests.conftest import Child
-from tests.support.browser import Tab
+from tests.support.browser import SCREENSHOTS, Tab
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -121,7 +121,9 @@ def _browse(request: pytest.FixtureRequest, address: str, sweep_id: str, tmp_pat
     README (``make screenshots``)."""
     try:
         browser = request.getfixturevalue("browser")
-    except pytest.skip.Exception:
+    except pytest.skip.Exception as exc:
+        if SCREENSHOTS:  # asked for the README's pictures: no browser is a failure here
+            raise AssertionError(f"PREEMPTIBLE_SCREENSHOTS is set, but: {exc}") from None
         return
     tab = Tab(browser)
     tab.page.goto(address)
