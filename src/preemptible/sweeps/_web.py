@@ -61,10 +61,10 @@ from ..stop._signals import install_handlers, restore_handlers, signal_name
 from ._snapshot import _encode
 from ._store import DEFAULT_RETRY_TIMEOUT, Store, open_store
 from ._timeline import timeline_figure
-from ._web_html import BadRequest, parse_query, policy
+from ._web_html import parse_query, policy
 from ._web_model import PAGE_ROWS, SweepModel
 from ._web_page import best_chart, render_page, sweep_document
-from ._web_run import NotFound, render_live, render_run_page, run_document
+from ._web_run import render_live, render_run_page, run_document
 from ._web_timeline import timeline_svg
 
 logger = logging.getLogger("preemptible")
@@ -100,13 +100,11 @@ class _Server(ThreadingHTTPServer):
         with self.lock:
             return fn()
 
-    def sweep(self, query: str) -> dict[str, Any]:
-        states, page = parse_query(query)
+    def sweep(self, states: frozenset[str], page: int) -> dict[str, Any]:
         return self.locked(lambda: sweep_document(self.model, self.store, states=states, page=page))
 
-    def page(self, query: str) -> tuple[dict[str, Any], str]:
+    def page(self, states: frozenset[str], page: int) -> tuple[dict[str, Any], str]:
         """The sweep's page: its document and its chart, read together."""
-        states, page = parse_query(query)
 
         def read() -> tuple[dict[str, Any], str]:
             doc = sweep_document(self.model, self.store, states=states, page=page)
@@ -114,8 +112,8 @@ class _Server(ThreadingHTTPServer):
 
         return self.locked(read)
 
-    def run(self, run_id: str) -> dict[str, Any]:
-        def read() -> dict[str, Any]:
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        def read() -> dict[str, Any] | None:
             if not self.model.head:
                 self.model.refresh(self.store)
             metric = self.model.head.get("metric")
@@ -136,9 +134,8 @@ class _Server(ThreadingHTTPServer):
 
         return self.locked(read)
 
-    def png(self, query: str) -> bytes:
-        """The timeline of the runs on the table's page that ``query`` names."""
-        states, page = parse_query(query)
+    def png(self, states: frozenset[str], page: int) -> bytes:
+        """The timeline of the runs on that page of the table, drawn by matplotlib."""
 
         def read() -> dict[str, Any]:
             self.model.refresh(self.store)
@@ -151,6 +148,22 @@ class _Server(ThreadingHTTPServer):
         out = io.BytesIO()
         figure.savefig(out, format="png")
         return out.getvalue()
+
+
+class _Refused(PreemptibleError):
+    """A request this server does not answer: a 400 (a query it does not take) or a 404 (no
+    such run), with this line."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _query(query: str) -> tuple[frozenset[str], int]:
+    try:
+        return parse_query(query)
+    except ConfigError as exc:
+        raise _Refused(HTTPStatus.BAD_REQUEST, str(exc)) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -177,66 +190,73 @@ class _Handler(BaseHTTPRequestHandler):
             return
         parts = urlsplit(self.path)
         route, query = parts.path, parts.query
-        api = route.startswith("/api/")
         try:
-            self._route(route, query)
+            try:
+                self._route(route, query)
+            except _Refused as exc:
+                status = exc.status
+                raise
+            except PreemptibleError:
+                status = HTTPStatus.SERVICE_UNAVAILABLE  # the database failed
+                raise
         except (BrokenPipeError, ConnectionResetError):
             pass  # the browser went away
         except PreemptibleError as exc:
-            status = HTTPStatus.SERVICE_UNAVAILABLE
-            if isinstance(exc, BadRequest):
-                status = HTTPStatus.BAD_REQUEST
-            elif isinstance(exc, NotFound):
-                status = HTTPStatus.NOT_FOUND
-            if api:
+            if route.startswith("/api/"):
                 self._send(status, "application/json", _encode({"error": str(exc)}).encode())
             else:
                 self._send(status, "text/plain; charset=utf-8", f"{exc}\n".encode())
 
     def _route(self, route: str, query: str) -> None:
         server = self.server
-        if route == "/":
-            self._page(query)
-        elif route == "/api/sweep":
-            self._send(HTTPStatus.OK, "application/json", _encode(server.sweep(query)).encode())
+        if route in ("/", "/api/sweep", "/timeline.svg", "/plot.png"):
+            states, page = _query(query)
+            if route == "/":
+                self._page(states, page)
+            elif route == "/api/sweep":
+                doc = server.sweep(states, page)
+                self._send(HTTPStatus.OK, "application/json", _encode(doc).encode())
+            elif route == "/timeline.svg":
+                svg = timeline_svg(server.sweep(states, page))
+                self._send(HTTPStatus.OK, "image/svg+xml", svg.encode())
+            elif server.plot:
+                self._send(HTTPStatus.OK, "image/png", server.png(states, page))
+            else:
+                raise _Refused(HTTPStatus.NOT_FOUND, "no /plot.png without matplotlib")
         elif route == "/best.svg":
             self._send(HTTPStatus.OK, "image/svg+xml", server.chart().encode())
-        elif route == "/timeline.svg":
-            svg = timeline_svg(server.sweep(query))
-            self._send(HTTPStatus.OK, "image/svg+xml", svg.encode())
-        elif route == "/plot.png" and server.plot:
-            self._send(HTTPStatus.OK, "image/png", server.png(query))
-        elif route.startswith("/run/"):
-            if query not in ("", "part=live"):
-                raise BadRequest("a run's page takes no query but part=live")
-            doc = server.run(unquote(route[len("/run/") :]))
-            if query:  # what its script redraws: markup only, no style or script
-                self._send(HTTPStatus.OK, _HTML, render_live(doc).encode())
+        elif route.startswith(("/run/", "/api/run/")):
+            api = route.startswith("/api/")
+            if query not in ("", "part=live") or (api and query):
+                raise _Refused(HTTPStatus.BAD_REQUEST, "a run's page takes no query")
+            run_id = unquote(route.split("/run/", 1)[1])
+            run = server.run(run_id)
+            if run is None:
+                shown = printable(run_id)[:130]
+                raise _Refused(HTTPStatus.NOT_FOUND, f"no run {shown!r} in sweep {server.sweep_id}")
+            if api:
+                self._send(HTTPStatus.OK, "application/json", _encode(run).encode())
+            elif query:  # what its script redraws: markup only, no style or script
+                self._send(HTTPStatus.OK, _HTML, render_live(run).encode())
             else:
                 nonce = secrets.token_urlsafe(16)
-                page = render_run_page(doc, nonce=nonce)
-                self._send(HTTPStatus.OK, _HTML, page.encode(), policy=policy(nonce))
-        elif route.startswith("/api/run/"):
-            doc = server.run(unquote(route[len("/api/run/") :]))
-            self._send(HTTPStatus.OK, "application/json", _encode(doc).encode())
+                html = render_run_page(run, nonce=nonce)
+                self._send(HTTPStatus.OK, _HTML, html.encode(), policy=policy(nonce))
         elif route == "/favicon.ico":  # asked for by every browser: none, and no error
             self._send(HTTPStatus.NO_CONTENT, "image/x-icon", b"")
         else:
             self._send(HTTPStatus.NOT_FOUND, "text/plain", b"not found\n")
 
-    def _page(self, query: str) -> None:
-        states, _ = parse_query(query)  # a bad query: a 400, before the database is read
+    def _page(self, states: frozenset[str], page: int) -> None:
         nonce = secrets.token_urlsafe(16)
         doc, chart, error = None, "", None
         try:
-            doc, chart = self.server.page(query)
-        except BadRequest:
-            raise
+            doc, chart = self.server.page(states, page)
         except PreemptibleError as exc:
             error = f"database unreachable: {exc}"
-        page = render_page(doc, error, nonce=nonce, chart=chart, states=states)
+        html = render_page(doc, error, nonce=nonce, chart=chart, states=states)
         status = HTTPStatus.OK if error is None else HTTPStatus.SERVICE_UNAVAILABLE
-        self._send(status, _HTML, page.encode(), policy=policy(nonce))
+        self._send(status, _HTML, html.encode(), policy=policy(nonce))
 
     def _send(self, status: HTTPStatus, kind: str, body: bytes, *, policy: str = "") -> None:
         self.send_response(status)

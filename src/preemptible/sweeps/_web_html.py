@@ -66,10 +66,6 @@ CSS += "".join(f".s-{s}{{color:{c};font-weight:bold}}\n" for s, c in STATE_COLOU
 CSS += "".join(f"#filters .c-{s}{{background:{c}}}\n" for s, c in STATE_COLOURS.items())
 
 
-class BadRequest(ConfigError):
-    """A query the page cannot answer: a 400 with this one line."""
-
-
 def _e(value: object) -> str:
     """``value`` as HTML text or attribute: escaped, control characters as escapes."""
     return html.escape(printable(str(value)), quote=True)
@@ -98,11 +94,11 @@ def policy(nonce: str) -> str:
 
 def parse_query(query: str) -> tuple[frozenset[str], int]:
     """The states (``state=A&state=B`` or ``state=A,B``; none: every run) and the page
-    number (from 1) a query asks for; BadRequest names what is wrong."""
+    number (from 1) a query asks for; ConfigError names what is wrong (the server: a 400)."""
     try:
         fields = parse_qs(query, keep_blank_values=False, strict_parsing=False, max_num_fields=64)
     except ValueError as exc:
-        raise BadRequest(f"the query cannot be read: {exc}") from None
+        raise ConfigError(f"the query cannot be read: {exc}") from None
     states: set[str] = set()
     for value in fields.get("state", ()):
         for state in value.split(","):
@@ -110,7 +106,7 @@ def parse_query(query: str) -> tuple[frozenset[str], int]:
             if not name:
                 continue
             if name not in STATES:
-                raise BadRequest(
+                raise ConfigError(
                     f"state={printable(state)[:40]!r} is not a run state; use {', '.join(STATES)}"
                 )
             states.add(name)
@@ -119,11 +115,11 @@ def parse_query(query: str) -> tuple[frozenset[str], int]:
     if pages:
         text = pages[-1]
         if not (text.isascii() and text.isdecimal()) or not 1 <= int(text) <= MAX_PAGE:
-            raise BadRequest(f"page={printable(text)[:40]!r} is not valid; use a number from 1")
+            raise ConfigError(f"page={printable(text)[:40]!r} is not valid; use a number from 1")
         page = int(text)
     unknown = sorted(set(fields) - {"state", "page", "t"})
     if unknown:
-        raise BadRequest(
+        raise ConfigError(
             f"unknown query field {printable(unknown[0])[:40]!r}; the page takes state= and page="
         )
     return frozenset(states), page

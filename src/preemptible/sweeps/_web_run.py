@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._errors import ConfigError, PreemptibleError
+from .._errors import ConfigError
 from .._paths import RunPaths, read_regular, tail_lines
 from .._states import Ending, QueueState
 from .._text import format_age, printable
@@ -38,10 +38,6 @@ MAX_RECORDS = 10  # the newest attempts' records shown
 MAX_CURVES = 12  # metrics drawn (the sweep's metric first)
 _COLOURS = ("#1f77b4", "#9467bd", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 _MARK_COLOURS = {"preempted": STATE_COLOURS[QueueState.PREEMPTED], "resumed": "#2ca02c"}
-
-
-class NotFound(PreemptibleError):
-    """No such run in the sweep served (or an id that names none): a 404."""
 
 
 # -- the data ---------------------------------------------------------------------------------
@@ -138,16 +134,17 @@ def run_document(
     home: Path,
     metric: str | None,
     now: float | None = None,
-) -> dict[str, Any]:
-    """What ``/api/run/ID`` answers (NotFound for an id that names no run of this sweep)."""
+) -> dict[str, Any] | None:
+    """What ``/api/run/ID`` answers; None when ``run_id`` is not a run id (``check_run_id``:
+    nothing is read for it) or names no run of the sweep ``sweep_id``."""
     at = time.time() if now is None else now
     try:
         check_run_id(run_id, "the address")
         run = store.run(run_id)
-    except ConfigError:
-        raise NotFound(f"no run {printable(run_id)[:130]!r} in sweep {sweep_id}") from None
+    except ConfigError:  # not a plain name, or no such run
+        return None
     if run.sweep_id != sweep_id:
-        raise NotFound(f"run {run_id} is not in sweep {sweep_id}")
+        return None
     attempts = store.attempts(run_id)
     steps = [a.checkpoint_step for a in attempts if a.checkpoint_step is not None]
     newest = attempts[-1] if attempts else None
