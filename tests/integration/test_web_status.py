@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -309,3 +310,28 @@ def test_the_page_follows_a_preemption_and_filters_in_a_browser(
         tab.close()
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(timeout=10) == 0
+
+
+def test_on_postgresql_the_page_never_shows_the_password(pg_server: Any) -> None:
+    secret = "Sup3r-s3cret"
+    with pg_server.database() as name:
+        parts = urllib.parse.urlsplit(pg_server.database_url(name))
+        user = parts.username or "postgres"
+        netloc = f"{user}:{secret}@{parts.hostname}:{parts.port}"
+        url = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+        s = open_store(url, retry_timeout=30)
+        try:
+            sweep, ids = _sweep(s)
+            with _serve(url, sweep, "--port", "0") as served:
+                doc = json.loads(served.get("/api/sweep?state=FINISHED")[2])
+                assert [r["run_id"] for r in doc["runs"]] == [ids[0]]
+                assert doc["best"] == {"run_id": ids[0], "metric": 0.25}
+                assert doc["database"].startswith("postgresql://") and secret not in doc["database"]
+                for path in ("/", "/api/sweep", f"/run/{ids[1]}", f"/api/run/{ids[0]}"):
+                    status, _, body = served.get(path)
+                    assert status == 200 and secret not in body, path
+                served.proc.send_signal(signal.SIGTERM)
+                assert served.proc.wait(timeout=10) == 0
+                assert secret not in "".join(list(served.lines.queue))
+        finally:
+            s.close()
