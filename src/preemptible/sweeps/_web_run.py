@@ -217,7 +217,7 @@ async function refresh() {
       const open = new Set([...document.querySelectorAll('details[open]')].map((d) => d.id));
       if (fresh) {
         document.getElementById('live').replaceWith(document.importNode(fresh, true));
-        for (const d of document.querySelectorAll('details')) if (open.has(d.id)) d.open = true;
+        for (const d of document.querySelectorAll('details')) d.open = open.has(d.id);
       }
       document.getElementById('status').textContent = 'updated ' +
         new Date().toLocaleTimeString();
@@ -303,12 +303,13 @@ def _file_parts(doc: Mapping[str, Any]) -> str:
         "give status --serve the same --home)</div>"
     )
     out.append("<h2>records</h2>")
-    for r in reversed(files["records"]):
+    for i, r in enumerate(reversed(files["records"])):
         n = r["attempt"]
         body = _pre(r["text"].splitlines()) if r["text"] is not None else "<div>none</div>"
+        shown = " open" if i == 0 else ""  # the newest (the script keeps what the reader chose)
         out.append(
-            f'<details id="record-{n}"><summary>attempt {n}: attempt-{n}/record.json</summary>'
-            f"{body}</details>"
+            f'<details id="record-{n}"{shown}><summary>attempt {n}: attempt-{n}/record.json'
+            f"</summary>{body}</details>"
         )
     if not files["records"]:
         out.append('<div class="note">no attempt yet</div>')
