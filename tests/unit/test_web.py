@@ -352,16 +352,16 @@ def test_the_timeline_draws_each_attempt_and_marks_the_stops() -> None:
     doc = {
         "now": 1400.0,
         "runs": [
-            {"run_id": EVIL, "index": 1, "attempts": [attempt(1, 1000.0, 1100.0, "FINISHED")]},
+            {"run_id": EVIL, "index": 1, "attempt_log": [attempt(1, 1000.0, 1100.0, "FINISHED")]},
             {
                 "run_id": "r-0",
                 "index": 0,
-                "attempts": [
+                "attempt_log": [
                     attempt(1, 1000.0, 1200.0, "PREEMPTED"),
                     attempt(2, 1210.0, None, None),
                 ],
             },
-            {"run_id": "r-2", "index": 2, "attempts": []},
+            {"run_id": "r-2", "index": 2, "attempt_log": []},
         ],
     }
     svg = timeline_svg(doc)

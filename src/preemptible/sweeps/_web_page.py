@@ -96,7 +96,7 @@ def sweep_document(
                 "age": age,
                 "agent": run["agent"],
                 "host": run["host"],
-                "attempts": [
+                "attempt_log": [  # as in --json, less what the timeline does not draw
                     {k: a[k] for k in ("number", "started_at", "ended_at", "ending", "lost")}
                     for a in run["attempt_log"]
                 ],

@@ -29,10 +29,10 @@ def _unit(span: float) -> tuple[float, str]:
 
 
 def timeline_svg(doc: Mapping[str, Any]) -> str:
-    """The timeline of ``doc``'s runs (each with its ``attempts``), oldest run on top."""
+    """The timeline of ``doc``'s runs (each with its ``attempt_log``), oldest run on top."""
     runs = sorted(doc.get("runs") or (), key=lambda r: r["index"])
     now = float(doc["now"])
-    starts = [a["started_at"] for r in runs for a in r.get("attempts") or ()]
+    starts = [a["started_at"] for r in runs for a in r.get("attempt_log") or ()]
     height = _TOP + _BOTTOM + ROW * max(1, len(runs))
     head = (
         f'<svg xmlns="{_NS}" id="timeline" class="chart" viewBox="0 0 {WIDTH} {height}" '
@@ -50,7 +50,7 @@ def timeline_svg(doc: Mapping[str, Any]) -> str:
     ends = [
         (a["ended_at"] if a["ended_at"] is not None else now)
         for r in runs
-        for a in r.get("attempts") or ()
+        for a in r.get("attempt_log") or ()
     ]
     span = max(max(ends) - origin, 1e-3)
     unit, name = _unit(span)
@@ -79,7 +79,7 @@ def timeline_svg(doc: Mapping[str, Any]) -> str:
             f'<g class="run" data-run="{_e(run["run_id"])}"><text x="{_LEFT - 6}" '
             f'y="{y + ROW - 4}" text-anchor="end" font-size="11" fill="#333">{_e(label)}</text>'
         )
-        for a in run.get("attempts") or ():
+        for a in run.get("attempt_log") or ():
             end = a["ended_at"] if a["ended_at"] is not None else now
             x0, x1 = sx(a["started_at"]), sx(end)
             ending = a["ending"]
