@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit venv clean
+.PHONY: demo test lint unit venv clean screenshots
 
 venv: $(STAMP)
 
@@ -37,6 +37,11 @@ test: lint
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -n 2 tests/unit
+
+# The README's pictures of the web page (docs/status-page.png, docs/status-run-page.png): the
+# demo's test takes them in headless chromium (Debian's: apt-get install -y chromium).
+screenshots: $(STAMP)
+	PREEMPTIBLE_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/integration/test_sweep_demo.py -k serves_its_page
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

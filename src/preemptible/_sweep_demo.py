@@ -12,6 +12,10 @@ Which runs are preempted is fixed (agent 1 is started alone, so its first run is
 stop file waits for run 3), so the story and the status table have the same shape every time;
 ``--seed`` picks the steps at which the stops land.
 
+With ``--serve`` the demo ends by serving its sweep's web page (``status --serve``: the runs
+table, each run's curves with its preemption and resume marked) until Ctrl+C; without it,
+it prints the command that serves the page, which works during the demo and after it.
+
 Each agent has a stop file of its own (``PREEMPTIBLE_STOP_FILE`` in its environment, passed
 on to its runs): touching it stops exactly the run that agent is running, never another
 agent's, and the run removes it when it takes the request, so the resumed run goes on.
@@ -244,7 +248,7 @@ class _Demo:
         )
         self.echo(  # the page reads the queue only: open it now or after the demo
             f"     live web page: preemptible status {self.sweep_id} --db {shlex.quote(self.db)} "
-            "--serve (then open http://127.0.0.1:8765/)"
+            f"--home {shlex.quote(str(self.home))} --serve (then open http://127.0.0.1:8765/)"
         )
         self._start_agent()
         self._wait_for_claim()  # alone, agent 1 claims run 0
@@ -460,9 +464,18 @@ class _Demo:
             self._store.close()
 
 
-def run_sweep_demo(workdir: Path, *, seed: int | None, echo: Callable[[str], None]) -> int:
+def run_sweep_demo(
+    workdir: Path,
+    *,
+    seed: int | None,
+    echo: Callable[[str], None],
+    serve: bool = False,
+    port: int = 8765,
+) -> int:
     """Run the sweep demo in ``workdir`` (which must exist and be writable); 0 when every
-    check passed, 1 otherwise (the reason is echoed)."""
+    check passed, 1 otherwise (the reason is echoed). ``serve``: then serve the sweep's web
+    page on ``port`` (``status --serve``) until Ctrl+C, SIGTERM or SIGHUP, whatever the
+    outcome, once the sweep exists (its agents are stopped by then)."""
     demo = _Demo(workdir, seed, echo)
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -470,14 +483,19 @@ def run_sweep_demo(workdir: Path, *, seed: int | None, echo: Callable[[str], Non
         for stop in (signal.SIGTERM, signal.SIGHUP):
             previous[stop] = signal.signal(stop, _interrupt)
     try:
-        return demo.run()
+        code = demo.run()
     except _DemoFailed as exc:
         echo(f"  FAILED: {exc}")
-        return 1
+        code = 1
     finally:
         demo.cleanup()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if serve and demo.sweep_id:
+        from .sweeps._web import serve_status
+
+        serve_status(demo.db, demo.sweep_id, port=port, home=demo.home, echo=echo)
+    return code
 
 
 def _last_line(text: str) -> str:

@@ -227,12 +227,30 @@ def doctor(as_json: bool) -> None:
     default=None,
     help="Where the queue, runs and checkpoints go (default: a temporary directory).",
 )
-def demo(single: bool, steps: int | None, seed: int | None, workdir: Path | None) -> None:
+@click.option(
+    "--serve",
+    is_flag=True,
+    help="Then serve the sweep's web page (status --serve) until Ctrl+C.",
+)
+@click.option("--port", type=int, default=None, help="--serve's port (0: any) [default: 8765].")
+def demo(
+    single: bool,
+    steps: int | None,
+    seed: int | None,
+    workdir: Path | None,
+    serve: bool,
+    port: int | None,
+) -> None:
     """Run a 6-run sweep with two agents on an SQLite queue, preempt two runs mid-way (SIGTERM
     to an agent, a stop file), let other agents resume them, and compare their final weights
-    with uninterrupted runs bit for bit. --single: one run, SIGTERM, resume, compare."""
+    with uninterrupted runs bit for bit; --serve: then serve its web page until Ctrl+C.
+    --single: one run, SIGTERM, resume, compare."""
     if steps is not None and not single:
         _fail("--steps is for --single; the sweep demo's runs have a fixed length")
+    if single and serve:
+        _fail("--serve is for the sweep demo, not --single")
+    if port is not None and not serve:
+        _fail("--port goes with --serve")
     if importlib.util.find_spec("torch") is None:  # not imported here: a bad --workdir is quick
         _fail("the demo needs PyTorch: pip install 'preemptible[torch]'")
     try:
@@ -249,8 +267,21 @@ def demo(single: bool, steps: int | None, seed: int | None, workdir: Path | None
         )
     if not single:
         from ._sweep_demo import run_sweep_demo
+        from .sweeps._web import DEFAULT_PORT, check_port
 
-        sys.exit(run_sweep_demo(workdir, seed=seed, echo=click.echo))
+        try:
+            if serve:  # a busy port: said now, not after the demo
+                check_port("127.0.0.1", DEFAULT_PORT if port is None else port)
+            code = run_sweep_demo(
+                workdir,
+                seed=seed,
+                echo=click.echo,
+                serve=serve,
+                port=DEFAULT_PORT if port is None else port,
+            )
+        except PreemptibleError as exc:  # the page could not be served
+            _fail(str(exc))
+        sys.exit(code)
     steps = 200 if steps is None else steps
     rng = random.Random(seed)
     stop_at = rng.randrange(steps // 5, steps - steps // 5)
@@ -534,6 +565,7 @@ def runs(home: Path, as_json: bool) -> None:
 @click.option("--serve", is_flag=True, help="Serve the sweep as a live web page until Ctrl+C.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address --serve binds.")
 @click.option("--port", type=int, default=8765, show_default=True, help="--serve's port (0: any).")
+@_home_option("With --serve: the agents' --home, where a run's page reads its journal and records.")
 def status(
     sweep_id: str | None,
     db: str | None,
@@ -543,6 +575,7 @@ def status(
     serve: bool,
     host: str,
     port: int,
+    home: Path,
 ) -> None:
     """The sweeps in the database, or one sweep's runs (state, attempts, checkpoint step,
     metric, agent@host, heartbeat age, duration); --serve: as a web page."""
@@ -554,7 +587,7 @@ def status(
                 _fail("--serve needs a SWEEP_ID, and no --json, --watch or --plot")
             from .sweeps._web import serve_status
 
-            serve_status(db, sweep_id, host=host, port=port)
+            serve_status(db, sweep_id, host=host, port=port, home=home)
             return
         show_status(db, sweep_id, as_json=as_json, watch_every=watch, plot=plot)
     except PreemptibleError as exc:

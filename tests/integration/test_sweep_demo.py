@@ -1,17 +1,27 @@
-"""``preemptible demo`` (the sweep): run for real in a temporary directory, its story checked
-line by line and its outcome read back from the queue it used."""
+"""``preemptible demo`` (the sweep): run for real in a temporary directory (the CLI, with
+``--serve``), its story checked line by line, its outcome read back from the queue it used,
+its web page read (and shown in the session's browser, where there is one) until Ctrl+C."""
 
 from __future__ import annotations
 
+import json
 import re
+import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from preemptible._states import RecordState
 from preemptible._sweep_demo import SIGTERM_RUN, STOP_FILE_RUN, run_sweep_demo
 from preemptible.sweeps._store import open_store
+from tests.conftest import Child
+from tests.support.browser import SCREENSHOTS, Tab
+
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -27,47 +37,102 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-@pytest.mark.timeout(300)
-def test_the_demo_preempts_two_runs_and_each_resumes_bit_for_bit(tmp_path: Path) -> None:
-    lines: list[str] = []
-    code = run_sweep_demo(tmp_path, seed=5, echo=lines.append)
-    out = "\n".join(lines)
-    assert code == 0, out
-    sweep = re.search(r"^  1\. sweep (\w+) created", out, re.MULTILINE)
-    assert sweep, out
-    sweep_id = sweep.group(1)
-    assert f"live web page: preemptible status {sweep_id} --db sqlite:///" in out
-    assert re.search(
-        rf"SIGTERM to agent 1 during step \d+ of run {sweep_id}-{SIGTERM_RUN}: agent exit 143, "
-        "run PREEMPTED at step \\d+, back in the queue",
-        out,
-    ), out
-    assert re.search(
-        rf"stop file touched during step \d+ of run {sweep_id}-{STOP_FILE_RUN} \(agent [23]\): "
-        "run PREEMPTED at step \\d+, back in the queue",
-        out,
-    ), out
-    verdicts = [line for line in lines if "the same run uninterrupted" in line]
-    assert len(verdicts) == 2, out
-    assert all("identical, bit for bit" in line for line in verdicts), out
-    assert "DIFFERENT" not in out and "FAILED" not in out
-    png = tmp_path / "timeline.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"timeline of the attempts: {png}" in out
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
 
-    with open_store(f"sqlite:///{tmp_path}/queue.db") as store:
-        runs = store.runs(sweep_id)
-        attempts = {run.index: store.attempts(run.id) for run in runs}
-    assert [run.state for run in runs] == ["FINISHED"] * 6
-    for index, tries in attempts.items():
-        preempted = index in (SIGTERM_RUN, STOP_FILE_RUN)
-        endings = ["PREEMPTED", "FINISHED"] if preempted else ["FINISHED"]
-        assert [a.ending for a in tries] == endings, (index, tries)
-    stopped, resumed = attempts[SIGTERM_RUN]
-    assert stopped.exit_code == 143 and resumed.agent != stopped.agent
-    assert attempts[STOP_FILE_RUN][0].exit_code == 143  # a notice's code
-    assert not list(tmp_path.glob("stop-agent-*"))  # taken by the run, or removed
+
+@pytest.mark.timeout(300)
+def test_the_demo_preempts_two_runs_resumes_each_bit_for_bit_and_serves_its_page(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    argv = ["demo", "--serve", "--port", "0", "--seed", "5", "--workdir", str(tmp_path)]
+    demo = Child([sys.executable, "-m", "preemptible", *argv], env={"PYTHONPATH": str(SRC)})
+    sweep_id = "no sweep yet"
+    try:
+        served = demo.wait_line(lambda line: line.startswith("serving sweep "), timeout=270)
+        lines = demo.lines
+        out = demo.output
+        sweep = re.search(r"^  1\. sweep (\w+) created", out, re.MULTILINE)
+        assert sweep, out
+        sweep_id = sweep.group(1)
+        home = tmp_path / ".preemptible"
+        assert f"live web page: preemptible status {sweep_id} --db sqlite:///" in out
+        assert f"--home {home} --serve" in out
+        assert re.search(
+            rf"SIGTERM to agent 1 during step \d+ of run {sweep_id}-{SIGTERM_RUN}: agent exit "
+            "143, run PREEMPTED at step \\d+, back in the queue",
+            out,
+        ), out
+        assert re.search(
+            rf"stop file touched during step \d+ of run {sweep_id}-{STOP_FILE_RUN} \(agent "
+            "[23]\\): run PREEMPTED at step \\d+, back in the queue",
+            out,
+        ), out
+        verdicts = [line for line in lines if "the same run uninterrupted" in line]
+        assert len(verdicts) == 2, out
+        assert all("identical, bit for bit" in line for line in verdicts), out
+        assert "DIFFERENT" not in out and "FAILED" not in out
+        png = tmp_path / "timeline.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"timeline of the attempts: {png}" in out
+        assert not _processes_mentioning(sweep_id), "agents still running while it serves"
+
+        with open_store(f"sqlite:///{tmp_path}/queue.db") as store:
+            runs = store.runs(sweep_id)
+            attempts = {run.index: store.attempts(run.id) for run in runs}
+        assert [run.state for run in runs] == ["FINISHED"] * 6
+        for index, tries in attempts.items():
+            preempted = index in (SIGTERM_RUN, STOP_FILE_RUN)
+            endings = ["PREEMPTED", "FINISHED"] if preempted else ["FINISHED"]
+            assert [a.ending for a in tries] == endings, (index, tries)
+        stopped, resumed = attempts[SIGTERM_RUN]
+        assert stopped.exit_code == 143 and resumed.agent != stopped.agent
+        assert attempts[STOP_FILE_RUN][0].exit_code == 143  # a notice's code
+        assert not list(tmp_path.glob("stop-agent-*"))  # taken by the run, or removed
+
+        # the page it serves: the sweep, and each preempted run with where it stopped and
+        # resumed, its journal and records read from the demo's home
+        url = re.search(r"at (http://\S+/)", served)
+        assert url, served
+        address = url.group(1)
+        doc = _get(address + "api/sweep")
+        assert doc["counts"]["FINISHED"] == 6 and doc["best"] is not None
+        run = _get(f"{address}api/run/{sweep_id}-{SIGTERM_RUN}")
+        step = stopped.checkpoint_step
+        assert [(m["kind"], m["step"]) for m in run["marks"]] == [
+            ("preempted", step),
+            ("resumed", step),
+        ]
+        assert len(run["files"]["journal"]) == 2  # a line per attempt
+        assert f'"state": "{RecordState.STOPPED}"' in (run["files"]["records"][0]["text"] or "")
+        _browse(request, address, sweep_id, tmp_path)
+    finally:
+        if demo.proc.poll() is None:
+            demo.signal(signal.SIGINT)  # Ctrl+C: the page stops, the demo's own code is kept
+        rc = demo.wait(30)
+    assert rc == 0, demo.output
+    assert demo.lines[-1] == "stopped (SIGINT)", demo.output
     assert not _processes_mentioning(sweep_id), "agents left running"
+
+
+def _browse(request: pytest.FixtureRequest, address: str, sweep_id: str, tmp_path: Path) -> None:
+    """The demo's pages in the session's browser (where there is one): screenshots for the
+    README (``make screenshots``)."""
+    try:
+        browser = request.getfixturevalue("browser")
+    except pytest.skip.Exception as exc:
+        if SCREENSHOTS:  # asked for the README's pictures: no browser is a failure here
+            raise AssertionError(f"PREEMPTIBLE_SCREENSHOTS is set, but: {exc}") from None
+        return
+    tab = Tab(browser)
+    tab.page.goto(address)
+    assert tab.page.locator("#runs tr").count() == 6
+    tab.shoot(tmp_path, "status-page.png", readme=True)
+    tab.page.goto(f"{address}run/{sweep_id}-{SIGTERM_RUN}")
+    assert tab.page.locator("#attempts tr.ending-PREEMPTED").count() == 1
+    tab.shoot(tmp_path, "status-run-page.png", readme=True)
+    tab.close()
 
 
 @pytest.mark.timeout(60)

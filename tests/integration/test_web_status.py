@@ -1,6 +1,7 @@
 """``preemptible status SWEEP --serve``: the real CLI as a child process, serving a real SQLite
 sweep queue whose runs went through the Store API; read with urllib (and, where chromium is
-installed, in a headless browser); stopped with real signals."""
+installed, in the session's headless browser: tests/support/browser.py); stopped with real
+signals."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,18 +27,19 @@ from typing import Any
 import pytest
 
 from preemptible.sweeps._store import Store, open_store
+from tests.support.browser import Tab
 
 pytestmark = pytest.mark.timeout(120)
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-SPEC: dict[str, Any] = {
-    "method": "random",
-    "metric": {"name": "loss", "goal": "minimize"},
-    "parameters": {"lr": {"min": 0.001, "max": 0.1}},
-}
 EVIL = "<script>alert('x')</script>"
 EVIL_PARAM = '"><svg onload=alert(1)>'  # within the cell's 24 characters
-CHROMIUM = "/usr/bin/chromium"
+METRIC = "<img src=x onerror=alert(2)>"  # the metric's name, as the spec gives it
+SPEC: dict[str, Any] = {
+    "method": "random",
+    "metric": {"name": METRIC, "goal": "minimize"},
+    "parameters": {"lr": {"min": 0.001, "max": 0.1}},
+}
 
 
 def _sweep(store: Store) -> tuple[str, list[str]]:
@@ -49,7 +51,7 @@ def _sweep(store: Store) -> tuple[str, list[str]]:
         c = store.claim(sweep, agent=f"a{i}", host="h", lease=600, propose=None)
         assert c is not None and c.index == i
         claims.append(c)
-    done = {"exit_code": 0, "duration": 1.0, "checkpoint_step": 50, "summary": {"loss": 0.25}}
+    done = {"exit_code": 0, "duration": 1.0, "checkpoint_step": 50, "summary": {METRIC: 0.25}}
     assert store.finish(claims[0].run_id, agent="a0", attempt=1, ending="FINISHED", **done)
     failed = {"exit_code": 1, "duration": 1.0, "checkpoint_step": None, "summary": None}
     assert store.finish(claims[2].run_id, agent="a2", attempt=1, ending="FAILED", **failed)
@@ -122,7 +124,7 @@ def test_page_and_api_escaped_404_and_sigterm(store: tuple[Store, str]) -> None:
         status, kind, page = served.get("/")
         assert status == 200 and kind.startswith("text/html")
         assert EVIL not in page and EVIL_PARAM not in page
-        assert html_escaped(EVIL) in page
+        assert html_escaped(EVIL) in page and METRIC not in page
         assert "&quot;&gt;&lt;svg onload=alert(1)&gt;" in page
         for run_id in ids:
             assert f'data-run="{run_id}"' in page
@@ -144,6 +146,40 @@ def test_page_and_api_escaped_404_and_sigterm(store: tuple[Store, str]) -> None:
 
         for path in ("/etc/passwd", "/../sweeps.db", "/api", "/api/sweep/x", "/index.html"):
             assert served.get(path)[0] == 404, path
+        # a run id never leaves its directory, and names a run of this sweep only
+        for path in ("/run/..%2F..%2Fetc", "/run/a/b", "/api/run/..", f"/run/{ids[0]}/", "/run/"):
+            assert served.get(path)[0] == 404, path
+        assert served.get("/api/sweep?state=LOST")[0] == 400
+        status, _, body = served.get("/?page=0")
+        assert status == 400 and "page='0' is not valid" in body
+
+        # filtered and paged: the same query for the page, its data and its timeline
+        status, _, body = served.get("/api/sweep?state=FINISHED&state=failed")
+        doc = json.loads(body)
+        assert [r["run_id"] for r in doc["runs"]] == [ids[0], ids[2]]
+        assert doc["filter"] == ["FINISHED", "FAILED"] and doc["page"]["matching"] == 2
+        assert doc["best"] == {"run_id": ids[0], "metric": 0.25}
+        status, _, page = served.get("/?state=RUNNING")
+        assert (
+            status == 200 and f'data-run="{ids[1]}"' in page and f'data-run="{ids[0]}"' not in page
+        )
+        assert 'value="RUNNING" checked' in page
+        status, kind, svg = served.get("/best.svg")
+        assert (
+            status == 200
+            and kind == "image/svg+xml"
+            and 'class="marker marker-best" data-step="0"' in svg
+        )
+        assert METRIC not in svg and html_escaped(METRIC) in svg
+
+        # a run's page and its data
+        status, kind, page = served.get(f"/run/{ids[1]}")
+        assert status == 200 and kind.startswith("text/html")
+        assert EVIL_PARAM not in page and html_escaped(EVIL_PARAM) in page
+        status, _, body = served.get(f"/api/run/{ids[0]}")
+        run = json.loads(body)
+        assert run["state"] == "FINISHED" and run["checkpoint_step"] == 50
+        assert [a["ending"] for a in run["attempt_log"]] == ["FINISHED"]
 
         # another Host header (DNS rebinding) is refused
         host, port = served.url.split("//")[1].rstrip("/").split(":")
@@ -203,53 +239,99 @@ def test_unknown_sweep_is_one_line(store: tuple[Store, str]) -> None:
     assert done.returncode == 2 and "no sweep 'nope'" in done.stderr
 
 
-BROWSER_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+def _row(run_id: str) -> str:
+    return f'document.querySelector(`tr[data-run="{run_id}"]`)'
 
 
-def test_the_page_updates_in_a_browser(store: tuple[Store, str], tmp_path: Path) -> None:
-    if not shutil.which(CHROMIUM):
-        pytest.skip(f"no chromium at {CHROMIUM} (apt-get install -y chromium)")
-    playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+def test_the_page_follows_a_preemption_and_filters_in_a_browser(
+    store: tuple[Store, str], tmp_path: Path, browser: Any
+) -> None:
     s, url = store
     sweep, ids = _sweep(s)
+    s.add_runs(sweep, [{"lr": 0.001 * i} for i in range(8)])
+    for i in range(8):  # a history: run 3 and 7 more finish, getting better; one is left
+        c = s.claim(sweep, agent=f"b{i}", host="node2", lease=600, propose=None)
+        assert c is not None
+        end = {"exit_code": 0, "duration": 1.0, "checkpoint_step": 50}
+        summary = {METRIC: 0.9 - 0.1 * (i % 5)}
+        s.finish(c.run_id, agent=f"b{i}", attempt=1, ending="FINISHED", summary=summary, **end)
     with _serve(url, sweep, "--port", "0") as served:
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-            try:
-                page = browser.new_page()
-                errors: list[str] = []
-                page.on("pageerror", lambda exc: errors.append(str(exc)))
-                dialogs: list[str] = []
-                page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-                page.goto(served.url)
-                state = page.locator(f'tr[data-run="{ids[1]}"] td.state')
-                assert state.text_content() == "RUNNING"
-                # the run finishes: the table shows it within a few refreshes
-                done = {"exit_code": 0, "duration": 2.0, "checkpoint_step": 70, "summary": None}
-                s.finish(ids[1], agent="a1", attempt=1, ending="FINISHED", **done)
-                page.wait_for_function(
-                    'id => document.querySelector(`tr[data-run="${id}"]`).dataset.state'
-                    " === 'FINISHED'",
-                    arg=ids[1],
-                    timeout=15_000,
-                )
-                assert state.text_content() == "FINISHED"
-                row = page.locator(f'tr[data-run="{ids[1]}"]')
-                assert EVIL_PARAM in (row.locator("td.params").text_content() or "")
-                assert page.locator("#status").text_content().startswith("updated")
-                assert "2 FINISHED" in (page.locator("#counts").text_content() or "")
-                page.screenshot(path=str(tmp_path / "status.png"), full_page=True)
-                assert (tmp_path / "status.png").stat().st_size > 1000
-                assert errors == [] and dialogs == []  # no script error, no injected alert
-            finally:
-                browser.close()
+        tab = Tab(browser)
+        page = tab.page
+        page.goto(served.url)
+        assert page.locator(f'tr[data-run="{ids[1]}"] td.state').text_content() == "RUNNING"
+        assert EVIL in (page.locator("#header").text_content() or "")
+        assert METRIC in (page.locator("#best").text_content() or "")
+
+        # the run is preempted: back in the queue with its preemption counted ...
+        stop = {"exit_code": 143, "duration": 2.0, "checkpoint_step": 30, "summary": None}
+        assert s.finish(ids[1], agent="a1", attempt=1, ending="PREEMPTED", **stop) == "PENDING"
+        tab.wait(f"{_row(ids[1])}.dataset.state === 'PENDING'")
+        attempt = page.locator(f'tr[data-run="{ids[1]}"] td.attempt')
+        assert attempt.text_content() == "1 (1p)"
+        # ... and resumed by another agent: its second attempt runs
+        again = s.claim(sweep, agent="a9", host="h9", lease=600, propose=None)
+        assert again is not None and (again.run_id, again.attempt) == (ids[1], 2)
+        tab.wait(f"{_row(ids[1])}.dataset.state === 'RUNNING'")
+        assert attempt.text_content() == "2 (1p)"
+        assert "a9@h9" in (page.locator(f'tr[data-run="{ids[1]}"]').text_content() or "")
+        params = page.locator(f'tr[data-run="{ids[1]}"] td.params').text_content() or ""
+        assert EVIL_PARAM in params  # shown as text: no element was made of it
+
+        # a better run finishes: the best line and the chart follow
+        done = {"exit_code": 0, "duration": 1.0, "checkpoint_step": 60, "summary": {METRIC: 0.01}}
+        s.finish(ids[1], agent="a9", attempt=2, ending="FINISHED", **done)
+        tab.wait(
+            "document.querySelector('#best-chart .marker-best')?.dataset.step === arg",
+            "1",
+        )
+        assert ids[1] in (page.locator("#best a").text_content() or "")
+        tab.shoot(tmp_path, "status-page.png")
+
+        # filters: the URL says which, a reload keeps them, and the table shows only them
+        page.locator("#filters label.c-FAILED").click()
+        page.locator("#filters label.c-PENDING").click()
+        tab.wait("location.search === '?state=PENDING&state=FAILED'")
+        tab.wait(
+            "[...document.querySelectorAll('#runs tr')].map(r => r.dataset.state).join() === "
+            "'FAILED,PENDING'"
+        )
+        assert "of 2 PENDING or FAILED" in (page.locator("#pageinfo").text_content() or "")
+        page.reload()
+        assert page.locator("input[value=FAILED]").is_checked()
+        assert page.locator("#runs tr").count() == 2
+        page.go_back()  # the page before the second filter: FAILED alone
+        tab.wait("location.search === '?state=FAILED'")
+        tab.wait("document.querySelectorAll('#runs tr').length === 1")
+        assert not page.locator("input[value=PENDING]").is_checked()
+        page.locator(f'tr[data-run="{ids[2]}"] td.run a').click()  # to the run's page
+        page.wait_for_url(f"**/run/{ids[2]}")
+        assert page.locator("#attempts tr.ending-FAILED").count() == 1
+        tab.close()
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(timeout=10) == 0
+
+
+def test_on_postgresql_the_page_never_shows_the_password(pg_server: Any) -> None:
+    secret = "Sup3r-s3cret"
+    with pg_server.database() as name:
+        parts = urllib.parse.urlsplit(pg_server.database_url(name))
+        user = parts.username or "postgres"
+        netloc = f"{user}:{secret}@{parts.hostname}:{parts.port}"
+        url = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+        s = open_store(url, retry_timeout=30)
+        try:
+            sweep, ids = _sweep(s)
+            with _serve(url, sweep, "--port", "0") as served:
+                doc = json.loads(served.get("/api/sweep?state=FINISHED")[2])
+                assert [r["run_id"] for r in doc["runs"]] == [ids[0]]
+                assert doc["best"] == {"run_id": ids[0], "metric": 0.25}
+                assert doc["database"].startswith("postgresql://") and secret not in doc["database"]
+                for path in ("/", "/api/sweep", f"/run/{ids[1]}", f"/api/run/{ids[0]}"):
+                    status, _, body = served.get(path)
+                    assert status == 200 and secret not in body, path
+                served.proc.send_signal(signal.SIGTERM)
+                assert served.proc.wait(timeout=10) == 0
+                assert secret not in "".join(list(served.lines.queue))
+        finally:
+            s.close()

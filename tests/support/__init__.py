@@ -12,6 +12,7 @@ reference fixture ``reference_runs``: one uninterrupted run per command for the 
 readme    the harness that runs or checks every README.md code block
 files     a directory whose entries cannot be removed; a file touched anew
 sweeps    ``preemptible sweep create`` and friends as real processes
+browser   fixture ``browser`` (headless chromium, one per session) and ``Tab``, a page of it
 cpu       with PREEMPTIBLE_TEST_CPU_LOG=FILE, each test's wall and CPU seconds (lane balancing)
 
 Test modules import from here (or from tests/conftest.py), never from another test module.

@@ -32,7 +32,7 @@ DOCUMENTED = {
         "--home": "PREEMPTIBLE_HOME",
     },
     "runs": {"--home": "PREEMPTIBLE_HOME"},
-    "status": {"--db": "PREEMPTIBLE_DB"},
+    "status": {"--db": "PREEMPTIBLE_DB", "--home": "PREEMPTIBLE_HOME"},
     **{f"sweep {c}": {"--db": "PREEMPTIBLE_DB"} for c in ("create", "stop", "pause", "resume")},
     "sweep cancel": {"--db": "PREEMPTIBLE_DB"},
 }

@@ -246,9 +246,8 @@ def _header(
 ) -> tuple[dict[str, Any], str | None, list[_Scanned]]:
     """The sweep's document (counts and best from one scan of its runs), its metric's name,
     and the scanned runs when ``keep``; ``known`` gets the summaries decoded on the way."""
-    spec, readable = _field(row["spec"], "spec", f"sweep {row['id']}", warn)
-    spec = spec or {}
-    metric = _metric_spec(spec)
+    doc = sweep_head(row, warn)
+    metric = doc["metric"]
     sign = -1.0 if metric is not None and metric["goal"] == "maximize" else 1.0
     counts = dict.fromkeys(STATES, 0)
     best_key: tuple[float, int] | None = None
@@ -271,21 +270,29 @@ def _header(
         if value is not None and (best_key is None or (sign * value, index) < best_key):
             best_key = (sign * value, index)
             best = {"run_id": run_id, "metric": value}
+    doc["counts"], doc["best"] = counts, best
+    return doc, metric["name"] if metric else None, scanned
+
+
+def sweep_head(row: Mapping[str, Any], warn: _Warnings) -> dict[str, Any]:
+    """The sweep's document from its row (``get_sweep``), with ``counts`` all 0 and no
+    ``best``: the caller counts its runs."""
+    spec, readable = _field(row["spec"], "spec", f"sweep {row['id']}", warn)
+    spec = spec or {}
     method = spec.get("method")
-    doc = {
+    return {
         "id": row["id"],
         "name": row["name"],
         "control": row["control"],
         "method": method if isinstance(method, str) else None,
-        "metric": metric,
+        "metric": _metric_spec(spec),
         "run_cap": row["run_cap"],
         "runs_created": row["runs_created"],
-        "counts": counts,
-        "best": best,
+        "counts": dict.fromkeys(STATES, 0),
+        "best": None,
         "created_at": row["created_at"],
         "unreadable": [] if readable else ["spec"],
     }
-    return doc, metric["name"] if metric else None, scanned
 
 
 def _metric_spec(spec: Mapping[str, Any]) -> dict[str, str] | None:

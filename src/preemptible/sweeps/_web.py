@@ -4,18 +4,27 @@ A small HTTP server of the standard library (one thread per request), bound to 1
 unless ``--host`` says otherwise, with fixed routes and nothing else (any other path is a 404,
 so no file is ever served from disk):
 
-* ``/``: the page, with no external assets (the machine may have no network): inline CSS,
-  the table drawn on the server, and a few lines of JavaScript that read ``/api/sweep`` every
-  2 s and redraw it. Everything shown comes from the queue, which any agent, run or spec
-  writes, so the server escapes it into the HTML and the script only ever sets text
-  (``textContent``), never markup;
-* ``/api/sweep``: the sweep as JSON (the table's document of ``_status.table_snapshot``: the
-  sweep's header and counts, at most ``MAX_ROWS`` runs, and the cells the page shows);
-* ``/plot.png``: the timeline of ``_status.timeline_figure`` (404 without matplotlib).
+* ``/``: the sweep's page (``_web_page``): the header, the counts as state filters, a page of
+  the runs table, the best run and the best-so-far chart; ``?state=A&state=B&page=N`` filters
+  and pages it, so a filtered page can be linked. No external asset (the machine may have no
+  network): inline CSS and SVG drawn here, and a script that redraws it every 2 s;
+* ``/api/sweep`` (same query): that page's data as JSON; ``/best.svg``: the chart alone;
+  ``/timeline.svg`` (same query): the attempts timeline of that page's runs, as the page
+  shows it; ``/plot.png`` (same query): the same as ``status --plot`` draws it
+  (``_status.timeline_figure``; 404 without matplotlib);
+* ``/run/ID`` and ``/api/run/ID``: a run's page and its data (``_web_run``): attempts, metric
+  curves with preemptions and resumes marked, its journal and records from ``--home``.
+
+A sweep of 100,000 runs is read whole once, then only the runs that changed
+(``_web_model``): no page sends or draws more than a table page of rows or a chart's points.
+Everything shown comes from the queue or a run's files, which any agent, run or spec writes:
+the server escapes it (``_web_html``), and the scripts only set text or put in place markup
+the server drew.
 
 The database is read with one connection (``open_store(reader=True)``), one request at a time.
 Its address is shown as ``Store.display``: never its password. A database that fails is a 503
-with the reason; the page then keeps the last table under a line saying since when.
+with the reason; the page then keeps the last table under a line saying since when. A query
+the page does not take is a 400 naming it; an unknown run, a 404.
 
 Served on a loopback address, a request must name the server by a loopback name in its
 ``Host`` header: a web page elsewhere cannot read the sweep through a DNS name of its own
@@ -28,264 +37,56 @@ database, and the command exits 0.
 
 from __future__ import annotations
 
-import html
 import importlib.util
 import io
 import ipaddress
-import json
 import logging
 import secrets
 import signal
-import sys
+import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import FrameType
-from typing import IO, Any
-from urllib.parse import urlsplit
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 from .._env import env_float
 from .._errors import ConfigError, PreemptibleError
-from .._text import format_age, printable
+from .._text import printable
 from ..stop._signals import install_handlers, restore_handlers, signal_name
-from ._status import (
-    MAX_ROWS,
-    STATES,
-    UNREADABLE,
-    _encode,
-    _header_line,
-    _hidden_line,
-    format_params,
-    snapshot,
-    table_snapshot,
-    timeline_figure,
-)
+from ._snapshot import _encode
 from ._store import DEFAULT_RETRY_TIMEOUT, Store, open_store
+from ._timeline import timeline_figure
+from ._web_html import parse_query, policy
+from ._web_model import PAGE_ROWS, SweepModel
+from ._web_page import best_chart, render_page, sweep_document
+from ._web_run import render_live, render_run_page, run_document
+from ._web_timeline import timeline_svg
 
 logger = logging.getLogger("preemptible")
 
 DEFAULT_PORT = 8765
-REFRESH = 2.0  # seconds between the page's reads of /api/sweep
 _POLL = 0.25  # how often the serving thread looks whether a stop came
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-COLUMNS = ("run", "state", "attempt", "params", "metric", "ckpt step", "age", "agent@host")
-STATE_COLOURS = {
-    "FINISHED": "#2ca02c",
-    "RUNNING": "#1f77b4",
-    "PENDING": "#888888",
-    "PREEMPTED": "#c98f00",
-    "CRASHED": "#ff7f0e",
-    "FAILED": "#d62728",
-    "KILLED": "#8c1c13",
-    "CANCELLED": "#7f7f7f",
-}
-
-
-# -- the data ---------------------------------------------------------------------------------
-def _age(run: Mapping[str, Any], now: float) -> float | None:
-    """Seconds since the run last showed a sign: its heartbeat while RUNNING, else the end (or
-    start) of its newest attempt; None for a run never claimed."""
-    if run.get("heartbeat_age") is not None:
-        return float(run["heartbeat_age"])
-    log = run.get("attempt_log") or ()
-    if not log:
-        return None
-    last = log[-1]
-    at = last["ended_at"] if last["ended_at"] is not None else last["started_at"]
-    return max(0.0, now - float(at))
-
-
-def _cells(run: Mapping[str, Any], age: float | None) -> list[str]:
-    """The texts of the run's row, in ``COLUMNS`` order (printable: no control characters)."""
-    params = run.get("params")
-    value = run.get("metric")
-    extra = [f"{n}{c}" for n, c in ((run["preemptions"], "p"), (run["failures"], "f")) if n]
-    step = run.get("checkpoint_step")
-    return [
-        printable(str(run["run_id"])),
-        run["state"],
-        str(run["attempts"]) + (f" ({' '.join(extra)})" if extra else ""),
-        UNREADABLE if params is None else format_params(params),
-        "-" if value is None else f"{value:.6g}",
-        "-" if step is None else str(step),
-        format_age(age),
-        printable(f"{run['agent']}@{run['host']}") if run.get("agent") else "-",
-    ]
-
-
-def sweep_document(store: Store, sweep_id: str, *, now: float | None = None) -> dict[str, Any]:
-    """What ``/api/sweep`` answers: the sweep's header (and the line the table shows above its
-    rows), the counts by state, at most ``MAX_ROWS`` runs with their cells, and ``hidden``."""
-    at = time.time() if now is None else now
-    doc = table_snapshot(store, sweep_id, now=at, limit=MAX_ROWS)
-    sweep = doc["sweep"]
-    runs = []
-    for run in sorted(doc["runs"], key=lambda r: r["index"]):
-        age = _age(run, at)
-        runs.append(
-            {
-                "run_id": run["run_id"],
-                "index": run["index"],
-                "state": run["state"],
-                "attempt": run["attempts"],
-                "params": run["params"],
-                "metric": run["metric"],
-                "checkpoint_step": run["checkpoint_step"],
-                "age": age,
-                "agent": run["agent"],
-                "host": run["host"],
-                "cells": _cells(run, age),
-            }
-        )
-    hidden = doc.get("hidden")
-    return {
-        "sweep": {k: v for k, v in sweep.items() if k != "unreadable"},
-        "header": _header_line(sweep, at).plain,
-        "database": store.display,
-        "now": at,
-        "counts": {s: sweep["counts"].get(s, 0) for s in STATES},
-        "runs": runs,
-        "hidden": None if not hidden else _hidden_line(hidden, len(runs)).plain,
-    }
-
-
-# -- the page ---------------------------------------------------------------------------------
-_CSS = """
-body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.2em;margin:0 0 .3em}
-#header{margin:.3em 0;white-space:pre-wrap}
-#status{color:#555;margin:.3em 0}
-#status.down{color:#b00;font-weight:bold}
-.counts span{display:inline-block;margin:0 .6em .3em 0;padding:.1em .5em;border-radius:.6em;
- color:#fff}
-table{border-collapse:collapse;margin-top:.6em}
-th,td{border-bottom:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top}
-th{background:#f4f4f4}
-td.params{font-family:ui-monospace,monospace;word-break:break-all;max-width:40em}
-#plot{max-width:100%;margin-top:1em}
-"""
-_CSS += "".join(f".s-{s}{{color:{c};font-weight:bold}}\n" for s, c in STATE_COLOURS.items())
-_CSS += "".join(f".counts .c-{s}{{background:{c}}}\n" for s, c in STATE_COLOURS.items())
-
-# Only text is ever set (textContent): a run's params are the user's, never markup.
-_JS = """
-const COLS = %(columns)s;
-let downSince = null;
-function text(el, value) { el.textContent = value; }
-function draw(d) {
-  text(document.getElementById('header'), d.header);
-  const counts = document.getElementById('counts');
-  counts.replaceChildren();
-  for (const [state, n] of Object.entries(d.counts)) {
-    if (!n) continue;
-    const chip = document.createElement('span');
-    chip.className = 'c-' + state;
-    text(chip, n + ' ' + state);
-    counts.appendChild(chip);
-  }
-  const body = document.getElementById('runs');
-  const rows = [];
-  for (const run of d.runs) {
-    const tr = document.createElement('tr');
-    tr.dataset.run = run.run_id;
-    tr.dataset.state = run.state;
-    run.cells.forEach((cell, i) => {
-      const td = document.createElement('td');
-      td.className = COLS[i] === 'state' ? 'state s-' + run.state : COLS[i].replace(/\\W/g, '');
-      text(td, cell);
-      tr.appendChild(td);
-    });
-    rows.push(tr);
-  }
-  body.replaceChildren(...rows);
-  text(document.getElementById('hidden'), d.hidden || (d.runs.length ? '' : 'no runs yet'));
-}
-async function refresh() {
-  const status = document.getElementById('status');
-  try {
-    const r = await fetch('/api/sweep', {cache: 'no-store'});
-    const d = await r.json();
-    if (!r.ok) throw new Error(d.error || ('HTTP ' + r.status));
-    draw(d);
-    downSince = null;
-    status.className = '';
-    text(status, 'updated ' + new Date().toLocaleTimeString());
-  } catch (e) {
-    if (downSince === null) downSince = new Date();
-    status.className = 'down';
-    text(status, 'unreachable since ' + downSince.toLocaleTimeString() +
-      ', showing the last table (' + e.message + ')');
-  } finally {
-    setTimeout(refresh, %(refresh)d);
-  }
-}
-const plot = document.getElementById('plot');
-if (plot) setInterval(() => { plot.src = '/plot.png?t=' + Date.now(); }, %(plot_every)d);
-setTimeout(refresh, %(refresh)d);
-"""
-
-
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _css_name(column: str) -> str:
-    """The class of a column's cells (as the script names them: no spaces or ``@``)."""
-    return "".join(c for c in column if c.isalnum() or c == "_")
-
-
-def render_page(doc: Mapping[str, Any] | None, error: str | None, *, nonce: str, plot: bool) -> str:
-    """The page: ``doc`` (``sweep_document``) drawn on the server, or ``error`` in its place."""
-    rows = []
-    for run in (doc or {}).get("runs", ()):
-        classes = [f"state s-{run['state']}" if c == "state" else _css_name(c) for c in COLUMNS]
-        cells = "".join(
-            f'<td class="{_e(k)}">{_e(cell)}</td>'
-            for k, cell in zip(classes, run["cells"], strict=True)
-        )
-        state = _e(run["state"])
-        rows.append(f'<tr data-run="{_e(run["run_id"])}" data-state="{state}">{cells}</tr>')
-    counts = "".join(
-        f'<span class="c-{_e(s)}">{n} {_e(s)}</span>'
-        for s, n in ((doc or {}).get("counts") or {}).items()
-        if n
-    )
-    title = f"sweep {doc['sweep']['id']}" if doc else "sweep"
-    hidden = (doc.get("hidden") or ("" if doc["runs"] else "no runs yet")) if doc else ""
-    status = f'<div id="status" class="down">{_e(error)}</div>' if error else '<div id="status">'
-    status += "" if error else "</div>"
-    script = _JS % {
-        "columns": json.dumps(list(COLUMNS)),
-        "refresh": int(REFRESH * 1000),
-        "plot_every": int(5 * REFRESH * 1000),
-    }
-    return (
-        "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
-        '<meta name=viewport content="width=device-width,initial-scale=1">'
-        f"<title>{_e(printable(title))} · preemptible</title>"
-        f'<style nonce="{nonce}">{_CSS}</style></head><body>'
-        f"<h1>{_e(printable(title))}</h1>"
-        f'<div id="header">{_e(doc["header"] if doc else "")}</div>'
-        f'<div class="counts" id="counts">{counts}</div>{status}'
-        f"<div>database: {_e(doc['database']) if doc else ''}</div>"
-        "<table><thead><tr>"
-        + "".join(f"<th>{_e(c)}</th>" for c in COLUMNS)
-        + f'</tr></thead><tbody id="runs">{"".join(rows)}</tbody></table>'
-        f'<div id="hidden">{_e(hidden)}</div>'
-        + ('<img id="plot" src="/plot.png" alt="timeline of the attempts">' if plot else "")
-        + f'<script nonce="{nonce}">{script}</script></body></html>\n'
-    )
+_HTML = "text/html; charset=utf-8"
+T = TypeVar("T")
 
 
 # -- the server -------------------------------------------------------------------------------
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a stuck browser never holds the command open at exit
 
-    def __init__(self, address: tuple[str, int], store: Store, sweep_id: str) -> None:
+    def __init__(
+        self, address: tuple[str, int], store: Store, model: SweepModel, home: Path
+    ) -> None:
         self.store = store
-        self.sweep_id = sweep_id
+        self.sweep_id = model.sweep_id
+        self.home = home
+        self.model = model
         self.lock = threading.Lock()  # one Store is one connection: one request at a time
         self.plot = importlib.util.find_spec("matplotlib") is not None
         super().__init__(address, _Handler)
@@ -295,17 +96,74 @@ class _Server(ThreadingHTTPServer):
             names = {"localhost", "127.0.0.1", "[::1]", address[0], f"[{address[0]}]"}
             self.allowed_hosts = {f"{n}:{port}" for n in names} | names
 
-    def read(self) -> dict[str, Any]:
+    def locked(self, fn: Callable[[], T]) -> T:
         with self.lock:
-            return sweep_document(self.store, self.sweep_id)
+            return fn()
 
-    def png(self) -> bytes:
-        with self.lock:
-            doc = snapshot(self.store, self.sweep_id)
-        figure = timeline_figure(doc)
+    def sweep(self, states: frozenset[str], page: int) -> dict[str, Any]:
+        return self.locked(lambda: sweep_document(self.model, self.store, states=states, page=page))
+
+    def page(self, states: frozenset[str], page: int) -> tuple[dict[str, Any], str]:
+        """The sweep's page: its document and its chart, read together."""
+
+        def read() -> tuple[dict[str, Any], str]:
+            doc = sweep_document(self.model, self.store, states=states, page=page)
+            return doc, best_chart(self.model)
+
+        return self.locked(read)
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        def read() -> dict[str, Any] | None:
+            if not self.model.head:
+                self.model.refresh(self.store)
+            metric = self.model.head.get("metric")
+            return run_document(
+                self.store,
+                sweep_id=self.sweep_id,
+                run_id=run_id,
+                home=self.home,
+                metric=metric["name"] if metric else None,
+            )
+
+        return self.locked(read)
+
+    def chart(self) -> str:
+        def read() -> str:
+            self.model.refresh(self.store)
+            return best_chart(self.model)
+
+        return self.locked(read)
+
+    def png(self, states: frozenset[str], page: int) -> bytes:
+        """The timeline of the runs on that page of the table, drawn by matplotlib."""
+
+        def read() -> dict[str, Any]:
+            self.model.refresh(self.store)
+            ids = self.model.matching(states)
+            first = (max(1, min(page, -(-len(ids) // PAGE_ROWS))) - 1) * PAGE_ROWS
+            runs = self.model.page_docs(self.store, ids[first : first + PAGE_ROWS], time.time())
+            return {"sweep": self.model.head, "runs": runs}
+
+        figure = timeline_figure(self.locked(read))  # drawn outside the lock
         out = io.BytesIO()
         figure.savefig(out, format="png")
         return out.getvalue()
+
+
+class _Refused(PreemptibleError):
+    """A request this server does not answer: a 400 (a query it does not take) or a 404 (no
+    such run), with this line."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _query(query: str) -> tuple[frozenset[str], int]:
+    try:
+        return parse_query(query)
+    except ConfigError as exc:
+        raise _Refused(HTTPStatus.BAD_REQUEST, str(exc)) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -330,42 +188,75 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.allowed_hosts is not None and host not in self.server.allowed_hosts:
             self._send(HTTPStatus.FORBIDDEN, "text/plain", b"unknown Host header\n")
             return
-        route = urlsplit(self.path).path
+        parts = urlsplit(self.path)
+        route, query = parts.path, parts.query
         try:
-            if route == "/":
-                self._page()
-            elif route == "/api/sweep":
-                self._api()
-            elif route == "/plot.png" and self.server.plot:
-                self._send(HTTPStatus.OK, "image/png", self.server.png())
-            else:
-                self._send(HTTPStatus.NOT_FOUND, "text/plain", b"not found\n")
-        except PreemptibleError as exc:
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain", f"{exc}\n".encode())
+            try:
+                self._route(route, query)
+            except _Refused as exc:
+                status = exc.status
+                raise
+            except PreemptibleError:
+                status = HTTPStatus.SERVICE_UNAVAILABLE  # the database failed
+                raise
         except (BrokenPipeError, ConnectionResetError):
             pass  # the browser went away
+        except PreemptibleError as exc:
+            if route.startswith("/api/"):
+                self._send(status, "application/json", _encode({"error": str(exc)}).encode())
+            else:
+                self._send(status, "text/plain; charset=utf-8", f"{exc}\n".encode())
 
-    def _page(self) -> None:
+    def _route(self, route: str, query: str) -> None:
+        server = self.server
+        if route in ("/", "/api/sweep", "/timeline.svg", "/plot.png"):
+            states, page = _query(query)
+            if route == "/":
+                self._page(states, page)
+            elif route == "/api/sweep":
+                doc = server.sweep(states, page)
+                self._send(HTTPStatus.OK, "application/json", _encode(doc).encode())
+            elif route == "/timeline.svg":
+                svg = timeline_svg(server.sweep(states, page))
+                self._send(HTTPStatus.OK, "image/svg+xml", svg.encode())
+            elif server.plot:
+                self._send(HTTPStatus.OK, "image/png", server.png(states, page))
+            else:
+                raise _Refused(HTTPStatus.NOT_FOUND, "no /plot.png without matplotlib")
+        elif route == "/best.svg":
+            self._send(HTTPStatus.OK, "image/svg+xml", server.chart().encode())
+        elif route.startswith(("/run/", "/api/run/")):
+            api = route.startswith("/api/")
+            if query not in ("", "part=live") or (api and query):
+                raise _Refused(HTTPStatus.BAD_REQUEST, "a run's page takes no query")
+            run_id = unquote(route.split("/run/", 1)[1])
+            run = server.run(run_id)
+            if run is None:
+                shown = printable(run_id)[:130]
+                raise _Refused(HTTPStatus.NOT_FOUND, f"no run {shown!r} in sweep {server.sweep_id}")
+            if api:
+                self._send(HTTPStatus.OK, "application/json", _encode(run).encode())
+            elif query:  # what its script redraws: markup only, no style or script
+                self._send(HTTPStatus.OK, _HTML, render_live(run).encode())
+            else:
+                nonce = secrets.token_urlsafe(16)
+                html = render_run_page(run, nonce=nonce)
+                self._send(HTTPStatus.OK, _HTML, html.encode(), policy=policy(nonce))
+        elif route == "/favicon.ico":  # asked for by every browser: none, and no error
+            self._send(HTTPStatus.NO_CONTENT, "image/x-icon", b"")
+        else:
+            self._send(HTTPStatus.NOT_FOUND, "text/plain", b"not found\n")
+
+    def _page(self, states: frozenset[str], page: int) -> None:
         nonce = secrets.token_urlsafe(16)
-        doc, error = None, None
+        doc, chart, error = None, "", None
         try:
-            doc = self.server.read()
+            doc, chart = self.server.page(states, page)
         except PreemptibleError as exc:
             error = f"database unreachable: {exc}"
-        page = render_page(doc, error, nonce=nonce, plot=self.server.plot)
-        policy = (
-            f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
-            "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'"
-        )
+        html = render_page(doc, error, nonce=nonce, chart=chart, states=states)
         status = HTTPStatus.OK if error is None else HTTPStatus.SERVICE_UNAVAILABLE
-        self._send(status, "text/html; charset=utf-8", page.encode(), policy=policy)
-
-    def _api(self) -> None:
-        try:
-            body, status = _encode(self.server.read()), HTTPStatus.OK
-        except PreemptibleError as exc:
-            body, status = _encode({"error": str(exc)}), HTTPStatus.SERVICE_UNAVAILABLE
-        self._send(status, "application/json", body.encode())
+        self._send(status, _HTML, html.encode(), policy=policy(nonce))
 
     def _send(self, status: HTTPStatus, kind: str, body: bytes, *, policy: str = "") -> None:
         self.send_response(status)
@@ -382,6 +273,32 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("preemptible: web: " + format, *args)
 
 
+def _bind_error(host: str, port: int, exc: OSError) -> ConfigError:
+    return ConfigError(
+        f"cannot serve on {host}:{port}: {exc.strerror or exc}; choose another with "
+        "--port N (0: any free port) or --host"
+    )
+
+
+def check_port(host: str, port: int) -> None:
+    """ConfigError when ``port`` is not one to serve on, or cannot be bound now (taken)."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port {port}: give a port between 1 and 65535, or 0 for a free one")
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise _bind_error(host, port, exc) from None
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
 def page_address(host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host else host
     if host in ("0.0.0.0", "::"):  # every address of this host: name one that works here
@@ -395,12 +312,15 @@ def serve_status(
     *,
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
-    out: IO[str] | None = None,
+    home: Path | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> None:
     """Serve the sweep's page until Ctrl+C, SIGTERM or SIGHUP (then return: exit 0). The
-    first line written to ``out`` is ``serving sweep ID at http://HOST:PORT/`` (port 0: the
-    free port the system picked)."""
-    out = sys.stdout if out is None else out
+    first line given to ``echo`` (default: printed) is ``serving sweep ID at
+    http://HOST:PORT/`` (port 0: the free port the system picked). ``home``: the agents'
+    ``--home``, where the run pages read each run's journal and records (default
+    ``.preemptible``)."""
+    say = _print if echo is None else echo
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port {port}: give a port between 1 and 65535, or 0 for a free one")
     configured = env_float("PREEMPTIBLE_DB_RETRY_TIMEOUT", DEFAULT_RETRY_TIMEOUT)
@@ -408,14 +328,15 @@ def serve_status(
     store = open_store(db, reader=True, retry_timeout=retry)
     server: _Server | None = None
     try:
-        sweep_document(store, sweep_id)  # an unknown sweep is a ConfigError now, not a 503
+        model = SweepModel(sweep_id)
+        model.refresh(store)  # an unknown sweep is a ConfigError now, not a 503; and the
+        # whole sweep is read once before the first page is asked for
         try:
-            server = _Server((host, port), store, sweep_id)
+            server = _Server(
+                (host, port), store, model, Path(".preemptible") if home is None else home
+            )
         except OSError as exc:
-            raise ConfigError(
-                f"cannot serve on {host}:{port}: {exc.strerror or exc}; choose another with "
-                "--port N (0: any free port) or --host"
-            ) from None
+            raise _bind_error(host, port, exc) from None
         stops: list[int] = []
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -425,15 +346,13 @@ def serve_status(
         try:
             server.timeout = _POLL
             address = page_address(host, server.server_address[1])
-            print(f"serving sweep {printable(sweep_id)} at {address} (Ctrl+C stops)", file=out)
-            out.flush()
+            say(f"serving sweep {printable(sweep_id)} at {address} (Ctrl+C stops)")
             while not stops:
                 server.handle_request()
         finally:
             restore_handlers(previous, ours=on_signal)
             server.server_close()
-        print(f"stopped ({signal_name(stops[0])})", file=out)
-        out.flush()
+        say(f"stopped ({signal_name(stops[0])})")
     finally:
         # a request still reading (in its thread) finishes first; a database that hangs
         # holds the exit for at most a few seconds

@@ -187,6 +187,13 @@ FROM preemptible_runs r LEFT JOIN preemptible_attempts a ON a.run_id = r.id
 WHERE r.id = :id
 ORDER BY a.number
 
+-- name: web_changed
+-- the runs of a sweep written since :since (the web page keeps a row per run and reads again
+-- only these, sweeps/_web_model.py); the summary only where it can be the best
+SELECT id, run_index, state, attempt, updated_at,
+       CASE WHEN state = 'FINISHED' THEN summary END AS summary
+FROM preemptible_runs WHERE sweep_id = :sweep_id AND updated_at >= :since
+
 -- name: fail_unreadable_run
 -- a pending run whose params cannot be read back (sweeps/_fields.py) can never run
 UPDATE preemptible_runs SET state = 'FAILED', failures = failures + 1, updated_at = preemptible_now()
