@@ -228,8 +228,8 @@ def _marker(m: Marker, x: float, size: tuple[int, int], row: int) -> str:
             f'text-anchor="{anchor}" font-size="10" fill="{_e(m.colour)}">{_e(m.text)}</text>'
         )
     return (
-        f'<g class="marker marker-{_e(m.kind)}" data-marker="{_e(m.kind)}" '
-        f'data-step="{_e(step)}" data-x="{x:.1f}"><title>{_e(m.label)}</title>'
+        f'<g class="marker marker-{_e(m.kind)}" data-step="{_e(step)}" '
+        f'data-marker="{_e(m.kind)}" data-x="{x:.1f}"><title>{_e(m.label)}</title>'
         f'<line x1="{x:.1f}" y1="{_TOP}" x2="{x:.1f}" y2="{height - _BOTTOM}" '
         f'stroke="{_e(m.colour)}" stroke-width="1.5"{dash}/>'
         f'<path d="M{x - 5:.1f} {_TOP}h10l-5 7z" fill="{_e(m.colour)}"/>{text}</g>'
