@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from preemptible.sweeps._rows import AttemptRow
+from preemptible.sweeps._store import Store, open_store
 from preemptible.sweeps._web_run import (
     CURVE_POINTS,
     CURVE_SIZE,
@@ -20,6 +23,8 @@ from preemptible.sweeps._web_run import (
     curves,
     interruptions,
     render_live,
+    render_run_page,
+    run_document,
     thin,
 )
 
@@ -185,3 +190,46 @@ def _page_doc() -> dict[str, Any]:
         "attempt_log": [],
         "files": {"run_dir": "/x", "journal": [], "records": []},
     }
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = open_store(f"sqlite:///{tmp_path / 'sweeps.db'}", retry_timeout=10)
+    yield s
+    s.close()
+
+
+def test_a_run_document_draws_the_stored_history(store: Store, tmp_path: Path) -> None:
+    """On a real queue: reported, preempted at its checkpoint, trimmed and resumed as the
+    agent does it; the document has the points drawn and the page the charts."""
+    name = HOSTILE[0]
+    spec = {
+        "method": "random",
+        "metric": {"name": name, "goal": "minimize"},
+        "parameters": {"lr": {"min": 0.001, "max": 0.1}},
+    }
+    sweep = store.create_sweep(spec, name="s", run_cap=None, max_failures=0, max_preemptions=3)
+    store.add_runs(sweep, [{"lr": 0.01}])
+    c = store.claim(sweep, agent="a", host="h", lease=600, propose=None)
+    assert c is not None
+    store.add_history(
+        c.run_id, [(st, name, 1 / (st + 1)) for st in range(41)], attempt=1, epoch=c.epoch
+    )
+    end = {"exit_code": 143, "duration": 1.0, "checkpoint_step": 30, "summary": None}
+    assert store.finish(c.run_id, agent="a", attempt=1, ending="PREEMPTED", **end) == "PENDING"
+    c2 = store.claim(sweep, agent="b", host="h", lease=600, propose=None)
+    assert c2 is not None and c2.attempt == 2
+    store.trim_history(c2.run_id, 30, epoch=c2.epoch)
+    store.add_history(
+        c2.run_id, [(st, name, 0.01) for st in range(31, 50)], attempt=2, epoch=c2.epoch
+    )
+
+    doc = run_document(store, sweep_id=sweep, run_id=c.run_id, home=tmp_path, metric=name)
+    assert doc is not None and doc["curves"]["metrics"] == 1
+    points = doc["curves"]["drawn"][name]["points"]
+    assert [p[0] for p in points] == list(range(50))
+    assert [p[2] for p in points] == [1] * 31 + [2] * 19
+    page = render_run_page(doc, nonce="n0nce")
+    assert name not in page and page.count("<script") == 1
+    assert 'data-marker="preempted"' in page and 'data-marker="resumed"' in page
+    assert 'data-attempt="1"' in page and 'data-attempt="2"' in page

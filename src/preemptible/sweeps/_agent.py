@@ -64,7 +64,6 @@ from .._paths import RunPaths
 from .._report import read_summary
 from .._run import read_record
 from .._states import Control, Ending, QueueState
-from ..checkpoint._store import CheckpointStore
 from ..notices._lease import LEASE_FILE_ENV
 from ..stop._signals import STOP_SIGNALS, install_handlers, restore_handlers
 from ..stop._termination import signal_exit_code
@@ -73,12 +72,12 @@ from ._holding import MIN_LEASE_HEARTBEATS as MIN_LEASE_HEARTBEATS  # its old ho
 from ._holding import WARN_AFTER_HEARTBEATS as WARN_AFTER_HEARTBEATS
 from ._holding import RunLease
 from ._holding import lease_times as lease_times
+from ._holding import newest_step as _newest_step
 from ._lease import HostView
 from ._sample import Observation, propose
 from ._spec import SweepSpec, parse_spec
 from ._store import (
     Claim,
-    clean_step,
     open_store,
     printable,
 )
@@ -435,18 +434,6 @@ def _remove(paths: list[Path]) -> None:
                 path.rmdir()
             else:
                 path.unlink()
-
-
-def _newest_step(directory: Path) -> int | None:
-    """The step of the run's newest checkpoint; None if there is none, it cannot be read, or
-    its step does not fit the queue's 64-bit column (a hand-made file name, say)."""
-    try:
-        newest = CheckpointStore(directory, create=False).latest()
-    except (OSError, ValueError, OverflowError):
-        return None
-    if newest is None:
-        return None
-    return clean_step(newest.step, str(directory))
 
 
 def _describe(params: dict[str, Any]) -> str:

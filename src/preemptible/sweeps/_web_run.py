@@ -159,8 +159,7 @@ def curves(history: History, metric: str | None) -> dict[str, Any]:
 
 
 def _curves(store: Store, run_id: str, metric: str | None) -> dict[str, Any]:
-    reader = getattr(store, "run_history", None)  # TEMP until the history branch lands
-    return curves(reader(run_id) if reader else {}, metric)
+    return curves(store.run_history(run_id), metric)
 
 
 def run_document(
