@@ -117,8 +117,10 @@ def test_the_demo_preempts_two_runs_resumes_each_bit_for_bit_and_serves_its_page
             ("resumed", step),
         ]
         assert len(run["files"]["journal"]) == 2  # a line per attempt
+        loss = run["curves"]["drawn"]["loss"]  # its curve, from both attempts
+        assert {p[2] for p in loss["points"]} == {1, 2} and loss["count"] == len(loss["points"])
         assert f'"state": "{RecordState.STOPPED}"' in (run["files"]["records"][0]["text"] or "")
-        _browse(request, address, sweep_id, tmp_path)
+        _browse(request, address, sweep_id, tmp_path, step)
     finally:
         if demo.proc.poll() is None:
             demo.signal(signal.SIGINT)  # Ctrl+C: the page stops, the demo's own code is kept
@@ -128,7 +130,9 @@ def test_the_demo_preempts_two_runs_resumes_each_bit_for_bit_and_serves_its_page
     assert not _processes_mentioning(sweep_id), "agents left running"
 
 
-def _browse(request: pytest.FixtureRequest, address: str, sweep_id: str, tmp_path: Path) -> None:
+def _browse(
+    request: pytest.FixtureRequest, address: str, sweep_id: str, tmp_path: Path, step: int | None
+) -> None:
     """The demo's pages in the session's browser (where there is one): screenshots for the
     README (``make screenshots``)."""
     try:
@@ -143,6 +147,9 @@ def _browse(request: pytest.FixtureRequest, address: str, sweep_id: str, tmp_pat
     tab.shoot(tmp_path, "status-page.png", readme=True)
     tab.page.goto(f"{address}run/{sweep_id}-{SIGTERM_RUN}")
     assert tab.page.locator("#attempts tr.ending-PREEMPTED").count() == 1
+    loss = tab.page.locator('#curves figure[data-metric="loss"]')
+    assert loss.locator('g[data-marker="preempted"]').get_attribute("data-step") == str(step)
+    assert loss.locator('g[data-marker="resumed"]').get_attribute("data-step") == str(step)
     tab.shoot(tmp_path, "status-run-page.png", readme=True)
     tab.close()
 

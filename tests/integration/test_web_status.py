@@ -263,7 +263,11 @@ def test_the_page_follows_a_preemption_and_filters_in_a_browser(
         assert EVIL in (page.locator("#header").text_content() or "")
         assert METRIC in (page.locator("#best").text_content() or "")
 
-        # the run is preempted: back in the queue with its preemption counted ...
+        # the run reports steps 0..40 of two metrics (the agent copies them as it would) ...
+        first = s.run(ids[1]).epoch
+        s.add_history(ids[1], _points(range(41)), attempt=1, epoch=first)
+        # ... and is preempted with its checkpoint at 30: back in the queue, its preemption
+        # counted
         stop = {"exit_code": 143, "duration": 2.0, "checkpoint_step": 30, "summary": None}
         assert s.finish(ids[1], agent="a1", attempt=1, ending="PREEMPTED", **stop) == "PENDING"
         tab.wait(f"{_row(ids[1])}.dataset.state === 'PENDING'")
@@ -277,6 +281,10 @@ def test_the_page_follows_a_preemption_and_filters_in_a_browser(
         assert "a9@h9" in (page.locator(f'tr[data-run="{ids[1]}"]').text_content() or "")
         params = page.locator(f'tr[data-run="{ids[1]}"] td.params').text_content() or ""
         assert EVIL_PARAM in params  # shown as text: no element was made of it
+        # the new attempt drops what followed the checkpoint and reports from step 31 on
+        s.trim_history(ids[1], 30, epoch=again.epoch)
+        s.add_history(ids[1], _points(range(31, 46)), attempt=2, epoch=again.epoch)
+        _curves_follow_the_resume(served, s, browser, ids[1], again.epoch, tmp_path)
 
         # a better run finishes: the best line and the chart follow
         done = {"exit_code": 0, "duration": 1.0, "checkpoint_step": 60, "summary": {METRIC: 0.01}}
@@ -310,6 +318,51 @@ def test_the_page_follows_a_preemption_and_filters_in_a_browser(
         tab.close()
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(timeout=10) == 0
+
+
+SECOND = "\"&'<b>"  # another metric, hostile too
+
+
+def _points(steps: range) -> list[tuple[int, str, float]]:
+    return [(st, name, v) for st in steps for name, v in ((METRIC, 1 / (st + 1)), (SECOND, st))]
+
+
+def _marker(kind: str) -> str:
+    return f"document.querySelector('#curves figure g[data-marker=\"{kind}\"]')?.dataset.step"
+
+
+def _curves_follow_the_resume(
+    served: Served, store: Store, browser: Any, run_id: str, epoch: int, tmp_path: Path
+) -> None:
+    """The run's page: a chart per metric (the sweep's first), a line per attempt, the
+    preemption and the resume marked at the checkpoint's step; it follows new reports."""
+    tab = Tab(browser)
+    page = tab.page
+    page.goto(f"{served.url}run/{run_id}")
+    tab.wait(f"{_marker('preempted')} === '30' && {_marker('resumed')} === '30'")
+    figures = page.locator("#curves figure.curve")
+    assert figures.count() == 2
+    assert [figures.nth(i).get_attribute("data-metric") for i in range(2)] == [METRIC, SECOND]
+    lines = page.locator("#curves figure.curve").first.locator("polyline")
+    assert [lines.nth(i).get_attribute("data-attempt") for i in range(lines.count())] == ["1", "2"]
+    texts = page.locator("#curves figure.curve").first.locator("text.marker-text")
+    assert texts.all_text_contents() == ["preempted at 30", "attempt 2 from 30"]
+    assert "46 reports" in (figures.first.locator("title").first.text_content() or "")
+    status, _, body = served.get(f"/api/run/{run_id}")
+    curves = json.loads(body)["curves"]
+    assert status == 200 and curves["metrics"] == 2 and list(curves["drawn"]) == [METRIC, SECOND]
+    points = curves["drawn"][METRIC]["points"]
+    assert [p[0] for p in points] == list(range(46))  # 31..40 of attempt 1 were trimmed
+    assert {p[2] for p in points if p[0] <= 30} == {1} and {p[2] for p in points[31:]} == {2}
+
+    # the attempt reports on: the page redraws the chart
+    store.add_history(run_id, _points(range(46, 61)), attempt=2, epoch=epoch)
+    tab.wait(
+        "document.querySelector('#curves figure.curve title')?.textContent.includes(arg)",
+        "61 reports",
+    )
+    tab.shoot(tmp_path, "status-run-curves.png")
+    tab.close()
 
 
 def test_on_postgresql_the_page_never_shows_the_password(pg_server: Any) -> None:

@@ -55,6 +55,8 @@ td.params{max-width:40em}
 #best{margin:.6em 0}
 svg.chart{display:block;margin:.4em 0;max-width:100%;height:auto;border:1px solid #eee}
 #plot{max-width:100%;margin-top:1em}
+#curves{display:flex;flex-wrap:wrap;gap:0 .8em}
+figure.curve{margin:0;max-width:100%}
 dl.run{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}
 dl.run dt{font-weight:bold}
 dl.run dd{margin:0}

@@ -14,6 +14,7 @@ place by the script; nothing in it runs).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,6 +37,8 @@ MAX_LINE = 2000  # characters of one journal or record line shown
 RECORD_BYTES = 1 << 14
 MAX_RECORDS = 10  # the newest attempts' records shown
 MAX_CURVES = 12  # metrics drawn (the sweep's metric first)
+CURVE_POINTS = 400  # a metric's points drawn and in /api/run/ID (a chart is 560 px wide)
+CURVE_SIZE = (560, 220)  # a metric's chart: two side by side on a wide screen
 _COLOURS = ("#1f77b4", "#9467bd", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 _MARK_COLOURS = {"preempted": STATE_COLOURS[QueueState.PREEMPTED], "resumed": "#2ca02c"}
 
@@ -113,19 +116,50 @@ def _files(home: Path, run_id: str, numbers: Sequence[int]) -> dict[str, Any]:
     }
 
 
+History = Mapping[str, Sequence[tuple[int, float, int]]]  # Store.run_history: name -> points
+
+
+def _segments(points: Sequence[tuple[int, float, int]]) -> list[list[tuple[int, float, int]]]:
+    """``points`` (by step) cut where the attempt that reported them changes."""
+    out: list[list[tuple[int, float, int]]] = []
+    for p in points:
+        if out and out[-1][-1][2] == p[2]:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
+
+
+def thin(points: Sequence[tuple[int, float, int]]) -> list[tuple[int, float, int]]:
+    """A metric's points (by step), each attempt's part thinned by ``envelope`` to its share
+    of ``CURVE_POINTS`` (at least its first, lowest, highest and last point), so that where one
+    attempt ends and the next begins stays exact however long the history."""
+    if len(points) <= CURVE_POINTS:
+        return list(points)
+    return [
+        p
+        for part in _segments(points)
+        for p in envelope(part, max(4, CURVE_POINTS * len(part) // len(points)))
+    ]
+
+
+def curves(history: History, metric: str | None) -> dict[str, Any]:
+    """The metrics drawn (``MAX_CURVES`` of them: the sweep's metric first, then by name), each
+    with its count of reports and its points thinned (``thin``), non-finite values left out;
+    and how many metrics the run reported."""
+    names = sorted(history, key=lambda n: (n != metric, n))
+    drawn: dict[str, Any] = {}
+    for name in names[:MAX_CURVES]:
+        points = sorted(
+            ((int(st), float(v), int(a)) for st, v, a in history[name] if math.isfinite(v)),
+            key=lambda p: p[0],
+        )
+        drawn[name] = {"count": len(points), "points": thin(points)}
+    return {"metrics": len(names), "drawn": drawn}
+
+
 def _curves(store: Store, run_id: str, metric: str | None) -> dict[str, Any]:
-    history = {
-        name: [(step, value) for step, value, _ in points]
-        for name, points in store.run_history(run_id).items()
-    }
-    names = sorted(history, key=lambda n: (n != metric, n))[:MAX_CURVES]
-    return {
-        name: {
-            "count": len(history[name]),
-            "points": envelope(sorted(history[name], key=lambda p: p[0])),
-        }
-        for name in names
-    }
+    return curves(store.run_history(run_id), metric)
 
 
 def run_document(
@@ -191,21 +225,50 @@ def run_document(
     }
 
 
-def curve_charts(doc: Mapping[str, Any]) -> list[str]:
-    """One chart per metric of the run (``curves``), each with the run's marks."""
-    markers = [
-        Marker(m["step"], m["label"], m["kind"], _MARK_COLOURS.get(m["kind"], "#d62728"))
-        for m in doc["marks"]
-    ]
-    charts = []
-    for i, (name, curve) in enumerate(doc["curves"].items()):
-        shown = len(curve["points"])
-        title = f"{name} ({curve['count']} reports" + (
-            f", {shown} points drawn)" if shown < curve["count"] else ")"
+def _attempt_colour(attempt: int) -> str:
+    return _COLOURS[(attempt - 1) % len(_COLOURS)]
+
+
+def _markers(marks: Sequence[Mapping[str, Any]]) -> list[Marker]:
+    """A line at each mark: a stop labelled on its left, a resume on its right (a run resumed
+    from the step it was preempted at has both on one line)."""
+    out = []
+    for m in marks:
+        step = m["step"]
+        if m["kind"] == "resumed":
+            text, left = f"attempt {m['attempt']} from {step}", False
+        else:
+            text, left = f"{m['kind']} at {step}", True
+        colour = _MARK_COLOURS.get(m["kind"], "#d62728")
+        out.append(Marker(step, m["label"], m["kind"], colour, text=text, left=left))
+    return out
+
+
+def curve_chart(name: str, curve: Mapping[str, Any], marks: Sequence[Mapping[str, Any]]) -> str:
+    """One metric's chart: a line per attempt's part of it, coloured by attempt, with the
+    run's stops and resumes (``interruptions``) marked and labelled."""
+    shown, count = len(curve["points"]), curve["count"]
+    title = f"{name} ({count} reports" + (f", {shown} points drawn)" if shown < count else ")")
+    series = [
+        Series(
+            f"attempt {part[0][2]}",
+            [(p[0], p[1]) for p in part],
+            _attempt_colour(part[0][2]),
+            attempt=part[0][2],
         )
-        series = [Series(name, [tuple(p) for p in curve["points"]], _COLOURS[i % len(_COLOURS)])]
-        charts.append(render(Chart(title, "step", name, series, markers)))
-    return charts
+        for part in _segments([tuple(p) for p in curve["points"]])
+    ]
+    chart = Chart(title, "step", name, series, _markers(marks))
+    return render(chart, width=CURVE_SIZE[0], height=CURVE_SIZE[1])
+
+
+def curve_charts(doc: Mapping[str, Any]) -> list[str]:
+    """One chart per metric drawn (``curves``), each in a figure named by its metric."""
+    return [
+        f'<figure class="curve" data-metric="{_e(name)}">'
+        f"{curve_chart(name, curve, doc['marks'])}</figure>"
+        for name, curve in doc["curves"]["drawn"].items()
+    ]
 
 
 # -- the page ---------------------------------------------------------------------------------
@@ -321,9 +384,16 @@ def _file_parts(doc: Mapping[str, Any]) -> str:
 def render_live(doc: Mapping[str, Any]) -> str:
     """The part of the run's page that its script redraws (``/run/ID?part=live``)."""
     charts = curve_charts(doc)
+    total = doc["curves"]["metrics"]
+    drawn = (
+        ""
+        if total <= len(charts)
+        else f'<div class="note" id="curves-more">{len(charts)} of the {total} metrics drawn '
+        "(the sweep's metric first, then by name)</div>"
+    )
     curves = "".join(charts) if charts else '<div class="note">no metrics reported yet</div>'
     return (
-        f'<div id="live">{_facts(doc)}<h2>metrics</h2><div id="curves">{curves}</div>'
+        f'<div id="live">{_facts(doc)}<h2>metrics</h2>{drawn}<div id="curves">{curves}</div>'
         f"<h2>attempts</h2>{_attempts(doc)}{_file_parts(doc)}</div>"
     )
 

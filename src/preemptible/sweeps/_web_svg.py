@@ -14,11 +14,13 @@ import html
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 WIDTH, HEIGHT = 640, 240
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 40, 34
 MAX_POINTS = 800  # per series, after ``envelope``
 _NS = "http://www.w3.org/2000/svg"
+_P = TypeVar("_P", bound=tuple[float, ...])  # a point: (x, y, anything more carried along)
 
 
 @dataclass(frozen=True)
@@ -27,15 +29,18 @@ class Series:
     points: Sequence[tuple[float, float]]
     colour: str
     kind: str = "line"  # "line", "step" (a best-so-far line) or "dots"
+    attempt: int | None = None  # a run's curve: the attempt that reported these points
 
 
 @dataclass(frozen=True)
 class Marker:
     x: float
-    label: str  # shown on hover (its <title>) and beside the line
-    kind: str  # its class: marker-KIND
+    label: str  # shown on hover (its <title>)
+    kind: str  # its class (marker-KIND) and its data-marker
     colour: str
     dashed: bool = True
+    text: str = ""  # a short label beside the line (the right side; ``left``: the left)
+    left: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,18 +57,17 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def envelope(
-    points: Sequence[tuple[float, float]], limit: int = MAX_POINTS
-) -> list[tuple[float, float]]:
+def envelope(points: Sequence[_P], limit: int = MAX_POINTS) -> list[_P]:
     """``points`` (by x) as at most about ``limit`` points that keep the curve's shape: the
-    first, lowest, highest and last point of each of ``limit // 4`` ranges of x."""
+    first, lowest, highest and last point of each of ``limit // 4`` ranges of x. A point may
+    carry more than (x, y) (a run's attempt): it is kept or dropped whole."""
     if len(points) <= limit:
         return list(points)
     bins = max(1, limit // 4)
     lo, hi = points[0][0], points[-1][0]
     span = (hi - lo) or 1.0
-    out: list[tuple[float, float]] = []
-    group: list[tuple[float, float]] = []
+    out: list[_P] = []
+    group: list[_P] = []
     current = -1
     for point in points:
         b = min(bins - 1, int((point[0] - lo) / span * bins))
@@ -76,7 +80,7 @@ def envelope(
     return out
 
 
-def _keep(group: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def _keep(group: list[_P]) -> list[_P]:
     low = min(group, key=lambda p: p[1])
     high = max(group, key=lambda p: p[1])
     return sorted({group[0], low, high, group[-1]})
@@ -139,9 +143,8 @@ def render(chart: Chart, *, width: int = WIDTH, height: int = HEIGHT) -> str:
     parts = [head, _axes((x0, x1, y0, y1), sx, sy, chart, width, height)]
     for s in chart.series:
         parts.append(_series(s, sx, sy))
-    for m in chart.markers:
-        if math.isfinite(m.x):
-            parts.append(_marker(m, sx(m.x), height))
+    for row, m in enumerate(m for m in chart.markers if math.isfinite(m.x)):
+        parts.append(_marker(m, sx(m.x), (width, height), row))
     parts.append(_legend(chart.series, width))
     parts.append("</svg>")
     return "".join(parts)
@@ -192,10 +195,11 @@ def _series(s: Series, sx: _Scale, sy: _Scale) -> str:
     if not pts:
         return ""
     name = _e(s.name)
-    if s.kind == "dots":
+    hooks = f'data-name="{name}"' + ("" if s.attempt is None else f' data-attempt="{s.attempt}"')
+    if s.kind == "dots" or len(pts) == 1:  # one point is no line: a dot
         path = "".join(f"M{x:.1f} {y:.1f}h0" for x, y in pts)
         return (
-            f'<path class="series dots" data-name="{name}" d="{path}" stroke="{_e(s.colour)}" '
+            f'<path class="series dots" {hooks} d="{path}" stroke="{_e(s.colour)}" '
             'stroke-width="4" stroke-linecap="round" stroke-opacity="0.55" fill="none"/>'
         )
     if s.kind == "step":
@@ -205,19 +209,30 @@ def _series(s: Series, sx: _Scale, sy: _Scale) -> str:
         pts = coords
     line = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
     return (
-        f'<polyline class="series line" data-name="{name}" points="{line}" '
+        f'<polyline class="series line" {hooks} points="{line}" '
         f'stroke="{_e(s.colour)}" stroke-width="1.8" fill="none"/>'
     )
 
 
-def _marker(m: Marker, x: float, height: int) -> str:
+def _marker(m: Marker, x: float, size: tuple[int, int], row: int) -> str:
+    width, height = size
     dash = ' stroke-dasharray="4 3"' if m.dashed else ""
     step = f"{m.x:.0f}" if float(m.x).is_integer() else f"{m.x:g}"
+    text = ""
+    if m.text:  # beside the line, a row lower for each marker before it (they may meet)
+        room = 5.5 * len(m.text) + 8  # about the text's width at font-size 10
+        left = x - room >= _LEFT if m.left else x + room > width - _RIGHT  # kept inside
+        anchor, dx = ("end", -4) if left else ("start", 4)
+        text = (
+            f'<text class="marker-text" x="{x + dx:.1f}" y="{_TOP + 18 + 12 * (row % 4)}" '
+            f'text-anchor="{anchor}" font-size="10" fill="{_e(m.colour)}">{_e(m.text)}</text>'
+        )
     return (
-        f'<g class="marker marker-{_e(m.kind)}" data-step="{_e(step)}"><title>{_e(m.label)}</title>'
+        f'<g class="marker marker-{_e(m.kind)}" data-step="{_e(step)}" '
+        f'data-marker="{_e(m.kind)}" data-x="{x:.1f}"><title>{_e(m.label)}</title>'
         f'<line x1="{x:.1f}" y1="{_TOP}" x2="{x:.1f}" y2="{height - _BOTTOM}" '
         f'stroke="{_e(m.colour)}" stroke-width="1.5"{dash}/>'
-        f'<path d="M{x - 5:.1f} {_TOP}h10l-5 7z" fill="{_e(m.colour)}"/></g>'
+        f'<path d="M{x - 5:.1f} {_TOP}h10l-5 7z" fill="{_e(m.colour)}"/>{text}</g>'
     )
 
 
@@ -225,7 +240,11 @@ def _legend(series: Sequence[Series], width: int) -> str:
     """A line under the title: a swatch and the name of each series."""
     out = ['<g class="legend" font-size="11" fill="#333">']
     x = float(_LEFT)
+    shown: set[tuple[str, str]] = set()
     for s in series:
+        if (s.name, s.colour) in shown:  # a curve drawn in pieces (an attempt's) is named once
+            continue
+        shown.add((s.name, s.colour))
         text = s.name if len(s.name) <= 40 else s.name[:39] + "…"
         out.append(
             f'<rect x="{x:.0f}" y="22" width="10" height="10" fill="{_e(s.colour)}"/>'
