@@ -26,6 +26,7 @@ STATE_STYLES = {
     QueueState.FAILED: "red",
     QueueState.KILLED: "red",
     QueueState.CANCELLED: "grey50",
+    QueueState.STOPPED: "magenta",
 }
 UNREADABLE = "(unreadable)"
 _VALUE_WIDTH = 24  # a parameter value longer than this is shortened
