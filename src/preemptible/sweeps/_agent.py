@@ -41,7 +41,6 @@ preempted run are resumed by whichever agent takes it next.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
@@ -64,11 +63,14 @@ from .._paths import RunPaths
 from .._report import read_summary
 from .._run import read_record
 from .._states import Control, Ending, QueueState
-from ..checkpoint._store import CheckpointStore
 from ..notices._lease import LEASE_FILE_ENV
 from ..stop._signals import STOP_SIGNALS, install_handlers, restore_handlers
 from ..stop._termination import signal_exit_code
+from ._attempt_files import _describe as _describe  # its old home
+from ._attempt_files import _mkdirs, _remove
+from ._attempt_files import _newest_step as _newest_step  # its old home
 from ._command import build_command
+from ._early import Judge, early_ending, judge_for
 from ._holding import MIN_LEASE_HEARTBEATS as MIN_LEASE_HEARTBEATS  # its old home
 from ._holding import WARN_AFTER_HEARTBEATS as WARN_AFTER_HEARTBEATS
 from ._holding import RunLease
@@ -76,12 +78,7 @@ from ._holding import lease_times as lease_times
 from ._lease import HostView
 from ._sample import Observation, propose
 from ._spec import SweepSpec, parse_spec
-from ._store import (
-    Claim,
-    clean_step,
-    open_store,
-    printable,
-)
+from ._store import Claim, open_store
 
 logger = logging.getLogger("preemptible")
 
@@ -267,6 +264,7 @@ class Agent:
                 supervisor,
                 attempt_dir,
                 renewed_at,
+                judge=self._judge(claim),
             )
             beat.write()
         except (OSError, PreemptibleError) as exc:
@@ -313,6 +311,7 @@ class Agent:
         ending = str(attempt.state)
         if beat.expired and ending != Ending.FINISHED:
             ending = Ending.PREEMPTED  # stopped for this agent's lease, not for anything it did
+        ending = early_ending(ending, beat.early, expired=beat.expired)
         record = read_record(attempt_dir)
         try:
             state = self.store.finish(
@@ -354,6 +353,13 @@ class Agent:
             f"last: run {claim.run_id}, exit code {attempt.exit_code}; its output is above)",
             EXIT_CRASH_LOOP,
         )
+
+    def _judge(self, claim: Claim) -> Judge | None:
+        """Early termination's judge of the run, when its sweep has one (``_early``)."""
+        if self.spec.raw.get("early_terminate") is None:
+            return None
+        exempt = self.store.run(claim.run_id).early_exempt
+        return judge_for(self.spec, claim.sweep_id, claim.run_id, exempt=exempt)
 
     def _could_not_start(self, claim: Claim, exc: BaseException, made: list[Path]) -> int | None:
         """The run cannot start on this agent: its command or this machine, not the run, is
@@ -414,42 +420,3 @@ class Agent:
             checkpoint_step=None,
             summary=None,
         )
-
-
-def _mkdirs(directory: Path) -> list[Path]:
-    """Make ``directory`` and its missing parents; the ones made, deepest first."""
-    missing = []
-    for d in (directory, *directory.parents):
-        if d.exists():
-            break
-        missing.append(d)
-    directory.mkdir(parents=True, exist_ok=True)
-    return missing
-
-
-def _remove(paths: list[Path]) -> None:
-    """Remove what the agent made for an attempt that never started (files, empty dirs)."""
-    for path in paths:
-        with contextlib.suppress(OSError):
-            if path.is_dir() and not path.is_symlink():
-                path.rmdir()
-            else:
-                path.unlink()
-
-
-def _newest_step(directory: Path) -> int | None:
-    """The step of the run's newest checkpoint; None if there is none, it cannot be read, or
-    its step does not fit the queue's 64-bit column (a hand-made file name, say)."""
-    try:
-        newest = CheckpointStore(directory, create=False).latest()
-    except (OSError, ValueError, OverflowError):
-        return None
-    if newest is None:
-        return None
-    return clean_step(newest.step, str(directory))
-
-
-def _describe(params: dict[str, Any]) -> str:
-    """The parameters for the log, one line, with control characters escaped."""
-    text = " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "(no parameters)"
-    return printable(text)

@@ -190,6 +190,21 @@ def late(
     return state
 
 
+def resume_stopped(tx: _Tx, sweep_id: str, run_id: str, display: str) -> None:
+    """``Store.resume_stopped``'s transaction."""
+    if tx.run("resume_stopped", id=run_id, sweep_id=sweep_id) == 1:
+        return
+    row = tx.one("get_run", id=run_id)
+    if row is None or row["sweep_id"] != sweep_id:
+        raise ConfigError(f"no run {run_id!r} in sweep {sweep_id!r} ({display})")
+    if tx.retry and row["state"] == QueueState.PENDING and row["early_exempt"]:
+        return  # an earlier try did it, its acknowledgement lost
+    raise ConfigError(
+        f"run {run_id} is {row['state']}, not {QueueState.STOPPED}: only a run that early "
+        "termination stopped can be resumed with --run"
+    )
+
+
 def gone(r: Mapping[str, Any], local: Local | None, health: _Health) -> bool:
     """Whether the holder of expired lease ``r`` is provably gone (``_store``'s docstring)."""
     alive = local.holder_alive(r["lease_holder"]) if local is not None else None

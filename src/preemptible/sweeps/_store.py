@@ -68,7 +68,7 @@ from ._endings import LEASE_EXPIRED as LEASE_EXPIRED  # its old home
 from ._endings import LEASE_MARGIN as LEASE_MARGIN  # its old home
 from ._endings import RELEASED as RELEASED  # its old home
 from ._endings import Local as Local  # its old home
-from ._endings import expire, late, lease_lost, outcome, settle_run
+from ._endings import expire, late, lease_lost, outcome, resume_stopped, settle_run
 from ._endings import recovery_hold as recovery_hold  # its old home
 from ._endings import settle as settle  # its old home
 from ._endings import takeover_margin as takeover_margin  # its old home
@@ -477,6 +477,13 @@ class Store:
 
     def _lease_lost(self, tx: _Tx, run_id: str, agent: str, attempt: int) -> PreemptibleError:
         return lease_lost(tx, run_id, agent, attempt, self.display)
+
+    def resume_stopped(self, sweep_id: str, run_id: str) -> None:
+        """Put run ``run_id``, which early termination stopped, back in the queue: PENDING,
+        first in line, with its id and checkpoint directory (the next agent resumes it from
+        its newest checkpoint); exempt from early termination from now on (``_early``).
+        ConfigError for an unknown run or one that is not STOPPED."""
+        self._transact(lambda tx: resume_stopped(tx, sweep_id, run_id, self.display))
 
     def expire_leases(self, *, local: Local | None = None) -> list[str]:
         """Take over every run whose lease ran out and whose holder is gone (module docstring;

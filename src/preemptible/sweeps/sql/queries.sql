@@ -144,12 +144,14 @@ WHERE id = :id AND state = 'RUNNING' AND lease_epoch = :epoch
 
 -- name: list_runs
 SELECT id, sweep_id, run_index, params, state, attempt, preemptions, failures, lease_owner,
-       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at, lease_epoch
+       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at, lease_epoch,
+       early_exempt
 FROM preemptible_runs WHERE sweep_id = :sweep_id ORDER BY run_index
 
 -- name: get_run
 SELECT id, sweep_id, run_index, params, state, attempt, preemptions, failures, lease_owner,
-       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at, lease_epoch
+       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at, lease_epoch,
+       early_exempt
 FROM preemptible_runs WHERE id = :id
 
 -- name: list_attempts
@@ -204,3 +206,11 @@ SELECT version FROM preemptible_schema ORDER BY version
 
 -- name: record_version
 INSERT INTO preemptible_schema (version, applied_at) VALUES (:version, preemptible_now())
+
+-- name: resume_stopped
+-- a run early termination stopped, put back by the user: first in line, its id and checkpoint
+-- directory kept; exempt from early termination from now on (they overrode the decision)
+UPDATE preemptible_runs
+SET state = 'PENDING', early_exempt = 1, queued_at = preemptible_now(), requeued = 1,
+    updated_at = preemptible_now()
+WHERE id = :id AND sweep_id = :sweep_id AND state = 'STOPPED'
