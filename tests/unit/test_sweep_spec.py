@@ -147,7 +147,7 @@ def test_every_optional_key_is_read() -> None:
 
 @pytest.mark.parametrize("target", ["0.5", True, float("nan"), float("inf"), [1]])
 def test_a_metric_target_that_is_not_a_finite_number_is_refused(target: object) -> None:
-    with pytest.raises(ConfigError, match=r"metric\.target: must be a finite number"):
+    with pytest.raises(ConfigError, match=r"metric\.target: .*a finite number"):
         parse_spec(spec(metric={"name": "loss", "target": target}))
 
 
