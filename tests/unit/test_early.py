@@ -19,6 +19,8 @@ from preemptible.cli import main
 from preemptible.sweeps import _schema
 from preemptible.sweeps._early import Judge, Stop, early_ending, judge, judge_for
 from preemptible.sweeps._hyperband import parse_early_terminate, stop_decisions
+from preemptible.sweeps._render import _header_line
+from preemptible.sweeps._snapshot import snapshot
 from preemptible.sweeps._spec import parse_spec
 from preemptible.sweeps._store import Store, open_store
 
@@ -251,3 +253,44 @@ def test_the_migration_keeps_every_run_attempt_index_and_foreign_key(
             )
     finally:
         conn.close()
+
+
+# -- metric.target ------------------------------------------------------------------------
+def test_a_reached_target_starts_nothing_new_but_runs_that_ran_go_on(store: Store) -> None:
+    spec = {
+        "program": "train.py",
+        "method": "random",
+        "metric": {"name": "loss", "goal": "minimize", "target": 0.1},
+        "parameters": {"lr": {"values": [1, 2]}},
+    }
+    sweep = store.create_sweep(spec, name=None, run_cap=None, max_failures=0, max_preemptions=5)
+    store.add_runs(sweep, [{"lr": 9}])  # a pending run that never ran
+
+    def propose(history: Any, index: int) -> dict[str, Any]:
+        return {"lr": index}
+
+    def take() -> Any:
+        return store.claim(sweep, agent="a", host="h", lease=60, propose=propose)
+
+    first, second = take(), take()
+    assert first is not None and second is not None
+    assert store.target_reached(sweep) is None
+    store.report(first.run_id, {"loss": 0.5}, epoch=first.epoch)
+    assert store.target_reached(sweep) is None
+    store.report(second.run_id, {"loss": 0.1}, epoch=second.epoch)  # at the target: reached
+    assert store.target_reached(sweep) == (second.run_id, 0.1)
+    values = {"exit_code": 143, "duration": 1.0, "checkpoint_step": 1, "summary": None}
+    store.finish(
+        first.run_id, agent="a", attempt=1, epoch=first.epoch, ending=Ending.PREEMPTED, **values
+    )
+    again = take()  # the preempted run ran before: it goes on
+    assert again is not None and again.run_id == first.run_id
+    assert take() is None  # nothing new: neither a new run nor the one that never ran
+    header = snapshot(store, sweep)["sweep"]
+    assert header["target"] == {"value": 0.1, "run_id": second.run_id, "metric": 0.1}
+    text = render_header(header)
+    assert f"target loss=0.1 reached by {second.run_id}" in text
+
+
+def render_header(header: dict[str, Any]) -> str:
+    return _header_line(header, float(header["created_at"])).plain

@@ -208,9 +208,18 @@ class Agent:
             return True
         if sweep.control == Control.PAUSED:
             return False
-        states = {r.state for r in self.store.runs(sweep.id)}
-        if states & {QueueState.PENDING, QueueState.RUNNING}:
+        reached = self.store.target_reached(sweep.id)
+        # once the target is reached, runs that never ran are not started (``_claims``)
+        runs = [r for r in self.store.runs(sweep.id) if reached is None or r.attempt > 0]
+        if {r.state for r in runs} & {QueueState.PENDING, QueueState.RUNNING}:
             return False
+        if reached is not None:
+            logger.info(
+                "preemptible: sweep %s reached its metric.target (run %s: %g); agent exits",
+                sweep.id,
+                *reached,
+            )
+            return True
         logger.info("preemptible: sweep %s has nothing left to run; agent exits", sweep.id)
         return True
 

@@ -58,7 +58,7 @@ from .._states import Control as Control  # importable from here, as before
 from .._states import Ending, QueueState
 from .._text import printable as printable  # importable from here, as before
 from ._claims import Propose as Propose  # its old home
-from ._claims import history, insert_run, sweep_of, take
+from ._claims import history, insert_run, sweep_of, take, target_reached
 from ._connector import DEFAULT_RETRY_TIMEOUT as DEFAULT_RETRY_TIMEOUT  # its old home
 from ._connector import MAX_BACKOFF as MAX_BACKOFF  # its old home
 from ._connector import Backend as Backend  # its old home
@@ -541,6 +541,14 @@ class Store:
     def attempts(self, run_id: str) -> list[AttemptRow]:
         rows = self._transact(lambda tx: tx.all("list_attempts", run_id=run_id), write=False)
         return [from_row(AttemptRow, r) for r in rows]
+
+    def target_reached(self, sweep_id: str) -> tuple[str, float] | None:
+        """(run id, value) of the first run that reached the sweep's ``metric.target``."""
+
+        def read(tx: _Tx) -> tuple[str, float] | None:
+            return target_reached(tx, sweep_id, self._sweep(tx, sweep_id).spec)
+
+        return self._transact(read, write=False)
 
     def history(self, sweep_id: str) -> list[Observation]:
         """Every run of the sweep in creation order, as the samplers see it: its parameters,

@@ -214,3 +214,7 @@ UPDATE preemptible_runs
 SET state = 'PENDING', early_exempt = 1, queued_at = preemptible_now(), requeued = 1,
     updated_at = preemptible_now()
 WHERE id = :id AND sweep_id = :sweep_id AND state = 'STOPPED'
+
+-- name: run_summaries
+SELECT id, summary FROM preemptible_runs
+WHERE sweep_id = :sweep_id AND summary IS NOT NULL ORDER BY run_index
