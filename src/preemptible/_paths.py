@@ -9,7 +9,8 @@ A run of ``preemptible run`` (or of ``preemptible agent``) lives in ``HOME/runs/
     checkpoints/        the default checkpoint directory
     attempt-N/          one per attempt, the attempt's PREEMPTIBLE_RUN_DIR:
         record.json     what the attempt tells its supervisor (``_run.py``)
-        summary.json    the values it reported (``_report.py``)
+        summary.json    the latest values it reported (``_report.py``)
+        history.jsonl   every point it reported, by step (``_report.py``)
         lease.json      a sweep run's lease, renewed by the agent (``notices/_lease.py``)
 
 Everything in a run directory is written by a job or a supervisor that may have been killed
@@ -30,6 +31,7 @@ from typing import Any
 
 RECORD_NAME = "record.json"
 SUMMARY_NAME = "summary.json"
+HISTORY_NAME = "history.jsonl"
 JOURNAL_NAME = "attempts.jsonl"
 HEARTBEAT_NAME = "heartbeat.json"
 LOCK_NAME = "supervisor.lock"
@@ -82,6 +84,9 @@ class RunPaths:
 
     def summary(self, number: int) -> Path:
         return self.attempt(number) / SUMMARY_NAME
+
+    def history(self, number: int) -> Path:
+        return self.attempt(number) / HISTORY_NAME
 
     def lease(self, number: int) -> Path:
         return self.attempt(number) / LEASE_NAME

@@ -412,10 +412,16 @@ class _Demo:
             interpreter=sys.executable,
             params_file=where / "params.json",
         )
+        (where / "run").mkdir(parents=True, exist_ok=True)
+        env = {
+            **self.env,
+            "PREEMPTIBLE_CHECKPOINT_DIR": str(where / "checkpoints"),
+            "PREEMPTIBLE_RUN_DIR": str(where / "run"),  # its reports: history.jsonl, to compare
+        }
         proc = subprocess.Popen(
             argv,
             cwd=self.workdir,
-            env={**self.env, "PREEMPTIBLE_CHECKPOINT_DIR": str(where / "checkpoints")},
+            env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

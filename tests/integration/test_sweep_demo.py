@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from preemptible._paths import HISTORY_NAME
+from preemptible._report import read_history
 from preemptible._states import RecordState
 from preemptible._sweep_demo import SIGTERM_RUN, STOP_FILE_RUN, run_sweep_demo
 from preemptible.sweeps._store import open_store
@@ -81,6 +83,7 @@ def test_the_demo_preempts_two_runs_resumes_each_bit_for_bit_and_serves_its_page
         with open_store(f"sqlite:///{tmp_path}/queue.db") as store:
             runs = store.runs(sweep_id)
             attempts = {run.index: store.attempts(run.id) for run in runs}
+            stored = {run.index: store.run_history(run.id) for run in runs}
         assert [run.state for run in runs] == ["FINISHED"] * 6
         for index, tries in attempts.items():
             preempted = index in (SIGTERM_RUN, STOP_FILE_RUN)
@@ -90,6 +93,15 @@ def test_the_demo_preempts_two_runs_resumes_each_bit_for_bit_and_serves_its_page
         assert stopped.exit_code == 143 and resumed.agent != stopped.agent
         assert attempts[STOP_FILE_RUN][0].exit_code == 143  # a notice's code
         assert not list(tmp_path.glob("stop-agent-*"))  # taken by the run, or removed
+        # each preempted run's stored loss history is the uninterrupted run's, point for point
+        for index in (SIGTERM_RUN, STOP_FILE_RUN):
+            params = runs[index].params
+            name = "-".join(f"{k}{v}" for k, v in sorted(params.items()))
+            reference, _ = read_history(tmp_path / "reference" / name / "run" / HISTORY_NAME)
+            assert len(reference) > 10, name
+            points = [(step, value) for step, value, _ in stored[index]["loss"]]
+            assert points == [(step, value) for step, _, value in reference], index
+            assert {a for _, _, a in stored[index]["loss"]} == {1, 2}  # both attempts reported
 
         # the page it serves: the sweep, and each preempted run with where it stopped and
         # resumed, its journal and records read from the demo's home

@@ -396,6 +396,42 @@ def test_every_claim_moves_the_epoch_on_and_stale_epochs_are_refused(store: Stor
     assert finish(store, third, "FINISHED", agent="a2", epoch=3) == "FINISHED"
 
 
+def test_history_is_fenced_replaced_by_step_trimmed_and_read_per_sweep(store: Store) -> None:
+    sweep = new_sweep(store, max_preemptions=5)
+    run_a, run_b = store.add_runs(sweep, [{"x": 1}, {"x": 2}])
+    first = claim(store, sweep)
+    assert first is not None and first.run_id == run_a
+    points = [(1, "loss", 3.0), (2, "loss", 2.0), (2, "acc", 0.5), (3, "loss", 1.5)]
+    store.add_history(run_a, points, attempt=1, epoch=first.epoch)
+    store.add_history(run_a, [(3, "loss", 1.25)], attempt=1, epoch=first.epoch)  # replaces
+    # what the queue cannot hold is left out: a step beyond 64 bits, NaN
+    store.add_history(run_a, [(2**63, "loss", 1.0), (4, "loss", float("nan"))], attempt=1, epoch=1)
+    assert store.run_history(run_a) == {
+        "acc": [(2, 0.5, 1)],
+        "loss": [(1, 3.0, 1), (2, 2.0, 1), (3, 1.25, 1)],
+    }
+    assert finish(store, first, "PREEMPTED", epoch=first.epoch, checkpoint_step=2) == "PENDING"
+    with pytest.raises(LeaseLost):  # no longer held: nothing is written
+        store.add_history(run_a, [(9, "loss", 9.0)], attempt=1, epoch=first.epoch)
+    second = claim(store, sweep)
+    assert second is not None and second.run_id == run_a
+    with pytest.raises(LeaseLost):
+        store.trim_history(run_a, 0, epoch=first.epoch)
+    store.trim_history(run_a, 2, epoch=second.epoch)  # it resumes from step 2
+    store.add_history(run_a, [(3, "loss", 1.0)], attempt=2, epoch=second.epoch)
+    assert store.run_history(run_a)["loss"] == [(1, 3.0, 1), (2, 2.0, 1), (3, 1.0, 2)]
+    other = claim(store, sweep, agent="a2")
+    assert other is not None and other.run_id == run_b
+    store.add_history(run_b, [(5, "loss", 0.5), (1, "loss", 0.75)], attempt=1, epoch=other.epoch)
+    assert store.histories(sweep, "loss") == {
+        run_a: [(1, 3.0), (2, 2.0), (3, 1.0)],
+        run_b: [(1, 0.75), (5, 0.5)],
+    }
+    assert store.histories(sweep, "acc") == {run_a: [(2, 0.5)]}
+    store.trim_history(run_b, None, epoch=other.epoch)  # no checkpoint: it starts over
+    assert store.run_history(run_b) == {}
+
+
 class FakeHost:
     """The store's ``Local`` for one agent: which holders live and which runs are held here."""
 
@@ -632,9 +668,9 @@ def raw_execute(url: str, sql: str) -> None:
 
 def test_migrations_run_once_and_refuse_a_newer_schema(store_url: str, store: Store) -> None:
     sweep = new_sweep(store)
-    assert store.schema_versions() == [1, 2, 4]
+    assert store.schema_versions() == [1, 2, 3, 4]
     with open_store(store_url) as again:  # every migration is there: nothing is applied
-        assert again.schema_versions() == [1, 2, 4]
+        assert again.schema_versions() == [1, 2, 3, 4]
         assert again.sweep(sweep).id == sweep
     raw_execute(store_url, "INSERT INTO preemptible_schema VALUES (99, 0)")
     with pytest.raises(StoreError, match=r"schema version 99; .* upgrade preemptible"):
@@ -653,7 +689,7 @@ def test_agents_opening_a_new_database_together_migrate_it_once(
         assert child.wait(60) == 0, child.output
         assert child.lines[-1] == "opened"
     with open_store(store_url) as s:
-        assert s.schema_versions() == [1, 2, 4]
+        assert s.schema_versions() == [1, 2, 3, 4]
 
 
 # -- URLs and passwords -----------------------------------------------------------------------

@@ -204,12 +204,13 @@ def test_the_migration_keeps_every_run_attempt_index_and_foreign_key(
     db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     everything = _schema.migrations
-    monkeypatch.setattr(_schema, "migrations", lambda kind: everything(kind)[:2])
+    monkeypatch.setattr(_schema, "migrations", lambda kind: everything(kind)[:3])
     with open_store(db) as old:
-        assert old.schema_versions() == [1, 2]
+        assert old.schema_versions() == [1, 2, 3]
         sweep = _sweep(old)
         c = old.claim(sweep, agent="a", host="h", lease=60, propose=None)
         assert c is not None
+        old.add_history(c.run_id, [(1, "loss", 0.7), (2, "loss", 0.5)], attempt=1, epoch=c.epoch)
         old.finish(
             c.run_id,
             agent="a",
@@ -232,6 +233,7 @@ def test_the_migration_keeps_every_run_attempt_index_and_foreign_key(
         assert [r.state for r in new.runs(sweep)] == [QueueState.FINISHED, QueueState.PENDING]
         assert [a.checkpoint_step for a in new.attempts(c.run_id)] == [3]
         assert not any(r.early_exempt for r in new.runs(sweep))
+        assert new.histories(sweep, "loss") == {c.run_id: [(1, 0.7), (2, 0.5)]}
     conn = sqlite3.connect(path)
     try:
         after = conn.execute(f"SELECT {columns} FROM preemptible_runs ORDER BY id").fetchall()

@@ -28,6 +28,7 @@ LAYERS = {
     "_files": 0,
     "_logs": 0,
     "_paths": 0,
+    "_report": 0,  # what a run reports: its files in the run directory
     "_run": 0,
     "_states": 0,
     "_text": 0,

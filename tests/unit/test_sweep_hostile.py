@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from preemptible import ConfigError, PreemptibleError
-from preemptible.sweeps import _agent
+from preemptible.sweeps import _agent, _holding
 from preemptible.sweeps._fields import decode_object
 from preemptible.sweeps._redact import Scrubber, url_secrets
 from preemptible.sweeps._sample import propose
@@ -414,8 +414,8 @@ def test_the_agent_reads_a_step_too_large_as_unknown(
         def latest(self) -> Huge:
             return Huge()
 
-    monkeypatch.setattr(_agent, "CheckpointStore", FakeStore)
-    assert _agent._newest_step(tmp_path) is None
+    monkeypatch.setattr(_holding, "CheckpointStore", FakeStore)
+    assert _holding.newest_step(tmp_path) is None
 
 
 # -- 4. spec counts beyond what the database stores ----------------------------------------

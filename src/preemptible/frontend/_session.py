@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .. import _run
+from .. import _report, _run
 from .._errors import CheckpointSaveError, PreemptibleError
 from .._logs import announce, set_rank
 from .._states import RecordState
@@ -85,6 +85,7 @@ class StopSession:
         self.ranks: Ranks | None = None
         self.agreement: StopAgreement | None = None
         self.step = 0  # what a checkpoint and the record say
+        _report.follow_steps(self)  # report() without step= reports at this step
         self.resume_path: Path | None = None
         self.stopping = False  # the stop's save is under way or done
         self.stopped = False

@@ -68,13 +68,13 @@ from ..stop._signals import STOP_SIGNALS, install_handlers, restore_handlers
 from ..stop._termination import signal_exit_code
 from ._attempt_files import _describe as _describe  # its old home
 from ._attempt_files import _mkdirs, _remove
-from ._attempt_files import _newest_step as _newest_step  # its old home
 from ._command import build_command
 from ._early import Judge, early_ending, judge_for
 from ._holding import MIN_LEASE_HEARTBEATS as MIN_LEASE_HEARTBEATS  # its old home
 from ._holding import WARN_AFTER_HEARTBEATS as WARN_AFTER_HEARTBEATS
 from ._holding import RunLease
 from ._holding import lease_times as lease_times
+from ._holding import newest_step as _newest_step
 from ._lease import HostView
 from ._sample import Observation, propose
 from ._spec import SweepSpec, parse_spec

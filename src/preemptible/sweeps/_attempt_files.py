@@ -1,6 +1,5 @@
 """What an agent makes and reads around one attempt of a run: its directories (made, and
-removed again when the attempt never started), its newest checkpoint's step, its parameters
-for the log."""
+removed again when the attempt never started) and its parameters for the log."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint._store import CheckpointStore
-from ._store import clean_step, printable
+from ._store import printable
 
 
 def _mkdirs(directory: Path) -> list[Path]:
@@ -31,18 +29,6 @@ def _remove(paths: list[Path]) -> None:
                 path.rmdir()
             else:
                 path.unlink()
-
-
-def _newest_step(directory: Path) -> int | None:
-    """The step of the run's newest checkpoint; None if there is none, it cannot be read, or
-    its step does not fit the queue's 64-bit column (a hand-made file name, say)."""
-    try:
-        newest = CheckpointStore(directory, create=False).latest()
-    except (OSError, ValueError, OverflowError):
-        return None
-    if newest is None:
-        return None
-    return clean_step(newest.step, str(directory))
 
 
 def _describe(params: dict[str, Any]) -> str:

@@ -14,13 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import DatabaseGone, LeaseLost, PreemptibleError, StoreError
-from .._paths import LEASE_NAME
+from .._paths import HISTORY_NAME, LEASE_NAME
 from .._report import read_summary
 from .._run import read_record
 from .._states import Control
+from ..checkpoint._store import CheckpointStore
 from ..notices._lease import write_lease
 from ._early import Judge, Stop, said
-from ._store import Claim, Store, takeover_margin
+from ._history import HistoryCopy
+from ._store import Claim, Store, clean_step, takeover_margin
 
 logger = logging.getLogger("preemptible")
 
@@ -80,6 +82,9 @@ class RunLease:
         self._guard = threading.Lock()
         self._store: Store | None = None
         self._warned_file = False
+        self.history = HistoryCopy(
+            attempt_dir / HISTORY_NAME, claim.run_id, attempt=claim.attempt, epoch=claim.epoch
+        )
         self._beat = threading.Thread(target=self._beat_loop, name="preemptible-lease", daemon=True)
         self._watch = threading.Thread(
             target=self._watchdog, name="preemptible-lease-watchdog", daemon=True
@@ -99,17 +104,47 @@ class RunLease:
 
     def start(self) -> None:
         self._store = self.agent_store.reopen()
+        self._trim_history()
         self._beat.start()
         self._watch.start()
 
     def stop(self) -> None:
+        """Stop the threads; copy what is left of the attempt's history (before the agent
+        records the attempt's end, while the claim still holds)."""
         self._done.set()
         for thread in (self._beat, self._watch):
             if thread.is_alive():
                 thread.join()
         store, self._store = self._store, None
-        if store is not None:
+        if store is None:
+            return
+        try:
+            self.history.copy(store, until_end=True)
+        except LeaseLost:
+            pass  # another claim holds the run: its history is that attempt's to write
+        except PreemptibleError as exc:
+            logger.warning(
+                "preemptible: run %s: the last of its metric history was not stored: %s",
+                self.claim.run_id,
+                exc,
+            )
+        finally:
             store.close()
+
+    def _trim_history(self) -> None:
+        """The run's stored points after the step this attempt resumes from go: the attempt
+        reports them again (``_history``'s docstring)."""
+        assert self._store is not None
+        after = newest_step(self.supervisor.resume_dir)
+        try:
+            self._store.trim_history(self.claim.run_id, after, epoch=self.claim.epoch)
+        except PreemptibleError as exc:  # the heartbeat meets a lost lease or an outage too
+            logger.warning(
+                "preemptible: run %s: its metric history could not be trimmed to step %s: %s",
+                self.claim.run_id,
+                after,
+                exc,
+            )
 
     def _renewed(self, at: float) -> None:
         with self._guard:
@@ -149,8 +184,9 @@ class RunLease:
                 if latest and latest != summary:
                     store.report(claim.run_id, latest, epoch=claim.epoch)
                     summary = latest
+                self.history.copy(store)
                 if self.judge is not None and self.early is None:
-                    self.early = self.judge.check(store)  # type: ignore[arg-type]  # until histories lands
+                    self.early = self.judge.check(store)
                     if self.early is not None:
                         said(self.early, self.judge.metric, claim.attempt)
                         self._inject(signal.SIGTERM)  # it saves and exits as preempted
@@ -228,6 +264,18 @@ class RunLease:
 
     def _inject(self, signum: int) -> None:
         self.supervisor.stop_job(signum)
+
+
+def newest_step(directory: Path) -> int | None:
+    """The step of the run's newest checkpoint; None if there is none, it cannot be read, or
+    its step does not fit the queue's 64-bit column (a hand-made file name, say)."""
+    try:
+        newest = CheckpointStore(directory, create=False).latest()
+    except (OSError, ValueError, OverflowError):
+        return None
+    if newest is None:
+        return None
+    return clean_step(newest.step, str(directory))
 
 
 def _group_alive(pgid: int | None) -> bool:

@@ -72,6 +72,7 @@ from ._endings import expire, late, lease_lost, outcome, resume_stopped, settle_
 from ._endings import recovery_hold as recovery_hold  # its old home
 from ._endings import settle as settle  # its old home
 from ._endings import takeover_margin as takeover_margin  # its old home
+from ._history import HistoryStore
 from ._redact import redact_url as redact_url  # importable from here, as before
 from ._rows import AttemptRow as AttemptRow  # its old home
 from ._rows import Claim as Claim  # its old home
@@ -126,7 +127,7 @@ def open_store(
 
 
 # -- the store --------------------------------------------------------------------------------
-class Store:
+class Store(HistoryStore):
     """The sweep queue in one database (``open_store``). Methods are transactions, retried."""
 
     def __init__(

@@ -114,8 +114,10 @@ def _files(home: Path, run_id: str, numbers: Sequence[int]) -> dict[str, Any]:
 
 
 def _curves(store: Store, run_id: str, metric: str | None) -> dict[str, Any]:
-    reader = getattr(store, "run_history", None)  # TEMP until the history branch lands
-    history: Mapping[str, Sequence[tuple[int, float]]] = reader(run_id) if reader else {}
+    history = {
+        name: [(step, value) for step, value, _ in points]
+        for name, points in store.run_history(run_id).items()
+    }
     names = sorted(history, key=lambda n: (n != metric, n))[:MAX_CURVES]
     return {
         name: {

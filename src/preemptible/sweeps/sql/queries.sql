@@ -207,6 +207,30 @@ SELECT version FROM preemptible_schema ORDER BY version
 -- name: record_version
 INSERT INTO preemptible_schema (version, applied_at) VALUES (:version, preemptible_now())
 
+-- name: hold_fenced
+-- the fence of a write for the run's holder: 1 while claim :epoch holds the run (and, in
+-- PostgreSQL, the row stays locked until the write commits)
+UPDATE preemptible_runs SET updated_at = preemptible_now()
+WHERE id = :id AND state = 'RUNNING' AND lease_epoch = :epoch
+
+-- name: add_point
+INSERT INTO preemptible_history (run_id, name, step, value, attempt)
+VALUES (:run_id, :name, :step, :value, :attempt)
+ON CONFLICT (run_id, name, step) DO UPDATE SET value = excluded.value, attempt = excluded.attempt
+
+-- name: trim_history
+DELETE FROM preemptible_history WHERE run_id = :run_id AND step > :after
+
+-- name: sweep_history
+SELECT h.run_id, h.step, h.value FROM preemptible_history h
+JOIN preemptible_runs r ON r.id = h.run_id
+WHERE r.sweep_id = :sweep_id AND h.name = :name
+ORDER BY h.run_id, h.step
+
+-- name: run_history
+SELECT name, step, value, attempt FROM preemptible_history WHERE run_id = :run_id
+ORDER BY name, step
+
 -- name: resume_stopped
 -- a run early termination stopped, put back by the user: first in line, its id and checkpoint
 -- directory kept; exempt from early termination from now on (they overrode the decision)
