@@ -8,7 +8,7 @@ constraints of its SQL schema, which a test holds to these enums), ``preemptible
     RunState       how an attempt ended, as the supervisor classifies it (and so the run)
     QueueState     a sweep run in the queue: PENDING, RUNNING, or where it ended
     Ending         an attempt of a sweep run as the queue records it (RunState, CANCELLED,
-                   RELEASED)
+                   RELEASED, STOPPED)
     RecordState    what the training process wrote in its run record (record.json)
     HeartbeatState what the supervisor wrote in its heartbeat
     LiveState      what ``preemptible runs`` shows for a run without an ending
@@ -55,6 +55,7 @@ class QueueState(StrState):
     KILLED = "KILLED"
     CRASHED = "CRASHED"
     CANCELLED = "CANCELLED"
+    STOPPED = "STOPPED"  # ended by early termination (Hyperband), checkpointed: resumable
 
 
 FINAL_QUEUE_STATES = frozenset(QueueState) - {QueueState.PENDING, QueueState.RUNNING}
@@ -70,6 +71,7 @@ class Ending(StrState):
     CRASHED = "CRASHED"
     CANCELLED = "CANCELLED"  # the sweep was cancelled while the attempt ran
     RELEASED = "RELEASED"  # a stopping agent handed the run back (not the run's doing)
+    STOPPED = "STOPPED"  # early termination stopped it (it saved and exited as preempted)
 
 
 class RecordState(StrState):

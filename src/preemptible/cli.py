@@ -19,7 +19,7 @@ import click
 
 from . import __version__
 from ._errors import PreemptibleError
-from ._states import Control
+from ._states import Control, QueueState
 
 # No auto_envvar_prefix: an option reads an environment variable only where it names one
 # (envvar=..., shown in --help). Automatic PREEMPTIBLE_<OPTION> names turned variables set for
@@ -431,10 +431,29 @@ def sweep_pause(sweep_id: str, db: str | None) -> None:
 
 @sweep.command("resume", context_settings=CONTEXT)
 @click.argument("sweep_id")
+@click.option(
+    "--run",
+    "run_id",
+    default=None,
+    metavar="RUN_ID",
+    help="Put back this one run that early termination STOPPED (it continues from its "
+    "checkpoint and is not stopped early again); the sweep's own state is left as it is.",
+)
 @_db_option
-def sweep_resume(sweep_id: str, db: str | None) -> None:
-    """Claims start again after `sweep pause` or `sweep stop`."""
-    _control(sweep_id, db, Control.RUNNING)
+def sweep_resume(sweep_id: str, run_id: str | None, db: str | None) -> None:
+    """Claims start again after `sweep pause` or `sweep stop`; with --run, one run that early
+    termination stopped goes back to the queue instead."""
+    if run_id is None:
+        _control(sweep_id, db, Control.RUNNING)
+        return
+    from .sweeps._store import open_store
+
+    try:
+        with open_store(db, create=False) as store:
+            store.resume_stopped(sweep_id, run_id)
+    except PreemptibleError as exc:
+        _fail(str(exc))
+    click.echo(f"run {run_id}: {QueueState.PENDING}; the next agent resumes it from its checkpoint")
 
 
 @sweep.command("cancel", context_settings=CONTEXT)

@@ -363,12 +363,12 @@ def test_the_spec_needs_a_metric_for_early_terminate() -> None:
     )
 
 
-def test_a_good_early_terminate_is_kept_and_still_listed_as_not_acted_on() -> None:
+def test_a_good_early_terminate_is_kept_and_not_listed_as_ignored() -> None:
     data = {**SPEC, "early_terminate": {"type": "hyperband", "max_iter": 27, "s": 2}}
     parsed = parse_spec(data)
-    assert parsed.ignored == ("early_terminate",)
+    assert parsed.ignored == ()
     assert parse_early_terminate(parsed.raw["early_terminate"]) == hb(max_iter=27, s=2)
-    assert parse_spec({**SPEC, "early_terminate": None}).ignored == ("early_terminate",)
+    assert parse_spec({**SPEC, "early_terminate": None}).ignored == ()
 
 
 # -- properties ----------------------------------------------------------------------------------

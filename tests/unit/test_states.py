@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import preemptible
 from preemptible._states import (
+    FINAL_QUEUE_STATES,
     Control,
     Ending,
     HeartbeatState,
@@ -40,9 +41,11 @@ TRACKER_CALLS = {"tell_tracker", "finalize"}  # take a tracker status, not a sta
 
 
 def _check_values(sql: str, column: str) -> set[str]:
-    match = re.search(rf"\b{column}\b[^,]*?CHECK \({column} IN \(([^)]*)\)\)", sql, re.S)
-    assert match, f"no CHECK ({column} IN ...) found"
-    return set(re.findall(r"'([^']*)'", match.group(1)))
+    """The values of the column's newest ``CHECK (column IN (...))`` (a later migration
+    replaces an earlier one's)."""
+    found = re.findall(rf"CHECK \({column} IN \(([^)]*)\)\)", sql, re.S)
+    assert found, f"no CHECK ({column} IN ...) found"
+    return set(re.findall(r"'([^']*)'", found[-1]))
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
@@ -115,8 +118,20 @@ def test_queue_states_are_run_states_and_the_queue_own() -> None:
         "PENDING",
         "RUNNING",
         "CANCELLED",
+        "STOPPED",
     }
     assert {s.value for s in RunState} < {e.value for e in Ending}
+
+
+def test_an_early_stopped_attempt_ends_the_run_stopped_with_no_budget_spent() -> None:
+    from preemptible.sweeps._endings import settle
+
+    kw = {"lost": False, "preemptions": 2, "failures": 1, "max_preemptions": 2, "max_failures": 0}
+    assert settle(Ending.STOPPED, control=Control.RUNNING, **kw) == (QueueState.STOPPED, 2, 1)
+    assert settle(Ending.STOPPED, control=Control.STOPPED, **kw) == (QueueState.STOPPED, 2, 1)
+    cancelled = settle(Ending.STOPPED, control=Control.CANCELLED, **kw)
+    assert cancelled == (QueueState.CANCELLED, 2, 1)
+    assert QueueState.STOPPED in FINAL_QUEUE_STATES and QueueState.STOPPED != QueueState.CANCELLED
 
 
 def test_spend_examples() -> None:

@@ -137,8 +137,18 @@ def test_every_optional_key_is_read() -> None:
     assert s.command == ("${env}", "python", "${program}", "--epochs", "3", "${args}")
     assert (s.run_cap, s.max_failures, s.max_preemptions) == (20, 2, 7)
     assert s.term_timeout == 45.0 and s.name == "lr-search"
-    assert s.metric is not None and s.metric.goal == "maximize"
-    assert s.ignored == ("early_terminate", "metric.target")
+    assert s.metric is not None and s.metric.goal == "maximize" and s.metric.target == 0.99
+    assert s.ignored == ()
+    assert s.metric.reached(0.99) and s.metric.reached(1.0) and not s.metric.reached(0.98)
+    loss = parse_spec(spec(metric={"name": "loss", "target": 0.1})).metric
+    assert loss is not None and loss.reached(0.1) and not loss.reached(0.11)
+    assert not loss.reached(None)
+
+
+@pytest.mark.parametrize("target", ["0.5", True, float("nan"), float("inf"), [1]])
+def test_a_metric_target_that_is_not_a_finite_number_is_refused(target: object) -> None:
+    with pytest.raises(ConfigError, match=r"metric\.target: .*a finite number"):
+        parse_spec(spec(metric={"name": "loss", "target": target}))
 
 
 @pytest.mark.parametrize("kind", ["local", "cloud"])

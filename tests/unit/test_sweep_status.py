@@ -192,8 +192,10 @@ def test_snapshot_is_the_exact_document(store: Store, clock: Clock) -> None:
             "CRASHED": 0,
             "KILLED": 0,
             "CANCELLED": 0,
+            "STOPPED": 0,
         },
         "best": {"run_id": f"{sweep}-1", "metric": 0.25},
+        "target": None,
         "created_at": 1000.0,
         "unreadable": [],
     }

@@ -41,7 +41,6 @@ preempted run are resumed by whichever agent takes it next.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
@@ -67,7 +66,10 @@ from .._states import Control, Ending, QueueState
 from ..notices._lease import LEASE_FILE_ENV
 from ..stop._signals import STOP_SIGNALS, install_handlers, restore_handlers
 from ..stop._termination import signal_exit_code
+from ._attempt_files import _describe as _describe  # its old home
+from ._attempt_files import _mkdirs, _remove
 from ._command import build_command
+from ._early import Judge, early_ending, judge_for
 from ._holding import MIN_LEASE_HEARTBEATS as MIN_LEASE_HEARTBEATS  # its old home
 from ._holding import WARN_AFTER_HEARTBEATS as WARN_AFTER_HEARTBEATS
 from ._holding import RunLease
@@ -76,11 +78,7 @@ from ._holding import newest_step as _newest_step
 from ._lease import HostView
 from ._sample import Observation, propose
 from ._spec import SweepSpec, parse_spec
-from ._store import (
-    Claim,
-    open_store,
-    printable,
-)
+from ._store import Claim, open_store
 
 logger = logging.getLogger("preemptible")
 
@@ -210,9 +208,18 @@ class Agent:
             return True
         if sweep.control == Control.PAUSED:
             return False
-        states = {r.state for r in self.store.runs(sweep.id)}
-        if states & {QueueState.PENDING, QueueState.RUNNING}:
+        reached = self.store.target_reached(sweep.id)
+        # once the target is reached, runs that never ran are not started (``_claims``)
+        runs = [r for r in self.store.runs(sweep.id) if reached is None or r.attempt > 0]
+        if {r.state for r in runs} & {QueueState.PENDING, QueueState.RUNNING}:
             return False
+        if reached is not None:
+            logger.info(
+                "preemptible: sweep %s reached its metric.target (run %s: %g); agent exits",
+                sweep.id,
+                *reached,
+            )
+            return True
         logger.info("preemptible: sweep %s has nothing left to run; agent exits", sweep.id)
         return True
 
@@ -266,6 +273,7 @@ class Agent:
                 supervisor,
                 attempt_dir,
                 renewed_at,
+                judge=self._judge(claim),
             )
             beat.write()
         except (OSError, PreemptibleError) as exc:
@@ -312,6 +320,7 @@ class Agent:
         ending = str(attempt.state)
         if beat.expired and ending != Ending.FINISHED:
             ending = Ending.PREEMPTED  # stopped for this agent's lease, not for anything it did
+        ending = early_ending(ending, beat.early, expired=beat.expired)
         record = read_record(attempt_dir)
         try:
             state = self.store.finish(
@@ -353,6 +362,13 @@ class Agent:
             f"last: run {claim.run_id}, exit code {attempt.exit_code}; its output is above)",
             EXIT_CRASH_LOOP,
         )
+
+    def _judge(self, claim: Claim) -> Judge | None:
+        """Early termination's judge of the run, when its sweep has one (``_early``)."""
+        if self.spec.raw.get("early_terminate") is None:
+            return None
+        exempt = self.store.run(claim.run_id).early_exempt
+        return judge_for(self.spec, claim.sweep_id, claim.run_id, exempt=exempt)
 
     def _could_not_start(self, claim: Claim, exc: BaseException, made: list[Path]) -> int | None:
         """The run cannot start on this agent: its command or this machine, not the run, is
@@ -413,30 +429,3 @@ class Agent:
             checkpoint_step=None,
             summary=None,
         )
-
-
-def _mkdirs(directory: Path) -> list[Path]:
-    """Make ``directory`` and its missing parents; the ones made, deepest first."""
-    missing = []
-    for d in (directory, *directory.parents):
-        if d.exists():
-            break
-        missing.append(d)
-    directory.mkdir(parents=True, exist_ok=True)
-    return missing
-
-
-def _remove(paths: list[Path]) -> None:
-    """Remove what the agent made for an attempt that never started (files, empty dirs)."""
-    for path in paths:
-        with contextlib.suppress(OSError):
-            if path.is_dir() and not path.is_symlink():
-                path.rmdir()
-            else:
-                path.unlink()
-
-
-def _describe(params: dict[str, Any]) -> str:
-    """The parameters for the log, one line, with control characters escaped."""
-    text = " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "(no parameters)"
-    return printable(text)

@@ -1,6 +1,10 @@
 """The claim: how an agent takes its next run in one transaction (``take``): expired leases
 taken over first, then the first pending run in line that can start here (``pick``), else a
-new run with the sampler's parameters (``history`` is what it reads) under the run cap."""
+new run with the sampler's parameters (``history`` is what it reads) under the run cap.
+
+Once a run has reported the sweep metric at or beyond ``metric.target`` (``target_reached``),
+the sweep starts nothing new, as W&B ends it: no new run, no pending run that never ran;
+runs that already ran (preempted ones back in the queue, one resumed by hand) go on."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from ._endings import Local, expire
 from ._fields import decode_object, field_error
 from ._rows import Claim, SweepRow, claim_row, sweep_row
 from ._sample import Observation  # what ``propose`` reads: (params, metric, finished)
+from ._spec_model import Goal, Metric
 from ._values import _json, _loads, _metric, _metric_name
 
 logger = logging.getLogger("preemptible")
@@ -63,8 +68,11 @@ def take(
     sweep = sweep_of(tx, sweep_id, display)
     if sweep.control != Control.RUNNING:
         return None
+    reached = target_reached(tx, sweep_id, sweep.spec) is not None
     picked = pick(tx, sweep_id, local)
-    if picked is None and propose is not None:
+    if picked is not None and reached and picked["attempt"] == 0:
+        picked = None  # ran before are first in line: none is left
+    if picked is None and propose is not None and not reached:
         locked = tx.one("lock_sweep", id=sweep_id)  # one creator at a time
         assert locked is not None
         if locked["control"] != Control.RUNNING:
@@ -136,6 +144,29 @@ def pick(tx: _Tx, sweep_id: str, local: Local | None) -> dict[str, Any] | None:
             return None  # every run in line is blocked here, or there is none
         if not failed:
             n = PENDING_LOOKAHEAD
+
+
+def target_reached(tx: _Tx, sweep_id: str, spec: Mapping[str, Any]) -> tuple[str, float] | None:
+    """(run id, value) of the first run whose reported sweep metric is at or beyond the
+    spec's ``metric.target`` (its latest report, as W&B reads the summary); None when there is
+    no target or no run has reached it."""
+    metric = _target_metric(spec)
+    if metric is None:
+        return None
+    for r in tx.all("run_summaries", sweep_id=sweep_id):
+        value = _metric(_loads(r["summary"]), metric.name)
+        if metric.reached(value):
+            assert value is not None
+            return r["id"], value
+    return None
+
+
+def _target_metric(spec: Mapping[str, Any]) -> Metric | None:
+    raw = spec.get("metric")
+    if not isinstance(raw, Mapping) or raw.get("target") is None:
+        return None
+    goal: Goal = "maximize" if raw.get("goal") == "maximize" else "minimize"
+    return Metric(name=str(raw.get("name")), goal=goal, target=raw["target"])
 
 
 def history(tx: _Tx, sweep_id: str, spec: Mapping[str, Any]) -> list[Observation]:

@@ -6,7 +6,9 @@ FINISHED ends the run. PREEMPTED (and a lost lease) goes back to PENDING while t
 been preempted at most ``max_preemptions`` times, else the run ends PREEMPTED (or CRASHED).
 FAILED and CRASHED go back while the run has failed at most ``max_failures`` times (a run gets
 1 + ``max_failures`` tries for failures), else it ends in that state. KILLED (a Ctrl+C the run
-did not handle) ends the run. In a cancelled sweep every ending but FINISHED ends it CANCELLED.
+did not handle) ends the run. STOPPED (early termination stopped it; it saved a checkpoint)
+ends the run STOPPED, with no budget spent: ``preemptible sweep resume --run`` may put it back.
+In a cancelled sweep every ending but FINISHED ends it CANCELLED.
 ``release`` (the agent is stopping) puts the run back without touching any budget;
 ``abandon`` (the attempt could not even start here) undoes the claim: no attempt is counted.
 """
@@ -81,6 +83,8 @@ def settle(
         return QueueState.FINISHED, preemptions, failures
     if control == Control.CANCELLED or ending == Ending.CANCELLED:
         return QueueState.CANCELLED, preemptions, failures
+    if ending == Ending.STOPPED:  # the sweep's decision, not the run's fault: nothing spent
+        return QueueState.STOPPED, preemptions, failures
     if ending == Ending.KILLED and not lost:
         return QueueState.KILLED, preemptions, failures
     spent = spend(
@@ -184,6 +188,21 @@ def late(
         state,
     )
     return state
+
+
+def resume_stopped(tx: _Tx, sweep_id: str, run_id: str, display: str) -> None:
+    """``Store.resume_stopped``'s transaction."""
+    if tx.run("resume_stopped", id=run_id, sweep_id=sweep_id) == 1:
+        return
+    row = tx.one("get_run", id=run_id)
+    if row is None or row["sweep_id"] != sweep_id:
+        raise ConfigError(f"no run {run_id!r} in sweep {sweep_id!r} ({display})")
+    if tx.retry and row["state"] == QueueState.PENDING and row["early_exempt"]:
+        return  # an earlier try did it, its acknowledgement lost
+    raise ConfigError(
+        f"run {run_id} is {row['state']}, not {QueueState.STOPPED}: only a run that early "
+        "termination stopped can be resumed with --run"
+    )
 
 
 def gone(r: Mapping[str, Any], local: Local | None, health: _Health) -> bool:

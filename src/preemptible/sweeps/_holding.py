@@ -1,6 +1,7 @@
 """An agent's hold on the run it claimed, while the run's attempt runs: the heartbeat that
-renews the lease and the watchdog that stops the run when renewals stop (``_agent``'s module
-docstring tells the whole lease protocol)."""
+renews the lease (and asks the early-termination judge, ``_early``, after each renewal) and the
+watchdog that stops the run when renewals stop (``_agent``'s module docstring tells the whole
+lease protocol)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .._run import read_record
 from .._states import Control
 from ..checkpoint._store import CheckpointStore
 from ..notices._lease import write_lease
+from ._early import Judge, Stop, said
 from ._history import HistoryCopy
 from ._store import Claim, Store, clean_step, takeover_margin
 
@@ -59,6 +61,7 @@ class RunLease:
         supervisor: Any,
         attempt_dir: Path,
         renewed_at: float,
+        judge: Judge | None = None,
     ) -> None:
         self.lease, self.heartbeat, self.agent_store, self.agent_id = (
             lease,
@@ -73,6 +76,8 @@ class RunLease:
         self.deadline = renewed_at + self._span  # monotonic: gone by then
         self.expired = False  # the run was stopped for its lease (not renewed, or taken over)
         self.gone: DatabaseGone | None = None
+        self.judge = judge
+        self.early: Stop | None = None  # the judge stopped the run (early termination)
         self._done = threading.Event()
         self._guard = threading.Lock()
         self._store: Store | None = None
@@ -180,6 +185,11 @@ class RunLease:
                     store.report(claim.run_id, latest, epoch=claim.epoch)
                     summary = latest
                 self.history.copy(store)
+                if self.judge is not None and self.early is None:
+                    self.early = self.judge.check(store)
+                    if self.early is not None:
+                        said(self.early, self.judge.metric, claim.attempt)
+                        self._inject(signal.SIGTERM)  # it saves and exits as preempted
             except LeaseLost:
                 self.expired = True  # ended for the lease, not for anything the run did
                 logger.error(

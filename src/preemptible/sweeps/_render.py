@@ -26,6 +26,7 @@ STATE_STYLES = {
     QueueState.FAILED: "red",
     QueueState.KILLED: "red",
     QueueState.CANCELLED: "grey50",
+    QueueState.STOPPED: "magenta",
 }
 UNREADABLE = "(unreadable)"
 _VALUE_WIDTH = 24  # a parameter value longer than this is shortened
@@ -175,6 +176,15 @@ def _header_line(sweep: Mapping[str, Any], now: float) -> Text:
     best = sweep.get("best")
     if best and metric:
         text.append(printable(f" · best {best['run_id']} {metric['name']}={best['metric']:.6g}"))
+    target = sweep.get("target")
+    if target and target.get("run_id") and metric:
+        text.append(
+            printable(
+                f" · target {metric['name']}={target['value']:g} reached by {target['run_id']} "
+                f"({target['metric']:.6g}): no new runs"
+            ),
+            style="bold",
+        )
     text.append(f" · created {format_age(now - sweep['created_at'])} ago")
     return text
 

@@ -59,6 +59,7 @@ class RunRow:
     unreadable: tuple[str, ...] = ()
     epoch: int = field(default=0, metadata=_LEASE_EPOCH)  # of the newest claim (kept after
     # the run is handed back)
+    early_exempt: bool = False  # resumed by the user after early termination: never judged
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import orjson
 
 from .._errors import ConfigError, StoreError
 from .._states import QueueState
+from ._claims import target_reached
 from ._fields import DECODER, decode_object, field_error
 from ._spec import GOALS
 from ._store import LEASE_EXPIRED, Store, _metric, _Tx
@@ -271,6 +272,11 @@ def _header(
             best_key = (sign * value, index)
             best = {"run_id": run_id, "metric": value}
     doc["counts"], doc["best"] = counts, best
+    if doc["target"] is not None:  # only for a sweep with a target: a scan of the summaries
+        spec, _ = decode_object(row["spec"])
+        reached = target_reached(tx, row["id"], spec or {})
+        if reached is not None:
+            doc["target"].update(run_id=reached[0], metric=reached[1])
     return doc, metric["name"] if metric else None, scanned
 
 
@@ -290,9 +296,22 @@ def sweep_head(row: Mapping[str, Any], warn: _Warnings) -> dict[str, Any]:
         "runs_created": row["runs_created"],
         "counts": dict.fromkeys(STATES, 0),
         "best": None,
+        "target": _target_spec(spec),
         "created_at": row["created_at"],
         "unreadable": [] if readable else ["spec"],
     }
+
+
+def _target_spec(spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``{"value": metric.target, "run_id": None, "metric": None}`` (the first run to reach it,
+    and its value, once one has), or None when the spec has no valid target."""
+    metric = spec.get("metric")
+    target = metric.get("target") if isinstance(metric, Mapping) else None
+    if isinstance(target, bool) or not isinstance(target, (int, float)):
+        return None
+    if not math.isfinite(target) or _metric_spec(spec) is None:
+        return None
+    return {"value": target, "run_id": None, "metric": None}
 
 
 def _metric_spec(spec: Mapping[str, Any]) -> dict[str, str] | None:

@@ -50,7 +50,7 @@ def _parse(data: object) -> SweepSpec:
     for key in ("description", "project", "entity"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             _fail(key, f"must be text, not {_what(raw[key])}")
-    if raw.get("early_terminate") is not None:  # checked here; not yet acted on (ignored)
+    if raw.get("early_terminate") is not None:  # checked here; the agent's judge acts on it
         problem = early_terminate_problem(raw["early_terminate"])
         if problem is not None:
             _fail("", problem)  # the line names its own key path: early_terminate.eta: ...
@@ -149,7 +149,17 @@ def _metric(data: object, ignored: list[str]) -> Metric | None:
     goal = data.get("goal", "minimize")
     if goal not in GOALS:
         _fail("metric.goal", f"{short_repr(goal)} is not valid; valid: {', '.join(GOALS)}")
-    return Metric(name=name, goal=cast(Goal, goal))
+    target = data.get("target")
+    if target is not None and not _finite_number(target):
+        _fail(
+            "metric.target",
+            f"must be a finite number (the value that ends the sweep), not {_what(target)}",
+        )
+    return Metric(name=name, goal=cast(Goal, goal), target=target)
+
+
+def _finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _command(data: object) -> tuple[str, ...]:

@@ -56,12 +56,12 @@ PROBABILITY_TOLERANCE = 1e-8 + 1e-5  # W&B's np.isclose(sum(probabilities), 1.0)
 
 TOP_KEYS = (
     *("program", "command", "method", "metric", "parameters", "run_cap", "name"),
-    *("max_failures", "max_preemptions", "term_timeout"),
+    *("max_failures", "max_preemptions", "term_timeout", "early_terminate"),
 )
-WANDB_IGNORED = ("description", "project", "entity", "early_terminate")
+WANDB_IGNORED = ("description", "project", "entity")
 WANDB_CONTROLLER = "controller"  # accepted and ignored: this queue is the controller
-METRIC_KEYS = ("name", "goal")
-METRIC_IGNORED = ("target", "impute", "impute_while_running")
+METRIC_KEYS = ("name", "goal", "target")
+METRIC_IGNORED = ("impute", "impute_while_running")
 
 
 DEFAULT_MAX_FAILURES = 0
@@ -77,6 +77,13 @@ MAX_SPEC_BYTES = 1 << 20  # a spec file is read up to this size, and refused bey
 class Metric:
     name: str
     goal: Goal
+    target: float | None = None  # a run reporting this or better ends the sweep (no new runs)
+
+    def reached(self, value: float | None) -> bool:
+        """Whether ``value`` is at or beyond the target (<= for minimize, >= for maximize)."""
+        if self.target is None or value is None:
+            return False
+        return value <= self.target if self.goal == "minimize" else value >= self.target
 
 
 @dataclass(frozen=True)

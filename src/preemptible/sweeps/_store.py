@@ -58,7 +58,7 @@ from .._states import Control as Control  # importable from here, as before
 from .._states import Ending, QueueState
 from .._text import printable as printable  # importable from here, as before
 from ._claims import Propose as Propose  # its old home
-from ._claims import history, insert_run, sweep_of, take
+from ._claims import history, insert_run, sweep_of, take, target_reached
 from ._connector import DEFAULT_RETRY_TIMEOUT as DEFAULT_RETRY_TIMEOUT  # its old home
 from ._connector import MAX_BACKOFF as MAX_BACKOFF  # its old home
 from ._connector import Backend as Backend  # its old home
@@ -68,7 +68,7 @@ from ._endings import LEASE_EXPIRED as LEASE_EXPIRED  # its old home
 from ._endings import LEASE_MARGIN as LEASE_MARGIN  # its old home
 from ._endings import RELEASED as RELEASED  # its old home
 from ._endings import Local as Local  # its old home
-from ._endings import expire, late, lease_lost, outcome, settle_run
+from ._endings import expire, late, lease_lost, outcome, resume_stopped, settle_run
 from ._endings import recovery_hold as recovery_hold  # its old home
 from ._endings import settle as settle  # its old home
 from ._endings import takeover_margin as takeover_margin  # its old home
@@ -479,6 +479,13 @@ class Store(HistoryStore):
     def _lease_lost(self, tx: _Tx, run_id: str, agent: str, attempt: int) -> PreemptibleError:
         return lease_lost(tx, run_id, agent, attempt, self.display)
 
+    def resume_stopped(self, sweep_id: str, run_id: str) -> None:
+        """Put run ``run_id``, which early termination stopped, back in the queue: PENDING,
+        first in line, with its id and checkpoint directory (the next agent resumes it from
+        its newest checkpoint); exempt from early termination from now on (``_early``).
+        ConfigError for an unknown run or one that is not STOPPED."""
+        self._transact(lambda tx: resume_stopped(tx, sweep_id, run_id, self.display))
+
     def expire_leases(self, *, local: Local | None = None) -> list[str]:
         """Take over every run whose lease ran out and whose holder is gone (module docstring;
         ``local`` as for ``claim``): end its attempt and requeue it. The ids of those runs.
@@ -535,6 +542,14 @@ class Store(HistoryStore):
     def attempts(self, run_id: str) -> list[AttemptRow]:
         rows = self._transact(lambda tx: tx.all("list_attempts", run_id=run_id), write=False)
         return [from_row(AttemptRow, r) for r in rows]
+
+    def target_reached(self, sweep_id: str) -> tuple[str, float] | None:
+        """(run id, value) of the first run that reached the sweep's ``metric.target``."""
+
+        def read(tx: _Tx) -> tuple[str, float] | None:
+            return target_reached(tx, sweep_id, self._sweep(tx, sweep_id).spec)
+
+        return self._transact(read, write=False)
 
     def history(self, sweep_id: str) -> list[Observation]:
         """Every run of the sweep in creation order, as the samplers see it: its parameters,

@@ -24,6 +24,7 @@ ENDING_COLOURS: dict[str | None, str] = {
     Ending.FAILED: "#d62728",
     Ending.KILLED: "#8c1c13",
     Ending.CANCELLED: "#7f7f7f",
+    Ending.STOPPED: "#e377c2",
     Ending.RELEASED: "#c7c7c7",
     None: "#1f77b4",
 }

@@ -30,6 +30,7 @@ STATE_COLOURS = {
     QueueState.FAILED: "#d62728",
     QueueState.KILLED: "#8c1c13",
     QueueState.CANCELLED: "#7f7f7f",
+    QueueState.STOPPED: "#e377c2",
 }
 
 CSS = """

@@ -144,12 +144,14 @@ WHERE id = :id AND state = 'RUNNING' AND lease_epoch = :epoch
 
 -- name: list_runs
 SELECT id, sweep_id, run_index, params, state, attempt, preemptions, failures, lease_owner,
-       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at, lease_epoch
+       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at, lease_epoch,
+       early_exempt
 FROM preemptible_runs WHERE sweep_id = :sweep_id ORDER BY run_index
 
 -- name: get_run
 SELECT id, sweep_id, run_index, params, state, attempt, preemptions, failures, lease_owner,
-       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at, lease_epoch
+       lease_host, lease_expires, checkpoint_dir, summary, created_at, updated_at, lease_epoch,
+       early_exempt
 FROM preemptible_runs WHERE id = :id
 
 -- name: list_attempts
@@ -228,3 +230,15 @@ ORDER BY h.run_id, h.step
 -- name: run_history
 SELECT name, step, value, attempt FROM preemptible_history WHERE run_id = :run_id
 ORDER BY name, step
+
+-- name: resume_stopped
+-- a run early termination stopped, put back by the user: first in line, its id and checkpoint
+-- directory kept; exempt from early termination from now on (they overrode the decision)
+UPDATE preemptible_runs
+SET state = 'PENDING', early_exempt = 1, queued_at = preemptible_now(), requeued = 1,
+    updated_at = preemptible_now()
+WHERE id = :id AND sweep_id = :sweep_id AND state = 'STOPPED'
+
+-- name: run_summaries
+SELECT id, summary FROM preemptible_runs
+WHERE sweep_id = :sweep_id AND summary IS NOT NULL ORDER BY run_index

@@ -1,0 +1,37 @@
+"""What an agent makes and reads around one attempt of a run: its directories (made, and
+removed again when the attempt never started) and its parameters for the log."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from ._store import printable
+
+
+def _mkdirs(directory: Path) -> list[Path]:
+    """Make ``directory`` and its missing parents; the ones made, deepest first."""
+    missing = []
+    for d in (directory, *directory.parents):
+        if d.exists():
+            break
+        missing.append(d)
+    directory.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _remove(paths: list[Path]) -> None:
+    """Remove what the agent made for an attempt that never started (files, empty dirs)."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
+
+
+def _describe(params: dict[str, Any]) -> str:
+    """The parameters for the log, one line, with control characters escaped."""
+    text = " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "(no parameters)"
+    return printable(text)

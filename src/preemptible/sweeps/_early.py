@@ -1,0 +1,117 @@
+"""Early termination in the agent: the judge that decides, after each heartbeat of a run,
+whether Hyperband (``_hyperband``) stops it, and what the stopped attempt then ends as.
+
+A run's history for the judge is its stored points of the sweep metric (``report()``, copied
+into the queue at each heartbeat), ascending by step; iteration n is its n-th point, so a run
+that reports once per step is judged at its step, as W&B judges the n-th logged value. Every
+run of the sweep with points sets the bands' thresholds (finished, stopped and failed ones
+too); only the agent's own run is judged, by its own agent, so no run is stopped twice and no
+agent needs to know of the others.
+
+A run chosen is stopped gracefully: the agent sends it the stop signal, the run commits a
+checkpoint and exits as preempted, and the attempt is recorded ``Ending.STOPPED`` (the run
+``QueueState.STOPPED``: no budget spent, not requeued). ``preemptible sweep resume --run``
+puts it back; a run resumed so is exempt (``early_exempt``): the user overrode the decision,
+which the same thresholds would otherwise take again at the next heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .._states import Ending
+from ._hyperband import Goal, Hyperband, parse_early_terminate, stop_decisions, thresholds
+from ._spec_model import SweepSpec
+
+logger = logging.getLogger("preemptible")
+
+Points = Sequence[tuple[int, float]]  # (step, value) ascending by step
+
+
+class Histories(Protocol):
+    """What the judge reads: ``Store.histories``."""
+
+    def histories(self, sweep_id: str, name: str) -> dict[str, list[tuple[int, float]]]: ...
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why the judge stopped a run: the band it was judged at, its value there (the best of
+    its history when not ``strict``) and the band's threshold."""
+
+    run_id: str
+    band: int
+    value: float
+    threshold: float
+    step: int
+
+    def describe(self, metric: str) -> str:
+        return (
+            f"{metric} {self.value:.6g} at band {self.band} (step {self.step}) is worse than "
+            f"the band's threshold {self.threshold:.6g}"
+        )
+
+
+def judge(
+    config: Hyperband, *, goal: Goal, histories: Mapping[str, Points], run_id: str
+) -> Stop | None:
+    """Whether Hyperband stops running run ``run_id`` now, given every run's points."""
+    values = {run: [v for _, v in points] for run, points in histories.items()}
+    chosen = stop_decisions(config, goal=goal, histories=values, running={run_id})
+    if run_id not in chosen:
+        return None
+    own = histories[run_id]
+    cuts = thresholds(config, goal=goal, histories=values)
+    band = max(b for b in cuts if b <= len(values[run_id]))
+    pick = min if goal == "minimize" else max
+    value = values[run_id][band - 1] if config.strict else pick(values[run_id])
+    return Stop(run_id, band, float(value), float(cuts[band]), int(own[band - 1][0]))
+
+
+class Judge:
+    """Hyperband for one run of a sweep whose spec has ``early_terminate``."""
+
+    def __init__(self, spec: SweepSpec, sweep_id: str, run_id: str) -> None:
+        assert spec.metric is not None  # the spec check requires one with early_terminate
+        self.config = parse_early_terminate(spec.raw["early_terminate"])
+        self.metric, self.goal = spec.metric.name, spec.metric.goal
+        self.sweep_id, self.run_id = sweep_id, run_id
+
+    def check(self, store: Histories) -> Stop | None:
+        found = store.histories(self.sweep_id, self.metric)
+        if not found.get(self.run_id):
+            return None
+        return judge(self.config, goal=self.goal, histories=found, run_id=self.run_id)
+
+
+def judge_for(spec: SweepSpec, sweep_id: str, run_id: str, *, exempt: bool) -> Judge | None:
+    """The judge of run ``run_id``; None when its sweep has no early termination or the user
+    resumed the run after a stop (``exempt``)."""
+    if spec.raw.get("early_terminate") is None or exempt:
+        return None
+    return Judge(spec, sweep_id, run_id)
+
+
+def said(stop: Stop, metric: str, attempt: int) -> None:
+    logger.warning(
+        "preemptible: run %s attempt %d: early termination (hyperband) stops it: %s; it "
+        "saves a checkpoint and ends STOPPED (preemptible sweep resume --run %s continues it)",
+        stop.run_id,
+        attempt,
+        stop.describe(metric),
+        stop.run_id,
+    )
+
+
+def early_ending(ending: str, stopped: Stop | None, *, expired: bool) -> str:
+    """An attempt's ending once the judge may have stopped it: the stop's PREEMPTED (or KILLED
+    after the term timeout) is STOPPED; a run that FINISHED anyway, or failed, is what it is;
+    one stopped for this agent's lease meanwhile goes back to the queue as preempted."""
+    if stopped is None or expired:
+        return ending
+    if ending in (Ending.PREEMPTED, Ending.KILLED):
+        return Ending.STOPPED
+    return ending
