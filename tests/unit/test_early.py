@@ -111,6 +111,7 @@ def test_a_stopped_attempt_ends_stopped_unless_it_finished_failed_or_lost_its_le
     stop = Stop("r", band=2, value=1.0, threshold=0.5, step=2)
     assert early_ending(Ending.PREEMPTED, stop, expired=False) == Ending.STOPPED
     assert early_ending(Ending.KILLED, stop, expired=False) == Ending.STOPPED
+    assert early_ending(Ending.CRASHED, stop, expired=False) == Ending.STOPPED  # no handler
     assert early_ending(Ending.FINISHED, stop, expired=False) == Ending.FINISHED
     assert early_ending(Ending.FAILED, stop, expired=False) == Ending.FAILED
     assert early_ending(Ending.PREEMPTED, stop, expired=True) == Ending.PREEMPTED

@@ -114,7 +114,9 @@ def test_sql_files_define_the_same_queries_for_both_backends() -> None:
     assert set(sqlite) == set(postgres)
     assert "pick_pending" in sqlite and "FOR UPDATE SKIP LOCKED" in postgres["pick_pending"]
     assert (
-        [v for v, _ in migrations("sqlite")] == [v for v, _ in migrations("postgres")] == [1, 2, 3]
+        [v for v, _ in migrations("sqlite")]
+        == [v for v, _ in migrations("postgres")]
+        == [1, 2, 3, 4]
     )
 
 

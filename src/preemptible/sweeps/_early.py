@@ -108,10 +108,11 @@ def said(stop: Stop, metric: str, attempt: int) -> None:
 
 def early_ending(ending: str, stopped: Stop | None, *, expired: bool) -> str:
     """An attempt's ending once the judge may have stopped it: the stop's PREEMPTED (or KILLED
-    after the term timeout) is STOPPED; a run that FINISHED anyway, or failed, is what it is;
-    one stopped for this agent's lease meanwhile goes back to the queue as preempted."""
+    after the term timeout, or CRASHED: a script without a stop handler dies of the signal) is
+    STOPPED; a run that FINISHED anyway, or failed with its own exit code, is what it is; one
+    stopped for this agent's lease meanwhile goes back to the queue as preempted."""
     if stopped is None or expired:
         return ending
-    if ending in (Ending.PREEMPTED, Ending.KILLED):
+    if ending in (Ending.PREEMPTED, Ending.KILLED, Ending.CRASHED):
         return Ending.STOPPED
     return ending
