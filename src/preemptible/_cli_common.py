@@ -1,0 +1,36 @@
+"""What every ``preemptible`` subcommand shares: the context settings, ``--home``, failing."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+# No auto_envvar_prefix: an option reads an environment variable only where it names one
+# (envvar=..., shown in --help). Automatic PREEMPTIBLE_<OPTION> names turned variables set for
+# other purposes into options: PREEMPTIBLE_NOW=1 made `sweep cancel` SIGKILL, and the
+# PREEMPTIBLE_RUN_ID every attempt gets made a nested `preemptible run` join its parent's run.
+# Nothing destructive (--now) and nothing a supervisor sets for its attempts reads one.
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+def _home_option(help_text: str) -> Callable[[Any], Any]:
+    """``--home`` (``PREEMPTIBLE_HOME``), where run directories go; each command says why."""
+    option: Callable[[Any], Any] = click.option(
+        "--home",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path(".preemptible"),
+        show_default=True,
+        envvar="PREEMPTIBLE_HOME",
+        show_envvar=True,
+        help=help_text,
+    )
+    return option
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    click.echo(f"preemptible: {message}", err=True)
+    sys.exit(code)
