@@ -36,6 +36,9 @@ Agents on one machine or many share one database. The guarantees:
   file system or role, a standby) without migrating it, when its schema is current.
 
 How an attempt's ending settles its run (the restart policy) is ``_endings``'s docstring.
+``Store``'s reads are ``_reads``'s (``ReadStore``), creating and steering sweeps
+``_sweep_control``'s (``ControlStore``), the metric history ``_history``'s (``HistoryStore``):
+mixins, to which this module's ``Store`` gives the transactions.
 
 One ``Store`` is one connection: one thread at a time may use it (give each concurrent thread
 or process its own).
@@ -45,7 +48,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +61,7 @@ from .._states import Control as Control  # importable from here, as before
 from .._states import Ending, QueueState
 from .._text import printable as printable  # importable from here, as before
 from ._claims import Propose as Propose  # its old home
-from ._claims import history, insert_run, sweep_of, take, target_reached
+from ._claims import take
 from ._connector import DEFAULT_RETRY_TIMEOUT as DEFAULT_RETRY_TIMEOUT  # its old home
 from ._connector import MAX_BACKOFF as MAX_BACKOFF  # its old home
 from ._connector import Backend as Backend  # its old home
@@ -79,17 +82,17 @@ from ._rows import Claim as Claim  # its old home
 from ._rows import Orders as Orders  # its old home
 from ._rows import RunRow as RunRow  # its old home
 from ._rows import SweepRow as SweepRow  # its old home
-from ._rows import from_row, run_row, sweep_row
 from ._sample import Observation as Observation  # what ``propose`` reads, as before
 from ._schema import _load_queries as _load_queries  # its old home
 from ._schema import migrate
 from ._schema import migrations as migrations  # its old home
 from ._schema import split_statements as split_statements  # its old home
+from ._sweep_control import CONTROLS as CONTROLS  # its old home
+from ._sweep_control import ControlName as ControlName  # its old home
+from ._sweep_control import ControlStore
 from ._values import (
-    _check_int,
     _check_seconds,
     _json,
-    _new_id,
     clean_summary,
 )
 from ._values import _metric as _metric  # its old home
@@ -97,8 +100,6 @@ from ._values import clean_step as clean_step  # its old home
 
 logger = logging.getLogger("preemptible")
 
-ControlName = Control | str  # a Control, or its value
-CONTROLS = tuple(c.value for c in Control)
 ENDINGS = tuple(e.value for e in Ending if e is not Ending.RELEASED)  # what an attempt reports
 
 
@@ -127,7 +128,7 @@ def open_store(
 
 
 # -- the store --------------------------------------------------------------------------------
-class Store(HistoryStore):
+class Store(HistoryStore, ControlStore):
     """The sweep queue in one database (``open_store``). Methods are transactions, retried."""
 
     def __init__(
@@ -180,120 +181,7 @@ class Store(HistoryStore):
     def _transact(self, fn: Callable[[_Tx], T], *, write: bool = True) -> T:
         return self._db.transact(fn, write=write)
 
-    def schema_versions(self) -> list[int]:
-        return self._transact(lambda tx: [r["version"] for r in tx.all("schema_versions")])
-
-    # -- sweeps -----------------------------------------------------------------------------
-    def create_sweep(
-        self,
-        spec: Mapping[str, Any],
-        *,
-        name: str | None,
-        run_cap: int | None,
-        max_failures: int,
-        max_preemptions: int,
-        seed: int | None = None,
-    ) -> str:
-        """A new sweep, running; its id (8 letters and digits). ``seed`` None: a random one,
-        stored, so that every agent samples the same sequence."""
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"the sweep spec must be a mapping, not {type(spec).__name__}")
-        spec_text = _json(dict(spec), "the sweep spec")
-        if name is not None and not isinstance(name, str):
-            raise ConfigError(f"name={name!r} is not valid; use a string or None")
-        _check_int("run_cap", run_cap, 1, none_ok=True)
-        _check_int("max_failures", max_failures, 0)
-        _check_int("max_preemptions", max_preemptions, 0)
-        _check_int("seed", seed, 0, high=2**63 - 1, none_ok=True)
-        values = {
-            "name": name,
-            "spec": spec_text,
-            "run_cap": run_cap,
-            "max_failures": max_failures,
-            "max_preemptions": max_preemptions,
-            "seed": seed if seed is not None else secrets.randbelow(2**31),
-        }
-        while True:
-            sweep_id, token = _new_id(), secrets.token_hex(8)
-
-            def insert(tx: _Tx, sweep_id: str = sweep_id, token: str = token) -> bool:
-                tx.run("insert_sweep", id=sweep_id, token=token, **values)
-                row = tx.one("sweep_token", id=sweep_id)
-                return row is not None and row["create_token"] == token
-
-            if self._transact(insert):  # else: the id was taken by another sweep; draw again
-                return sweep_id
-
-    def sweep(self, sweep_id: str) -> SweepRow:
-        return self._transact(lambda tx: self._sweep(tx, sweep_id), write=False)
-
-    def sweeps(self) -> list[SweepRow]:
-        return self._transact(
-            lambda tx: [sweep_row(r, strict=False) for r in tx.all("list_sweeps")],
-            write=False,
-        )
-
-    def _sweep(self, tx: _Tx, sweep_id: str) -> SweepRow:
-        return sweep_of(tx, sweep_id, self.display)
-
-    def _no_sweep(self, sweep_id: str) -> ConfigError:
-        return ConfigError(f"no sweep {sweep_id!r} in {self.display}")
-
-    def _no_run(self, run_id: str) -> ConfigError:
-        return ConfigError(f"no run {run_id!r} in {self.display}")
-
-    def set_control(self, sweep_id: str, control: ControlName, *, now: bool = False) -> None:
-        """running (resume), paused, stopped (no new claims; running runs finish) or cancelled
-        (pending runs are cancelled; agents stop their runs, at once with ``now``). A cancelled
-        sweep stays cancelled."""
-        if control not in CONTROLS:
-            raise ConfigError(f"control={control!r} is not valid; use one of {', '.join(CONTROLS)}")
-        if now and control != Control.CANCELLED:
-            raise ConfigError("now=True goes only with control='cancelled'")
-
-        def change(tx: _Tx) -> None:
-            row = tx.one("lock_sweep", id=sweep_id)
-            if row is None:
-                raise self._no_sweep(sweep_id)
-            if row["control"] == Control.CANCELLED and control != Control.CANCELLED:
-                raise ConfigError(
-                    f"sweep {sweep_id!r} is cancelled; a cancelled sweep cannot be {control}"
-                )
-            cancel_now = int(control == Control.CANCELLED and (now or bool(row["cancel_now"])))
-            tx.run("set_control", id=sweep_id, control=control, cancel_now=cancel_now)
-            if control == Control.CANCELLED:
-                tx.run("cancel_pending", sweep_id=sweep_id)
-
-        self._transact(change)
-
     # -- runs -------------------------------------------------------------------------------
-    def add_runs(self, sweep_id: str, params: Sequence[Mapping[str, Any]]) -> list[str]:
-        """Queue runs with these parameters (a grid laid out at once); their ids, in order."""
-        texts = [_json(dict(p), "run parameters") for p in params]
-        token = secrets.token_hex(8)
-
-        def add(tx: _Tx) -> list[str]:
-            if tx.retry:
-                done = tx.all("runs_by_create_token", token=token)
-                if done:
-                    return [r["id"] for r in done]
-            row = tx.one("lock_sweep", id=sweep_id)
-            if row is None:
-                raise self._no_sweep(sweep_id)
-            if row["control"] == Control.CANCELLED:
-                raise ConfigError(f"sweep {sweep_id!r} is cancelled; it takes no new runs")
-            first, cap = row["runs_created"], row["run_cap"]
-            if cap is not None and first + len(texts) > cap:
-                raise ConfigError(
-                    f"sweep {sweep_id!r} has {first} of its {cap} runs (run_cap); "
-                    f"{len(texts)} more do not fit"
-                )
-            ids = [insert_run(tx, sweep_id, first + i, t, token) for i, t in enumerate(texts)]
-            tx.run("count_created", id=sweep_id, n=len(texts))
-            return ids
-
-        return self._transact(add)
-
     def claim(
         self,
         sweep_id: str,
@@ -515,48 +403,3 @@ class Store(HistoryStore):
                 raise LeaseLost(f"run {run_id} is no longer held by claim {epoch}")
 
         self._transact(store)
-
-    # -- reading ----------------------------------------------------------------------------
-    def read(self, fn: Callable[[_Tx], T]) -> T:
-        """``fn`` in one read transaction, retried as every call is: until it returns, ``fn``
-        must do nothing it cannot do twice (``status`` writes its output only after, or
-        refuses to go on once it has started writing)."""
-        return self._transact(fn, write=False)
-
-    def runs(self, sweep_id: str) -> list[RunRow]:
-        def read(tx: _Tx) -> list[RunRow]:
-            self._sweep(tx, sweep_id)
-            return [run_row(r) for r in tx.all("list_runs", sweep_id=sweep_id)]
-
-        return self._transact(read, write=False)
-
-    def run(self, run_id: str) -> RunRow:
-        def read(tx: _Tx) -> RunRow:
-            row = tx.one("get_run", id=run_id)
-            if row is None:
-                raise self._no_run(run_id)
-            return run_row(row)
-
-        return self._transact(read, write=False)
-
-    def attempts(self, run_id: str) -> list[AttemptRow]:
-        rows = self._transact(lambda tx: tx.all("list_attempts", run_id=run_id), write=False)
-        return [from_row(AttemptRow, r) for r in rows]
-
-    def target_reached(self, sweep_id: str) -> tuple[str, float] | None:
-        """(run id, value) of the first run that reached the sweep's ``metric.target``."""
-
-        def read(tx: _Tx) -> tuple[str, float] | None:
-            return target_reached(tx, sweep_id, self._sweep(tx, sweep_id).spec)
-
-        return self._transact(read, write=False)
-
-    def history(self, sweep_id: str) -> list[Observation]:
-        """Every run of the sweep in creation order, as the samplers see it: its parameters,
-        the sweep metric it last reported (the summary value named by the spec's
-        ``metric.name``; None if missing or not a finite number), whether it finished."""
-
-        def read(tx: _Tx) -> list[Observation]:
-            return history(tx, sweep_id, self._sweep(tx, sweep_id).spec)
-
-        return self._transact(read, write=False)
