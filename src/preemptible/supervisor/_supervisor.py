@@ -15,8 +15,10 @@ passed on, and the trainer exits at once (``_forwarding.py``).
 The rest of the supervisor's concerns have modules of their own: the run id (``_runid.py``),
 its configuration (``_config.py``), the run's lock (``_lock.py``), the attempts and their
 journal (``_journal.py``), the files it writes for others (``_runfiles.py``), deadlines and
-escalation (``_deadlines.py``), the restart policy (``_policy.py``) and where the next attempt
-resumes from (``_resume.py``). The names of a run's files are in ``preemptible._paths``.
+escalation (``_deadlines.py``), the restart policy (``_policy.py``), where the next attempt
+resumes from (``_resume.py``), what each attempt is told and what a nested run passes up
+(``_attempt_env.py``), and stopping what earlier attempts left running (``_earlier.py``).
+The names of a run's files are in ``preemptible._paths``.
 
 How long an attempt lasts, i.e. which processes it waits for:
 
@@ -34,15 +36,12 @@ How long an attempt lasts, i.e. which processes it waits for:
   leave them; a dead guardian is replaced at once.
 
 Before its first attempt a supervisor stops what earlier attempts of the run left running
-when their supervisor and guardian were killed together (SIGTERM, so that a trainer saves,
-then SIGKILL a term timeout later): the next attempt resumes from that save instead of
-meeting a checkpoint lock that an orphan holds.
+when their supervisor and guardian were killed together (``_earlier.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -51,21 +50,23 @@ from pathlib import Path
 
 from .._errors import PreemptibleError
 from .._errors import RunLockedError as RunLockedError  # its old home
-from .._files import write_text_atomic
-from .._paths import RECORD_NAME, RunPaths
-from .._run import current_run, read_record
+from .._paths import RunPaths
 from .._states import HeartbeatState, RecordState
-from ..stop._termination import EXIT_SECONDS_ENV, signal_exit_code
+from ..stop._termination import signal_exit_code
 from . import _slurm
+from ._attempt_env import PASSED_UP as PASSED_UP  # its old home
+from ._attempt_env import attempt_environment, tell_parent
 from ._cgroup import Containment, cgroup_name, choose, remove_stale
 from ._classify import Ending, RunState, classify, exit_code_for
 from ._config import SupervisorConfig
 from ._deadlines import Escalation, escalate, term_timeout
+from ._earlier import stop_earlier_attempts
 from ._forwarding import Forwarder
-from ._journal import Attempt, Received, exit_seconds, measured_exits
+from ._journal import Attempt, Received, exit_seconds
 from ._lock import lock_run
 from ._policy import RestartPolicy
-from ._process import MAX_GUARDIAN_CRASHES, EarlierAttempts, ProcessGroup, become_subreaper
+from ._process import MAX_GUARDIAN_CRASHES, ProcessGroup, become_subreaper
+from ._process import EarlierAttempts as EarlierAttempts  # its old home
 from ._record import load_record
 from ._resume import Resumes
 from ._runfiles import RunFiles
@@ -74,18 +75,6 @@ from ._runid import default_run_id, parent_run
 logger = logging.getLogger("preemptible")
 
 WATCH_INTERVAL = 2.0  # seconds between looks for processes that left the job's group
-# what a nested run passes up from its last attempt's record to its parent's attempt
-PASSED_UP = (
-    "state",
-    "preempting",
-    "preempting_at",
-    "stopped_at",
-    "committed_at",
-    "signum",
-    "step",
-    "checkpoint",
-    "checkpoint_dir",
-)
 
 
 class Supervisor:
@@ -203,34 +192,14 @@ class Supervisor:
 
     def _stop_earlier_attempts(self) -> None:
         """Stop what earlier attempts of this run left running (their supervisor and guardian
-        were killed together); see the module docstring."""
-        earlier = EarlierAttempts(self.run_dir, self.run_id)
-        left = earlier.alive()
-        if not left:
-            return
-        timeout, source = self.term_timeout()
-        logger.warning(
-            "preemptible: %d process(es) of an earlier attempt of run %s are still running "
-            "without their supervisor (pids %s); stopping them before the next attempt: "
-            "SIGTERM, SIGKILL in %.0f s (%s)",
-            len(left),
+        were killed together): ``_earlier.py``."""
+        stop_earlier_attempts(
+            self.run_dir,
             self.run_id,
-            ", ".join(map(str, sorted(left))),
-            timeout,
-            source,
+            term_timeout=self.term_timeout,
+            stopped=lambda: bool(self.signals),
+            sleep=self._sleep,
         )
-        earlier.terminate()
-        deadline = time.monotonic() + timeout
-        while earlier.alive() and not self.signals and time.monotonic() < deadline:
-            self._sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
-        if earlier.alive():
-            earlier.kill()
-        earlier.remove_cgroups()
-        if earlier.alive():
-            logger.error(
-                "preemptible: processes %s of an earlier attempt survive SIGKILL",
-                ", ".join(map(str, sorted(earlier.alive()))),
-            )
 
     def _loop(self) -> int:
         code = 0
@@ -323,38 +292,16 @@ class Supervisor:
         return attempt_dir, group
 
     def _environment(self, number: int, attempt_dir: Path) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            PREEMPTIBLE_RUN_ID=self.run_id,
-            PREEMPTIBLE_ATTEMPT=str(number),
-            PREEMPTIBLE_RUN_DIR=str(attempt_dir.resolve()),
-            PREEMPTIBLE_CHECKPOINT_DIR=str(self.checkpoint_dir.resolve()),
+        return attempt_environment(
+            number,
+            attempt_dir,
+            run_id=self.run_id,
+            config=self.config,
+            checkpoint_dir=self.checkpoint_dir,
+            nested=self.parent is not None,
+            journal=self.paths.journal,
+            resumes=self.resumes,
         )
-        # Not given: the handler may keep its own directory without a warning. A nested run
-        # that took its parent's default directory from the environment passes that on.
-        outer = current_run()  # this supervisor's own run, when it is nested
-        inherited = outer.checkpoint_dir_default and (
-            str(self.checkpoint_dir) == str(outer.checkpoint_dir)
-        )
-        if self.config.checkpoint_dir is None or (self.parent is not None and inherited):
-            env["PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT"] = "1"
-        else:
-            env.pop("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT", None)
-        env.pop("PREEMPTIBLE_RESUME_FROM", None)
-        env.update(self.config.extra_env)
-        exits = measured_exits(self.paths.journal)
-        if exits:
-            # the worst of the last few: one fast exit must not shrink the budget of the next
-            env[EXIT_SECONDS_ENV] = f"{max(exits):.3f}"
-        try:
-            latest = self.resumes.target()
-        except OSError as exc:
-            raise PreemptibleError(
-                f"cannot read the checkpoint directory {self.resume_dir}: {exc.strerror or exc}"
-            ) from exc
-        if latest is not None:
-            env["PREEMPTIBLE_RESUME_FROM"] = str(latest.resolve())
-        return env
 
     def _supervise(self, number: int, group: ProcessGroup, first: int) -> float:
         """Wait for the attempt's whole group; escalate, watch for escapees, beat. Returns
@@ -473,20 +420,8 @@ class Supervisor:
         )
 
     def _tell_parent(self) -> None:
-        """A nested run ends: its last attempt's record becomes the record of the parent's
-        attempt (``PREEMPTIBLE_RUN_DIR``), so that the parent classifies what really happened
-        (a preemption, not a bare exit code) and resumes from the same checkpoints."""
-        last = self.paths.attempt(self.attempts[-1].number)
-        record = {k: v for k, v in read_record(last).items() if k in PASSED_UP}
-        parent_dir = current_run().run_dir
-        if parent_dir is None or not parent_dir.is_absolute() or not parent_dir.is_dir():
-            return
-        record.update(nested_run=self.run_id, pid=os.getpid(), updated_at=time.time())
-        path = parent_dir / RECORD_NAME
-        try:
-            write_text_atomic(path, json.dumps(record, indent=1), durable=True)
-        except OSError as exc:
-            self.files.warn_once("parent record", path, exc)
+        """A nested run ends: its last attempt's record is passed up (``tell_parent``)."""
+        tell_parent(self.run_id, self.paths.attempt(self.attempts[-1].number), self.files)
 
     def term_timeout(self) -> tuple[float, str]:
         return term_timeout(self.config.term_timeout)

@@ -1,0 +1,100 @@
+"""What an attempt is told, and what a nested run passes up.
+
+The environment each attempt starts with: who it is (``PREEMPTIBLE_RUN_ID``,
+``PREEMPTIBLE_ATTEMPT``, ``PREEMPTIBLE_RUN_DIR``), where it saves and whether that directory
+was chosen for it (``PREEMPTIBLE_CHECKPOINT_DIR``, ``..._DEFAULT``), where it resumes from
+(``PREEMPTIBLE_RESUME_FROM``) and how long the exits of earlier attempts took
+(``PREEMPTIBLE_EXIT_SECONDS``). And, when a nested run ends, the record its last attempt
+passes up to the attempt of its parent run (``PASSED_UP``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from .._errors import PreemptibleError
+from .._files import write_text_atomic
+from .._paths import RECORD_NAME
+from .._run import current_run, read_record
+from ..stop._termination import EXIT_SECONDS_ENV
+from ._config import SupervisorConfig
+from ._journal import measured_exits
+from ._resume import Resumes
+from ._runfiles import RunFiles
+
+# what a nested run passes up from its last attempt's record to its parent's attempt
+PASSED_UP = (
+    "state",
+    "preempting",
+    "preempting_at",
+    "stopped_at",
+    "committed_at",
+    "signum",
+    "step",
+    "checkpoint",
+    "checkpoint_dir",
+)
+
+
+def attempt_environment(
+    number: int,
+    attempt_dir: Path,
+    *,
+    run_id: str,
+    config: SupervisorConfig,
+    checkpoint_dir: Path,
+    nested: bool,
+    journal: Path,
+    resumes: Resumes,
+) -> dict[str, str]:
+    """The environment attempt ``number`` of run ``run_id`` starts with: this process's,
+    plus what the attempt is told (see the module docstring)."""
+    env = dict(os.environ)
+    env.update(
+        PREEMPTIBLE_RUN_ID=run_id,
+        PREEMPTIBLE_ATTEMPT=str(number),
+        PREEMPTIBLE_RUN_DIR=str(attempt_dir.resolve()),
+        PREEMPTIBLE_CHECKPOINT_DIR=str(checkpoint_dir.resolve()),
+    )
+    # Not given: the handler may keep its own directory without a warning. A nested run
+    # that took its parent's default directory from the environment passes that on.
+    outer = current_run()  # this supervisor's own run, when it is nested
+    inherited = outer.checkpoint_dir_default and (str(checkpoint_dir) == str(outer.checkpoint_dir))
+    if config.checkpoint_dir is None or (nested and inherited):
+        env["PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT"] = "1"
+    else:
+        env.pop("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT", None)
+    env.pop("PREEMPTIBLE_RESUME_FROM", None)
+    env.update(config.extra_env)
+    exits = measured_exits(journal)
+    if exits:
+        # the worst of the last few: one fast exit must not shrink the budget of the next
+        env[EXIT_SECONDS_ENV] = f"{max(exits):.3f}"
+    try:
+        latest = resumes.target()
+    except OSError as exc:
+        raise PreemptibleError(
+            f"cannot read the checkpoint directory {resumes.directory}: {exc.strerror or exc}"
+        ) from exc
+    if latest is not None:
+        env["PREEMPTIBLE_RESUME_FROM"] = str(latest.resolve())
+    return env
+
+
+def tell_parent(run_id: str, last_attempt_dir: Path, files: RunFiles) -> None:
+    """A nested run ends: its last attempt's record becomes the record of the parent's
+    attempt (``PREEMPTIBLE_RUN_DIR``), so that the parent classifies what really happened
+    (a preemption, not a bare exit code) and resumes from the same checkpoints."""
+    record = {k: v for k, v in read_record(last_attempt_dir).items() if k in PASSED_UP}
+    parent_dir = current_run().run_dir
+    if parent_dir is None or not parent_dir.is_absolute() or not parent_dir.is_dir():
+        return
+    record.update(nested_run=run_id, pid=os.getpid(), updated_at=time.time())
+    path = parent_dir / RECORD_NAME
+    try:
+        write_text_atomic(path, json.dumps(record, indent=1), durable=True)
+    except OSError as exc:
+        files.warn_once("parent record", path, exc)
