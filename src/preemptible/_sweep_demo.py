@@ -19,6 +19,8 @@ it prints the command that serves the page, which works during the demo and afte
 Each agent has a stop file of its own (``PREEMPTIBLE_STOP_FILE`` in its environment, passed
 on to its runs): touching it stops exactly the run that agent is running, never another
 agent's, and the run removes it when it takes the request, so the resumed run goes on.
+
+The agent processes and the reference runs are in ``_sweep_demo_parts.py``.
 """
 
 from __future__ import annotations
@@ -40,10 +42,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-from ._errors import PreemptibleError
 from ._states import Ending, QueueState
+from ._sweep_demo_parts import (
+    _Agent,
+    _DemoFailed,
+    _last_line,
+    compare_weights,
+    train_reference,
+    wait_reference,
+)
 
 if TYPE_CHECKING:
     from .sweeps._store import AttemptRow, Store
@@ -58,71 +67,6 @@ POLL_INTERVAL = 0.2  # how often each run looks at its stop file (the default is
 DEADLINE = 240.0  # seconds the whole demo may take before it gives up
 TABLE_WIDTH = 140  # the status table's width when the output is not a terminal
 _STEP_LINE = re.compile(r"^(\S+) step (\d+)$")
-
-
-class _DemoFailed(PreemptibleError):
-    """A check failed; the message says which, in one line."""
-
-
-class _Agent:
-    """One ``preemptible agent`` process; its output goes to a log file and, line by line, to
-    the demo's event queue (``None`` when it ends)."""
-
-    def __init__(
-        self,
-        number: int,
-        argv: list[str],
-        *,
-        cwd: Path,
-        env: dict[str, str],
-        stop_file: Path,
-        events: queue.Queue[tuple[_Agent, str | None]],
-    ) -> None:
-        self.number = number
-        self.stop_file = stop_file
-        self.log = cwd / f"agent-{number}.log"
-        self.code: int | None = None
-        self._out: IO[str] = self.log.open("w", encoding="utf-8")
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env={**env, "PREEMPTIBLE_STOP_FILE": str(stop_file)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # a Ctrl+C of the demo is the demo's to pass on
-        )
-        self._events = events
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._out.write(line)
-            self._out.flush()
-            self._events.put((self, line.rstrip("\n")))
-        self._events.put((self, None))
-
-    def ended(self) -> int:
-        self.code = self.proc.wait()
-        self._reader.join(timeout=5)
-        self._out.close()
-        return self.code
-
-    def stop(self) -> None:
-        """End the agent and its run: SIGTERM (the run saves), then SIGKILL of its group."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._reader.join(timeout=5)
-        self._out.close()
 
 
 class _Demo:
@@ -399,34 +343,8 @@ class _Demo:
             self.echo(f"  8. no timeline: {exc}")
 
     def _train_reference(self, params: dict[str, Any]) -> tuple[subprocess.Popen[str], Path]:
-        """Start the run's configuration, uninterrupted, outside the queue: the argv the agent
-        built, in a fresh checkpoint directory."""
-        from .sweeps._command import build_command
-        from .sweeps._spec import parse_spec
-
-        name = "-".join(f"{k}{v}" for k, v in sorted(params.items()))
-        where = self.workdir / "reference" / name
-        argv = build_command(
-            parse_spec(self.spec),
-            params,
-            interpreter=sys.executable,
-            params_file=where / "params.json",
-        )
-        (where / "run").mkdir(parents=True, exist_ok=True)
-        env = {
-            **self.env,
-            "PREEMPTIBLE_CHECKPOINT_DIR": str(where / "checkpoints"),
-            "PREEMPTIBLE_RUN_DIR": str(where / "run"),  # its reports: history.jsonl, to compare
-        }
-        proc = subprocess.Popen(
-            argv,
-            cwd=self.workdir,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        return proc, where / "final.pt"
+        """Start the run's configuration, uninterrupted, outside the queue."""
+        return train_reference(self.spec, params, workdir=self.workdir, env=self.env)
 
     def _compare(
         self,
@@ -436,27 +354,11 @@ class _Demo:
         proc: subprocess.Popen[str],
         reference: Path,
     ) -> bool:
-        import torch
-
         from .sweeps._status import format_params
 
-        left = max(self.deadline - time.monotonic(), 1.0)
-        try:
-            _, err = proc.communicate(timeout=left)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise _DemoFailed(f"the uninterrupted run of {params} did not end in time") from None
-        if proc.returncode != 0:
-            raise _DemoFailed(f"the uninterrupted run of {params} failed: {_last_line(err)}")
+        wait_reference(proc, params, timeout=max(self.deadline - time.monotonic(), 1.0))
         resumed = self.home / "runs" / self._run_id(index) / "final.pt"
-        a = torch.load(reference, weights_only=True)
-        b = torch.load(resumed, weights_only=True)
-        same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-        values = sum(t.numel() for t in a.values())
-        verdict = (
-            f"identical, bit for bit ({len(a)} tensors, {values} values)" if same else "DIFFERENT"
-        )
+        same, verdict = compare_weights(reference, resumed)
         self.echo(
             f" {number:>2}. run {self._run_id(index)} ({format_params(params)}) and the same "
             f"run uninterrupted: {verdict}"
@@ -502,11 +404,6 @@ def run_sweep_demo(
 
         serve_status(demo.db, demo.sweep_id, port=port, home=demo.home, echo=echo)
     return code
-
-
-def _last_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[-1] if lines else "(no output)"
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
