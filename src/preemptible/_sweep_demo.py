@@ -44,10 +44,10 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ._errors import PreemptibleError
 from ._states import Ending, QueueState
 from ._sweep_demo_parts import (
     _Agent,
-    _DemoFailed,
     _last_line,
     compare_weights,
     train_reference,
@@ -67,6 +67,10 @@ POLL_INTERVAL = 0.2  # how often each run looks at its stop file (the default is
 DEADLINE = 240.0  # seconds the whole demo may take before it gives up
 TABLE_WIDTH = 140  # the status table's width when the output is not a terminal
 _STEP_LINE = re.compile(r"^(\S+) step (\d+)$")
+
+
+class _DemoFailed(PreemptibleError):
+    """A check failed; the message says which, in one line."""
 
 
 class _Demo:
@@ -356,7 +360,9 @@ class _Demo:
     ) -> bool:
         from .sweeps._status import format_params
 
-        wait_reference(proc, params, timeout=max(self.deadline - time.monotonic(), 1.0))
+        failure = wait_reference(proc, params, timeout=max(self.deadline - time.monotonic(), 1.0))
+        if failure is not None:
+            raise _DemoFailed(failure)
         resumed = self.home / "runs" / self._run_id(index) / "final.pt"
         same, verdict = compare_weights(reference, resumed)
         self.echo(

@@ -16,12 +16,6 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from ._errors import PreemptibleError
-
-
-class _DemoFailed(PreemptibleError):
-    """A check failed; the message says which, in one line."""
-
 
 class _Agent:
     """One ``preemptible agent`` process; its output goes to a log file and, line by line, to
@@ -117,16 +111,20 @@ def train_reference(
     return proc, where / "final.pt"
 
 
-def wait_reference(proc: subprocess.Popen[str], params: dict[str, Any], *, timeout: float) -> None:
-    """Wait for a reference run to end, up to ``timeout`` seconds; it must succeed."""
+def wait_reference(
+    proc: subprocess.Popen[str], params: dict[str, Any], *, timeout: float
+) -> str | None:
+    """Wait for a reference run to end, up to ``timeout`` seconds: None when it succeeded,
+    else what went wrong, in one line."""
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise _DemoFailed(f"the uninterrupted run of {params} did not end in time") from None
+        return f"the uninterrupted run of {params} did not end in time"
     if proc.returncode != 0:
-        raise _DemoFailed(f"the uninterrupted run of {params} failed: {_last_line(err)}")
+        return f"the uninterrupted run of {params} failed: {_last_line(err)}"
+    return None
 
 
 def compare_weights(reference: Path, resumed: Path) -> tuple[bool, str]:
