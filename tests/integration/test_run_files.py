@@ -77,7 +77,9 @@ def test_one_supervisor_per_run(tmp_path: Path, spawn) -> None:
         "flush=True); import signal; print('up', flush=True); signal.pause()"
     )
     first = supervise(spawn, tmp_path, "--run-id", "exp", "--", PY, "-c", fds)
-    first.wait_line(lambda line: line == "up", timeout=30)
+    first.wait_line(
+        lambda line: line.startswith("up"), timeout=30
+    )  # a log line may land before its "\n"
     assert "supervisor.lock" not in first.output  # the job does not inherit the lock
     second = supervise(spawn, tmp_path, "--run-id", "exp", "--", "touch", "started")
     assert second.wait(30) == 2, second.output
