@@ -28,9 +28,9 @@ lint: $(STAMP)
 # with-services.sh starts a single-node SLURM (installing it with apt if needed) for the
 # tests that need it and stops it afterwards; where it cannot, those tests skip and say why.
 # The unit tier runs on both cores (pytest-xdist: 1 min instead of several). The integration
-# tier runs in two lanes, each one test at a time (tests/services/lanes.sh): the tests that
-# mostly wait on a clock (SLURM's time limit, leases; marked `waits`) beside all the others,
-# which time real processes against deadlines and so must not share the CPU with each other.
+# tier runs in three lanes, each one test at a time (tests/services/lanes.sh): the tests that
+# mostly wait on a clock (SLURM's time limit, leases; marked `waits`), the frameworks' fits
+# (marked `frameworks`) and all the others; a lane keeps about one core busy.
 # Both tiers run, and either failing fails the target.
 test: lint
 	bash tests/services/with-services.sh sh -c '"$$0" -m pytest -n 2 tests/unit; u=$$?; bash tests/services/lanes.sh "$$0" tests/integration && exit $$u' $(BIN)/python

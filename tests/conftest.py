@@ -186,8 +186,23 @@ def python_args(script: str, *args: str) -> list[str]:
     return [sys.executable, str(SCRIPTS / script), *args]
 
 
+# the files of lane "frameworks" (tests/services/lanes.sh): each test a framework's fits
+FRAMEWORK_FILES = frozenset(
+    {
+        "test_lightning.py",
+        "test_lightning_stops.py",
+        "test_transformers.py",
+        "test_keras_stops.py",
+        "test_distributed.py",
+    }
+)
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     """A test that submits SLURM jobs runs in the ``waits`` lane (tests/services/lanes.sh): all
-    of them in one lane, so that their jobs never queue behind each other on the one node."""
+    of them in one lane, so that their jobs never queue behind each other on the one node. The
+    framework files' tests are marked for the ``frameworks`` lane."""
     if "sbatch" in getattr(item, "fixturenames", ()):
         item.add_marker(pytest.mark.waits)
+    if item.path.name in FRAMEWORK_FILES and item.path.parent.name == "integration":
+        item.add_marker(pytest.mark.frameworks)
