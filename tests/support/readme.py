@@ -378,17 +378,30 @@ def _run_torchrun(block: Block, options: dict[str, str], ctx: Ctx) -> None:
     name = "train_ddp.py" if launcher == "torchrun" else "train_accelerate.py"
     tool = str(Path(sys.executable).with_name(launcher))
     ref_dir, run_dir = tmp / "uninterrupted", tmp / "interrupted"
-    if launcher == "torchrun":
-        args = [tool, "--standalone", "--nproc-per-node", "2", name]
-    else:
-        args = [tool, "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port"]
-        args += [str(_free_port()), name]
+
+    def args() -> list[str]:
+        """The launch; under accelerate a port of its own for each launch (two run at once,
+        and its default port would be shared)."""
+        if launcher == "torchrun":
+            return [tool, "--standalone", "--nproc-per-node", "2", name]
+        port = str(_free_port())
+        return [
+            tool,
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            port,
+            name,
+        ]
+
     for d in (ref_dir, run_dir):
         d.mkdir()
         (d / name).write_text(block.text)
     env = {"OMP_NUM_THREADS": "1"}
-    ref = spawn(args, cwd=ref_dir, env=env)
-    first = spawn(args, cwd=run_dir, env=env)
+    ref = spawn(args(), cwd=ref_dir, env=env)
+    first = spawn(args(), cwd=run_dir, env=env)
 
     def reached(line: str) -> bool:
         return any(int(m.group(1)) >= at for m in TORCHRUN_STEP.finditer(line))
@@ -402,7 +415,7 @@ def _run_torchrun(block: Block, options: dict[str, str], ctx: Ctx) -> None:
     )
     assert sorted(run_dir.glob("ckpt/step-*.ckpt")), f"no checkpoint after the stop\n{first.output}"
     assert not (run_dir / "final.pt").exists(), f"the run was not stopped early\n{first.output}"
-    second = spawn(args, cwd=run_dir, env=env)
+    second = spawn(args(), cwd=run_dir, env=env)
     assert second.wait(180) == 0, f"{block.where}: the resumed run failed\n{second.output}"
     assert ref.wait(180) == 0, f"{block.where}: the uninterrupted run failed\n{ref.output}"
     differ = _same(ref_dir / "final.pt", run_dir / "final.pt")
