@@ -122,13 +122,13 @@ def report(*, step: int | None = None, **metrics: Any) -> None:
         if not key or len(key) > MAX_KEY:
             raise ConfigError(f"report(): a metric name of 1 to {MAX_KEY} characters, not {key!r}")
         clean[key] = _value(key, value)
-    if step is not None:
-        clean["step"] = step  # the summary keeps the last step, as before the history had it
     numbers = {
         k: float(v)
         for k, v in clean.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and k in metrics
+        if isinstance(v, int | float) and not isinstance(v, bool)
     }
+    if step is not None:
+        clean["step"] = step  # the summary keeps the last step, as before the history had it
     with _lock:
         new = set(clean) - set(_latest)
         if len(_latest) + len(new) > MAX_KEYS:
