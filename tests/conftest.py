@@ -53,6 +53,15 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str = "condi
         time.sleep(0.01)
 
 
+def process_state(pid: int) -> str | None:
+    """The process's state letter in /proc (T: stopped, Z: a zombie); None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return text[text.rindex(")") + 2]
+
+
 class Child:
     """A child process in its own process group, with its output collected line by line."""
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from preemptible.sweeps._store import LEASE_EXPIRED, LEASE_MARGIN, open_store
-from tests.conftest import ROOT, SCRIPTS, Child, wait_for
+from tests.conftest import ROOT, SCRIPTS, Child, process_state, wait_for
 from tests.scripts.lease_train import expected
 from tests.support.postgres import PgServer
 from tests.support.sweeps import cli, create
@@ -102,9 +102,12 @@ def final_x(home: Path, run_id: str) -> int:
 
 
 def stopped(child: Child) -> Iterator[None]:
-    """SIGSTOP ``child`` (the agent only: its run is in a process group of its own, as with
-    Ctrl+Z in a terminal) until the generator is closed."""
-    os.kill(child.pid, signal.SIGSTOP)
+    """Stop ``child`` as Ctrl+Z in a terminal does (SIGTSTP; the agent only: its run is in a
+    process group of its own) until the generator is closed. The agent stops itself between
+    two database transactions (``sweeps/_pause.py``; SIGSTOP inside one would keep the other
+    agents out of an SQLite file: ``test_sweep_pause``)."""
+    os.kill(child.pid, signal.SIGTSTP)
+    wait_for(lambda: process_state(child.pid) == "T", 30, "the agent stopped by its SIGTSTP")
     try:
         yield
     finally:

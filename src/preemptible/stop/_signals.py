@@ -24,8 +24,9 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = (
 
 # Signals a process keeps ignoring when it started with them ignored (POSIX convention; Python
 # itself leaves an inherited SIG_IGN for SIGINT alone): started under nohup or as a background
-# job, the hang-up or the terminal's Ctrl+C was not meant for it.
-KEEP_IGNORED: frozenset[int] = frozenset({signal.SIGHUP, signal.SIGINT})
+# job, the hang-up or the terminal's Ctrl+C was not meant for it; an agent started with
+# Ctrl+Z (SIGTSTP) ignored is not to be stopped from a terminal.
+KEEP_IGNORED: frozenset[int] = frozenset({signal.SIGHUP, signal.SIGINT, signal.SIGTSTP})
 
 # Two deliveries of the same signal this close together are one stop delivered twice (a
 # process tree signalled as a whole, then again by `preemptible run`'s forwarding; systemd's

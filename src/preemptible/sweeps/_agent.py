@@ -76,6 +76,7 @@ from ._holding import RunLease
 from ._holding import lease_times as lease_times
 from ._holding import newest_step as _newest_step
 from ._lease import HostView
+from ._pause import CtrlZ
 from ._sample import Observation, propose
 from ._spec import SweepSpec, parse_spec
 from ._store import Claim, open_store
@@ -157,9 +158,12 @@ class Agent:
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> int:
         self._install()
+        ctrl_z = CtrlZ()  # stopped from the terminal, it stops between transactions
+        ctrl_z.install()
         try:
             return self._loop()
         finally:
+            ctrl_z.restore()
             self._restore()
             self.store.close()
 

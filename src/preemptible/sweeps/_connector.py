@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._env import env_float
 from .._errors import ConfigError, StoreError
+from ._pause import GATE
 from ._redact import redact_url, userinfo_problem
 
 logger = logging.getLogger("preemptible")
@@ -37,6 +38,7 @@ class Backend(Protocol):
     def broken(self, conn: Any) -> bool: ...
     def convert(self, sql: str) -> str: ...
     def scrub(self, text: str) -> str: ...
+    def blocker(self) -> str | None: ...
 
 
 class _Health:
@@ -170,8 +172,8 @@ class Connector:
                 if self._conn is None:
                     self._conn = self.backend.connect()
                 connecting = False
-                with self.backend.transaction(self._conn, write=write) as cursor:
-                    result = fn(_Tx(cursor, self.queries, retry=failures > 0))
+                with GATE.passage(), self.backend.transaction(self._conn, write=write) as tx:
+                    result = fn(_Tx(tx, self.queries, retry=failures > 0))
                 self.last_try_at = tried_at
                 if failures:
                     self.health.recovered_at = time.monotonic()
@@ -196,19 +198,23 @@ class Connector:
                 if self._conn is not None and self.backend.broken(self._conn):
                     self.close()
                 waited = time.monotonic() - started
-                if waited + delay > self.retry_timeout:
+                last = waited + delay > self.retry_timeout
+                blocker = self.backend.blocker() if last or not failures else None
+                why = f" ({blocker})" if blocker else ""
+                if last:
                     raise StoreError(
                         f"the sweep database {self.display} is unreachable or locked: "
-                        f"{self._say(exc)}; gave up after {waited:.0f} s "
+                        f"{self._say(exc)}{why}; gave up after {waited:.0f} s "
                         "(PREEMPTIBLE_DB_RETRY_TIMEOUT)"
                     ) from None
                 failures += 1
                 if failures == 1:
                     logger.warning(
-                        "preemptible: the sweep database %s is unreachable or locked (%s); "
+                        "preemptible: the sweep database %s is unreachable or locked (%s%s); "
                         "retrying for up to %.0f s",
                         self.display,
                         self._say(exc),
+                        why,
                         self.retry_timeout,
                     )
                 time.sleep(delay * random.uniform(0.5, 1.0))

@@ -29,6 +29,9 @@ _PERMANENT = (
     "invalid integer value",
 )
 
+# seconds a session may sit inside a transaction without a statement (the server's
+# idle_in_transaction_session_timeout); a claim's sampler runs inside one, well under this
+IDLE_IN_TRANSACTION = 60
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 
@@ -50,7 +53,17 @@ class PostgresBackend:
             # a server whose machine vanished sends no reset: notice it in about a minute
             options.update(keepalives=1, keepalives_idle=30, keepalives_interval=10)
             options.update(keepalives_count=3)
-        return psycopg.connect(self._url, **options)
+        conn = psycopg.connect(self._url, **options)
+        if "idle_in_transaction_session_timeout" not in self._url:
+            try:
+                # an agent stopped inside a transaction (SIGSTOP, a frozen VM) would keep
+                # the rows it locked until it is continued: the server ends its session
+                # instead, by the time a default lease would have run out
+                conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}s'")
+            except BaseException:
+                conn.close()
+                raise
+        return conn
 
     @contextlib.contextmanager
     def transaction(self, conn: Any, *, write: bool) -> Iterator[Any]:
@@ -66,10 +79,15 @@ class PostgresBackend:
 
         if isinstance(exc, psycopg.InterfaceError):  # "the connection is closed/lost"
             return True
+        if isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout):
+            return True  # the server ended a session stopped inside a transaction: run it again
         if isinstance(exc, psycopg.OperationalError):
             text = str(exc).lower()
             return not any(marker in text for marker in _PERMANENT)
         return False
+
+    def blocker(self) -> str | None:
+        return None  # a stopped client's session is ended by the server (connect)
 
     def broken(self, conn: Any) -> bool:
         return bool(conn.closed or conn.broken)
