@@ -16,6 +16,7 @@ import socket
 import stat
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 _PID_LIMIT = 4_194_304  # Linux's PID_MAX_LIMIT: no process on this host has a pid this high
 _HOST_CHARS = re.compile(r"[^A-Za-z0-9-]")
@@ -116,25 +117,49 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def held_flocks() -> set[tuple[int, int, int]]:
-    """(major, minor, inode) of every file with an flock on this machine, read from
-    /proc/locks: a lock is looked up this way, never taken (taking it would turn away its
-    holder starting up)."""
+class FileLock(NamedTuple):
+    """One lock held on this machine, as ``/proc/locks`` shows it."""
+
+    kind: str  # FLOCK, POSIX, OFDLCK, ...
+    mode: str  # READ or WRITE
+    pid: int  # as this process's pid namespace sees it (-1 for an open file's own lock)
+    file: tuple[int, int, int]  # (major, minor, inode)
+    start: int
+    end: int | None  # None: to the end of the file
+
+
+def file_locks(table: Path = Path("/proc/locks")) -> list[FileLock]:
+    """Every lock held on this machine (waiters, "->", left out), read from ``table``;
+    empty where it cannot be read. A lock is looked up this way, never taken (taking it
+    would turn away its holder starting up)."""
     try:
-        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+        with open(table, encoding="ascii", errors="replace") as fh:
             lines = fh.read(1 << 22).splitlines()
     except OSError:
-        return set()
-    held = set()
+        return []
+    locks = []
     for line in lines:
+        # "1: POSIX  ADVISORY  WRITE 3665 fe:00:2146374 120 120"
         fields = line.split()
-        if "FLOCK" not in fields or "->" in fields:  # "->": a waiter, not a holder
+        if len(fields) != 8 or "->" in fields:
             continue
-        for field in fields:
-            parts = field.split(":")
-            if len(parts) == 3:
-                try:
-                    held.add((int(parts[0], 16), int(parts[1], 16), int(parts[2])))
-                except ValueError:
-                    continue
-    return held
+        _, kind, _, mode, pid, where, start, end = fields
+        parts = where.split(":")
+        try:
+            file = (int(parts[0], 16), int(parts[1], 16), int(parts[2]))
+            locks.append(
+                FileLock(kind, mode, int(pid), file, int(start), None if end == "EOF" else int(end))
+            )
+        except (ValueError, IndexError):
+            continue
+    return locks
+
+
+def file_id(st: os.stat_result) -> tuple[int, int, int]:
+    """A file's (major, minor, inode): how ``/proc/locks`` names it."""
+    return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
+
+
+def held_flocks() -> set[tuple[int, int, int]]:
+    """(major, minor, inode) of every file with an flock on this machine (``file_locks``)."""
+    return {lock.file for lock in file_locks() if lock.kind == "FLOCK"}

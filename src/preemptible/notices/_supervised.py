@@ -18,7 +18,7 @@ import os
 import stat
 from pathlib import Path
 
-from .._files import held_flocks
+from .._files import file_id, held_flocks
 from ..stop._termination import Notice
 
 
@@ -38,7 +38,7 @@ class SupervisorGone:
                 st = os.lstat(self.lock)
             except OSError:
                 return None
-            identity = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+            identity = file_id(st)
             if stat.S_ISREG(st.st_mode) and identity in held:
                 self._held = identity
             return None

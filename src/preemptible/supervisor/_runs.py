@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import PreemptibleError
-from .._files import held_flocks
+from .._files import file_id, held_flocks
 from .._paths import RunPaths, read_journal, read_json_object
 from .._states import HeartbeatState, LiveState, RunState, parse
 from ..checkpoint._store import _FINAL as STEP_NAME
@@ -99,7 +99,7 @@ def _is_held(lock: Path, held: set[tuple[int, int, int]]) -> bool:
         return False
     if not stat.S_ISREG(st.st_mode):
         return False
-    return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held
+    return file_id(st) in held
 
 
 def render_runs(rows: list[dict[str, Any]], now: float) -> Any:

@@ -37,7 +37,7 @@ def _pid_namespace() -> str:
     return "".join(c for c in link if c.isdigit())
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
+def process_stat(pid: int) -> tuple[str, int] | None:
     """(state letter, start time in clock ticks since boot) of ``pid``; None if there is none."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
@@ -53,7 +53,7 @@ def _stat(pid: int) -> tuple[str, int] | None:
 def process_identity(pid: int | None = None) -> str:
     """``boot_id/pid_namespace/pid/start_ticks`` of a process (this one by default)."""
     pid = os.getpid() if pid is None else pid
-    found = _stat(pid)
+    found = process_stat(pid)
     return f"{boot_id()}/{_pid_namespace()}/{pid}/{found[1] if found else ''}"
 
 
@@ -69,7 +69,7 @@ def holder_alive(holder: str | None) -> bool | None:
     boot, namespace, pid, start = parts
     if boot != boot_id() or namespace != _pid_namespace():
         return None
-    found = _stat(int(pid))
+    found = process_stat(int(pid))
     if found is None or found[0] in ("Z", "X"):
         return False
     return str(found[1]) == start
@@ -87,7 +87,7 @@ class HostView:
         alive = holder_alive(holder)
         if alive:
             pid = (holder or "").split("/")[2]
-            found = _stat(int(pid))
+            found = process_stat(int(pid))
             how = " (stopped)" if found is not None and found[0] in ("T", "t") else ""
             self._wait_for(holder or "", f"its agent, pid {pid} on this host, is alive{how}")
         return alive

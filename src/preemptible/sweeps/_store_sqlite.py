@@ -35,6 +35,8 @@ from typing import Any
 from urllib.parse import quote
 
 from .._errors import DatabaseGone
+from .._files import file_id, file_locks
+from ._lease import process_stat
 
 logger = logging.getLogger("preemptible")
 
@@ -194,7 +196,8 @@ class SqliteBackend:
         (SIGSTOP cannot be caught: stopped inside a transaction, it keeps the lock until it
         is continued); None otherwise."""
         for pid in write_lock_holders(Path(f"{self.path}-shm")):
-            if _process_state(pid) == "T":
+            found = process_stat(pid)
+            if found is not None and found[0] == "T":
                 return (
                     f"its write lock is held by process {pid}, which is stopped: "
                     f"`kill -CONT {pid}` continues it"
@@ -215,34 +218,19 @@ class SqliteBackend:
 _WAL_WRITE_LOCK_BYTE = 120
 
 
-def write_lock_holders(shm: Path, locks: Path = Path("/proc/locks")) -> list[int]:
+def write_lock_holders(shm: Path, table: Path = Path("/proc/locks")) -> list[int]:
     """The pids (as this process sees them) holding the WAL write lock of the database whose
-    ``-shm`` file is ``shm``, read from ``/proc/locks``; empty where that cannot be read."""
+    ``-shm`` file is ``shm``, read from the lock table; empty where that cannot be read."""
     try:
-        st = os.stat(shm)
-        text = locks.read_text()
+        file = file_id(os.stat(shm))
     except OSError:
         return []
-    file = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    holders = []
-    for line in text.splitlines():
-        # "1: POSIX  ADVISORY  WRITE 3665 fe:00:2146374 120 120" ("->" marks a waiter)
-        fields = line.split()
-        if len(fields) != 8 or fields[1] not in ("POSIX", "OFDLCK") or fields[3] != "WRITE":
-            continue
-        pid, where, start, end = fields[4], fields[5], fields[6], fields[7]
-        if where != file or not pid.isdigit() or not start.isdigit():
-            continue
-        if int(start) <= _WAL_WRITE_LOCK_BYTE and (
-            end == "EOF" or (end.isdigit() and int(end) >= _WAL_WRITE_LOCK_BYTE)
-        ):
-            holders.append(int(pid))
-    return holders
-
-
-def _process_state(pid: int) -> str | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2 :][:1] or None
+    return [
+        lock.pid
+        for lock in file_locks(table)
+        if lock.file == file
+        and lock.mode == "WRITE"
+        and lock.pid > 0
+        and lock.start <= _WAL_WRITE_LOCK_BYTE
+        and (lock.end is None or lock.end >= _WAL_WRITE_LOCK_BYTE)
+    ]
