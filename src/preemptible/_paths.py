@@ -37,6 +37,7 @@ HEARTBEAT_NAME = "heartbeat.json"
 LOCK_NAME = "supervisor.lock"
 PARAMS_NAME = "params.json"
 LEASE_NAME = "lease.json"
+ENDING_NAME = "ending.json"  # an agent's ending of the attempt, where it is not the supervisor's
 CHECKPOINTS_NAME = "checkpoints"
 ATTEMPT_PREFIX = "attempt-"
 MAX_ATTEMPT_DIGITS = 9
@@ -90,6 +91,9 @@ class RunPaths:
 
     def lease(self, number: int) -> Path:
         return self.attempt(number) / LEASE_NAME
+
+    def ending(self, number: int) -> Path:
+        return self.attempt(number) / ENDING_NAME
 
     def attempt_numbers(self, *, directories_only: bool = True) -> list[int]:
         """The numbers of the ``attempt-N`` entries, unsorted; [] when the run directory cannot

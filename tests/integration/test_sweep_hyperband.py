@@ -69,6 +69,11 @@ def test_losing_runs_are_stopped_with_a_checkpoint_and_one_resumes_exactly(
     for run in runs:
         if run.state == "FINISHED":
             assert [a.ending for a in attempts[run.id]] == ["FINISHED"]
+    # the local view (from the run directories, no queue) says the same
+    local = spawn(cli("runs", "--home", str(home.parent), "--json"), cwd=tmp_path)
+    assert local.wait(60) == 0, local.output
+    shown = {row["run_id"]: row["state"] for row in json.loads(local.output)}
+    assert shown == {r.id: r.state for r in runs}, local.output
 
     chosen = stopped[0]
     resume = spawn(cli("sweep", "resume", sweep, "--run", chosen.id, "--db", db), cwd=tmp_path)

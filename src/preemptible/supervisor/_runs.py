@@ -19,7 +19,7 @@ from typing import Any
 from .._errors import PreemptibleError
 from .._files import file_id, held_flocks
 from .._paths import RunPaths, read_journal, read_json_object
-from .._states import HeartbeatState, LiveState, RunState, parse
+from .._states import Ending, HeartbeatState, LiveState, RunState, parse
 from ..checkpoint._store import _FINAL as STEP_NAME
 from ..checkpoint._store import CheckpointStore
 from ._journal import JOURNAL_TAIL_BYTES
@@ -47,6 +47,11 @@ def _row(run_dir: Path, held: set[tuple[int, int, int]]) -> dict[str, Any]:
     beat = read_json_object(run.heartbeat, 1 << 14)
     running = _is_held(run.lock, held)
     state: str | None = parse(RunState, last.get("state"))
+    number = _int(last.get("attempt"), 1, 2**31)
+    if state is not None and number is not None:
+        # a sweep agent's ending of the attempt where it differs from the supervisor's (an
+        # early-terminated run exits as preempted; the queue has it STOPPED)
+        state = parse(Ending, read_json_object(run.ending(number), 1 << 12).get("ending")) or state
     if running:
         state = LiveState.RUNNING
     elif beat.get("state") == HeartbeatState.RUNNING:
@@ -116,6 +121,7 @@ def render_runs(rows: list[dict[str, Any]], now: float) -> Any:
         RunState.FINISHED: "green",
         LiveState.RUNNING: "cyan",
         RunState.PREEMPTED: "yellow",
+        Ending.STOPPED: "blue",
         RunState.FAILED: "red",
     }
     for r in rows:

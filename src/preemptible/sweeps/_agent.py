@@ -67,7 +67,7 @@ from ..notices._lease import LEASE_FILE_ENV
 from ..stop._signals import STOP_SIGNALS, install_handlers, restore_handlers
 from ..stop._termination import signal_exit_code
 from ._attempt_files import _describe as _describe  # its old home
-from ._attempt_files import _mkdirs, _remove
+from ._attempt_files import _mkdirs, _remove, _write_ending
 from ._command import build_command
 from ._early import Judge, early_ending, judge_for
 from ._holding import MIN_LEASE_HEARTBEATS as MIN_LEASE_HEARTBEATS  # its old home
@@ -355,6 +355,8 @@ class Agent:
                 ending,
                 state,
             )
+            if ending != attempt.state:  # for `preemptible runs`, which reads no queue
+                _write_ending(run.ending(claim.attempt), ending, str(attempt.state))
         if received:
             return self._stopped(received[0])
         quick = ending in (Ending.FAILED, Ending.CRASHED) and attempt.duration < QUICK_FAILURE

@@ -1,13 +1,19 @@
 """What an agent makes and reads around one attempt of a run: its directories (made, and
-removed again when the attempt never started) and its parameters for the log."""
+removed again when the attempt never started), its parameters for the log, and its ending
+where the queue's is not the supervisor's (``ending.json``)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
+from .._files import write_text_atomic
 from ._store import printable
+
+logger = logging.getLogger("preemptible")
 
 
 def _mkdirs(directory: Path) -> list[Path]:
@@ -35,3 +41,13 @@ def _describe(params: dict[str, Any]) -> str:
     """The parameters for the log, one line, with control characters escaped."""
     text = " ".join(f"{k}={v}" for k, v in sorted(params.items())) or "(no parameters)"
     return printable(text)
+
+
+def _write_ending(path: Path, ending: str, supervised: str) -> None:
+    """Write the queue's ``ending`` of an attempt the supervisor classified ``supervised``
+    (an early-terminated run exits as preempted: STOPPED), for ``preemptible runs``."""
+    text = json.dumps({"ending": ending, "supervisor": supervised}) + "\n"
+    try:
+        write_text_atomic(path, text)
+    except OSError as exc:  # the queue has it; only the local view is the poorer
+        logger.warning("preemptible: could not write %s: %s", path, exc)
