@@ -14,7 +14,16 @@ import pytest
 import torch
 
 from preemptible.stop._latch import DUPLICATE_WINDOW
-from tests.conftest import PY, attempts, group_members, python_args, read_pid, supervise, wait_for
+from tests.conftest import (
+    PY,
+    attempts,
+    group_members,
+    process_state,
+    python_args,
+    read_pid,
+    supervise,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -460,3 +469,40 @@ def test_runs_lists_each_runs_truth_running_preempted_lost(tmp_path: Path, spawn
         [PY, "-m", "preemptible", "runs"], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert plain.returncode == 0 and "PREEMPTED" in plain.stdout and "LOST" in plain.stdout
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_z_stops_the_job_with_the_supervisor_and_fg_continues_both(
+    tmp_path: Path, spawn
+) -> None:
+    """The job runs in a session of its own, out of the terminal's reach: a SIGTSTP to the
+    supervisor (what Ctrl+Z sends it) stops the job too, a worker that left for a session of
+    its own (as torchrun's do) included; SIGCONT (``fg``) continues them all; the run then
+    ends as it would have."""
+    job = (
+        "import os, subprocess, sys, time\n"
+        "worker = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: "
+        "time.sleep(0.05)'], start_new_session=True)\n"
+        "print('pids', os.getpid(), worker.pid, flush=True)\n"
+        "try:\n"
+        "    while True:\n"
+        "        time.sleep(0.05)\n"
+        "finally:\n"
+        "    worker.kill()\n"
+    )
+    sup = supervise(spawn, tmp_path, "--", PY, "-c", job)
+    line = sup.wait_line(lambda line: line.startswith("pids"), timeout=30)
+    pids = [sup.pid, *(int(p) for p in line.split()[1:])]
+    for _ in range(3):
+        sup.signal(signal.SIGTSTP)
+        wait_for(lambda: all(process_state(p) == "T" for p in pids), 30, "all of them stopped")
+        sup.signal(signal.SIGCONT)
+        wait_for(
+            lambda: all(process_state(p) in ("R", "S") for p in pids), 30, "all of them running"
+        )
+    assert "`fg` or `kill -CONT" in sup.output and "continued; so is the job" in sup.output
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 143, sup.output
+    [a] = attempts(tmp_path)
+    assert a["state"] == "CRASHED" and a["forwarded"] == [True], a  # the SIGTERM, once
+    assert process_state(pids[2]) in (None, "Z")

@@ -20,6 +20,9 @@ class SupervisorConfig:
     max_preemptions: int | None = None  # None: unlimited
     term_timeout: float | None = None  # None: from the platform, else DEFAULT_TERM_TIMEOUT
     forward_signals: bool = True
+    # Ctrl+Z (SIGTSTP) stops the job with the supervisor, and fg continues both; an agent's
+    # supervisor leaves it to the agent, whose run must go on to stop itself by its lease
+    job_control: bool = True
     pid_file: Path | None = None
     home: Path = field(default_factory=lambda: Path(".preemptible"))
     run_id: str | None = None

@@ -7,6 +7,9 @@ process tree signalled as a whole, two quick SIGTERMs from an orchestrator): it 
 not passed on. A signal that arrives while no attempt is running is passed on once the next
 one has started. The handler only records and calls ``killpg``; logging happens later, in
 the supervisor's loop (``log_since``), which a wakeup fd wakes on every signal, SIGCHLD too.
+
+SIGTSTP (Ctrl+Z) is job control, not a stop: the loop's next ``sleep`` stops every process of
+the attempt and then the supervisor, and continues them when it is continued (``_pause``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 import os
 import select
 import signal
+import threading
 import time
 from types import FrameType
 from typing import Any
@@ -39,10 +43,13 @@ FORWARDED = STOP_SIGNALS
 
 class Forwarder:
     """The signals a supervisor received (``signals``), passed on to ``group`` while an
-    attempt runs; ``forward=False`` records them only (``--no-forward-signals``)."""
+    attempt runs; ``forward=False`` records them only (``--no-forward-signals``).
+    ``job_control``: SIGTSTP stops the job and then the supervisor (``_pause``)."""
 
-    def __init__(self, *, forward: bool) -> None:
+    def __init__(self, *, forward: bool, job_control: bool = True) -> None:
         self.forward = forward
+        self.job_control = job_control and forward
+        self._pause_asked = False
         self.signals: list[Received] = []  # received since the supervisor started
         self.requested: list[Received] = []  # of those, the stops asked for by request()
         self.group: ProcessGroup | None = None
@@ -125,6 +132,8 @@ class Forwarder:
                 "preemptible: %s ignored since the supervisor started; not passed on",
                 signal_name(sig),
             )
+        if self.job_control:  # one started ignored stays ignored
+            self._previous.update(install_handlers((signal.SIGTSTP,), self._on_tstp)[0])
         # SIGCHLD needs a Python handler for the wakeup fd to see it.
         self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda s, f: None)
 
@@ -138,9 +147,33 @@ class Forwarder:
 
     def sleep(self, seconds: float) -> None:
         """Wait up to ``seconds``, returning early when any signal (SIGCHLD too) arrives."""
-        if seconds > 0:
+        if seconds > 0 and not self._pause_asked:
             with contextlib.suppress(InterruptedError):
                 select.select([self._wake_r], [], [], min(seconds, MAX_RESTART_DELAY))
         with contextlib.suppress(BlockingIOError, OSError):
             while os.read(self._wake_r, 512):
                 pass
+        if self._pause_asked:
+            self._pause()
+
+    def _on_tstp(self, signum: int, frame: FrameType | None) -> None:
+        self._pause_asked = True  # bookkeeping only; the loop's next ``sleep`` pauses
+
+    def _pause(self) -> None:
+        """Ctrl+Z: the job runs in a session of its own, which the terminal's SIGTSTP does not
+        reach, so the supervisor stops every process of the attempt (SIGSTOP), then itself;
+        continued (``fg``, ``bg``, SIGCONT), it continues them."""
+        self._pause_asked = False
+        group = self.group
+        if group is not None:
+            group.pause(signal.SIGSTOP)
+        logger.warning(
+            "preemptible: stopped (SIGTSTP) with the job; `fg` or `kill -CONT %d` continues both",
+            os.getpid(),
+        )
+        # to this thread, so that it stops on its way out of the call (a kill() to the process
+        # may be taken by another thread a moment later)
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+        if group is not None:
+            group.pause(signal.SIGCONT)
+        logger.info("preemptible: continued; so is the job")

@@ -199,6 +199,13 @@ class ProcessGroup:
             return False
         return True
 
+    def pause(self, sig: int) -> None:
+        """Send SIGSTOP (or SIGCONT) to every process of the attempt, in its group or not: the
+        terminal's Ctrl+Z passed on to a job that no terminal reaches (``Forwarder``)."""
+        self.signal(sig)
+        for pid, start in self.members(full=False).items():
+            _guard.signal_process(pid, start, sig)
+
     def kill_all(self) -> None:
         """SIGKILL every process of the attempt, in its group or not."""
         self.signal(signal.SIGKILL)

@@ -90,7 +90,7 @@ class Supervisor:
         self.checkpoint_dir = config.checkpoint_dir or self.paths.checkpoints
         # where the job really saves (its record's checkpoint_dir); resumes come from here
         self.resumes = Resumes(self.checkpoint_dir)
-        self.forwarding = Forwarder(forward=config.forward_signals)
+        self.forwarding = Forwarder(forward=config.forward_signals, job_control=config.job_control)
         self.files = RunFiles(self.paths, self.run_id, config.pid_file)
         self.attempts: list[Attempt] = []
         self.policy = RestartPolicy(config)

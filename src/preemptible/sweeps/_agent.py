@@ -265,6 +265,7 @@ class Agent:
                     home=self.config.home,
                     term_timeout=self.spec.term_timeout,
                     extra_env={LEASE_FILE_ENV: str(lease_file.absolute())},
+                    job_control=False,  # Ctrl+Z stops the agent (CtrlZ); the run stops by lease
                 )
             )
             made = _mkdirs(attempt_dir)
