@@ -432,6 +432,40 @@ def test_history_is_fenced_replaced_by_step_trimmed_and_read_per_sweep(store: St
     assert store.run_history(run_b) == {}
 
 
+def test_the_judge_reading_band_values_decides_as_on_the_whole_histories(store: Store) -> None:
+    """Hyperband's judge reads its run's points and only the others' n-th values at the
+    bands (picked in SQL, by step order, whatever order the points came in): each run's
+    verdict is the one ``judge`` gives on every point of the sweep."""
+    import random
+
+    from preemptible.sweeps._early import Judge, judge
+    from preemptible.sweeps._hyperband import parse_early_terminate
+    from preemptible.sweeps._spec import parse_spec
+
+    early = {"type": "hyperband", "min_iter": 2, "eta": 2}
+    spec = {"program": "t.py", "method": "grid", "metric": {"name": "loss", "goal": "minimize"}}
+    lengths = [30, 30, 30, 17, 9, 9, 5, 3, 1, 0]  # the later runs shorter and worse
+    spec |= {"parameters": {"x": {"values": lengths}}, "early_terminate": early}
+    sweep = store.create_sweep(spec, name=None, run_cap=None, max_failures=0, max_preemptions=0)
+    ids = store.add_runs(sweep, [{"x": n} for n in lengths])
+    rng = random.Random(7)
+    full: dict[str, list[tuple[int, float]]] = {}
+    for k, run_id in enumerate(ids):
+        held = claim(store, sweep, agent=f"a{k}")
+        assert held is not None and held.run_id == run_id
+        steps = sorted(rng.sample(range(1, 200), lengths[k]))  # gaps between the steps
+        got = [(step, rng.uniform(0.1, 0.3) + k / 10) for step in steps]
+        shuffled = rng.sample(got, len(got))  # stored out of order
+        store.add_history(run_id, [(st, "loss", v) for st, v in shuffled], attempt=1, epoch=1)
+        if got:
+            full[run_id] = got
+    config = parse_early_terminate(early)
+    verdicts = {r: Judge(parse_spec(spec), sweep, r).check(store) for r in ids}
+    assert verdicts == {r: judge(config, goal="minimize", histories=full, run_id=r) for r in ids}
+    assert sum(v is not None for v in verdicts.values()) >= 2  # some are stopped, some not
+    assert store.band_values(sweep, "loss", []) == {}
+
+
 class FakeHost:
     """The store's ``Local`` for one agent: which holders live and which runs are held here."""
 

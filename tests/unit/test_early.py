@@ -69,7 +69,8 @@ def test_before_the_first_band_and_without_points_a_run_is_never_stopped() -> No
     store = _Histories(histories)
     spec = parse_spec({**SPEC, "early_terminate": {"type": "hyperband", "min_iter": 3}})
     assert Judge(spec, "s", "absent").check(store) is None
-    assert store.asked == [("s", "loss")]
+    assert Judge(spec, "s", "late").check(store) is None
+    assert store.asked == [("absent", "loss"), ("late", "loss")]  # no band reached: no more
 
 
 def test_maximize_and_non_strict_judge_by_the_goal_and_the_best_value() -> None:
@@ -90,12 +91,17 @@ def test_maximize_and_non_strict_judge_by_the_goal_and_the_best_value() -> None:
 
 
 class _Histories:
+    """Counts what the judge reads (the queue's own reads: test_sweep_store)."""
+
     def __init__(self, found: dict[str, list[tuple[int, float]]]) -> None:
         self.found, self.asked = found, []  # type: ignore[var-annotated]
 
-    def histories(self, sweep_id: str, name: str) -> dict[str, list[tuple[int, float]]]:
-        self.asked.append((sweep_id, name))
-        return self.found
+    def metric_points(self, run_id: str, name: str) -> list[tuple[int, float]]:
+        self.asked.append((run_id, name))
+        return self.found.get(run_id, [])
+
+    def band_values(self, sweep_id: str, name: str, bands: Any) -> dict[int, list[float]]:
+        raise AssertionError("read before the run reached a band")
 
 
 def test_a_judge_only_for_a_sweep_with_early_terminate_and_a_run_not_resumed_by_hand() -> None:

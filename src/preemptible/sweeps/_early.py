@@ -3,7 +3,10 @@ whether Hyperband (``_hyperband``) stops it, and what the stopped attempt then e
 
 A run's history for the judge is its stored points of the sweep metric (``report()``, copied
 into the queue at each heartbeat), ascending by step; iteration n is its n-th point, so a run
-that reports once per step is judged at its step, as W&B judges the n-th logged value. Every
+that reports once per step is judged at its step, as W&B judges the n-th logged value. The
+judge reads its own run's points and, of the others, only their n-th values at the bands its
+run has reached (``Store.band_values``: picked in the database, so that a check does not carry
+every point of the sweep each heartbeat). Every
 run of the sweep with points sets the bands' thresholds (finished, stopped and failed ones
 too); only the agent's own run is judged, by its own agent, so no run is stopped twice and no
 agent needs to know of the others.
@@ -18,12 +21,13 @@ which the same thresholds would otherwise take again at the next heartbeat.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from .._states import Ending
-from ._hyperband import Goal, Hyperband, parse_early_terminate, stop_decisions, thresholds
+from ._hyperband import Goal, Hyperband, bands, parse_early_terminate, stop_verdict
 from ._spec_model import SweepSpec
 
 logger = logging.getLogger("preemptible")
@@ -32,9 +36,13 @@ Points = Sequence[tuple[int, float]]  # (step, value) ascending by step
 
 
 class Histories(Protocol):
-    """What the judge reads: ``Store.histories``."""
+    """What the judge reads: ``Store.band_values`` and ``Store.metric_points``."""
 
-    def histories(self, sweep_id: str, name: str) -> dict[str, list[tuple[int, float]]]: ...
+    def band_values(
+        self, sweep_id: str, name: str, bands: Sequence[int]
+    ) -> dict[int, list[float]]: ...
+
+    def metric_points(self, run_id: str, name: str) -> list[tuple[int, float]]: ...
 
 
 @dataclass(frozen=True)
@@ -59,16 +67,27 @@ def judge(
     config: Hyperband, *, goal: Goal, histories: Mapping[str, Points], run_id: str
 ) -> Stop | None:
     """Whether Hyperband stops running run ``run_id`` now, given every run's points."""
-    values = {run: [v for _, v in points] for run, points in histories.items()}
-    chosen = stop_decisions(config, goal=goal, histories=values, running={run_id})
-    if run_id not in chosen:
+    finite = {run: [p for p in points if math.isfinite(p[1])] for run, points in histories.items()}
+    own = finite.get(run_id, [])
+    wanted = [band for band in bands(config) if band <= len(own)]
+    values = {
+        b: [points[b - 1][1] for points in finite.values() if len(points) >= b] for b in wanted
+    }
+    return _stop(config, goal, values, own, run_id)
+
+
+def _stop(
+    config: Hyperband,
+    goal: Goal,
+    band_values: Mapping[int, Sequence[float]],
+    own: Points,
+    run_id: str,
+) -> Stop | None:
+    verdict = stop_verdict(config, goal=goal, band_values=band_values, own=[v for _, v in own])
+    if verdict is None:
         return None
-    own = histories[run_id]
-    cuts = thresholds(config, goal=goal, histories=values)
-    band = max(b for b in cuts if b <= len(values[run_id]))
-    pick = min if goal == "minimize" else max
-    value = values[run_id][band - 1] if config.strict else pick(values[run_id])
-    return Stop(run_id, band, float(value), float(cuts[band]), int(own[band - 1][0]))
+    band, value, threshold = verdict
+    return Stop(run_id, band, float(value), float(threshold), int(own[band - 1][0]))
 
 
 class Judge:
@@ -79,12 +98,17 @@ class Judge:
         self.config = parse_early_terminate(spec.raw["early_terminate"])
         self.metric, self.goal = spec.metric.name, spec.metric.goal
         self.sweep_id, self.run_id = sweep_id, run_id
+        self.bands = bands(self.config)
 
     def check(self, store: Histories) -> Stop | None:
-        found = store.histories(self.sweep_id, self.metric)
-        if not found.get(self.run_id):
+        """The stop, if Hyperband stops the run now. Reads the run's own points, and of the
+        other runs only their values at the bands the run has reached (in the database)."""
+        own = store.metric_points(self.run_id, self.metric)
+        wanted = [band for band in self.bands if band <= len(own)]
+        if not wanted:  # before the first band: never stopped, nothing more to read
             return None
-        return judge(self.config, goal=self.goal, histories=found, run_id=self.run_id)
+        found = store.band_values(self.sweep_id, self.metric, wanted)
+        return _stop(self.config, self.goal, found, own, self.run_id)
 
 
 def judge_for(spec: SweepSpec, sweep_id: str, run_id: str, *, exempt: bool) -> Judge | None:

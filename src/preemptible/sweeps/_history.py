@@ -12,6 +12,7 @@ an uninterrupted run would have. Hyperband and the web page read it.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -71,6 +72,31 @@ class HistoryStore:
             for run_id, step, value in tx.iter("sweep_history", sweep_id=sweep_id, name=name):
                 out.setdefault(run_id, []).append((int(step), float(value)))
             return out
+
+        return self._transact(read, write=False)
+
+    def band_values(self, sweep_id: str, name: str, bands: Sequence[int]) -> dict[int, list[float]]:
+        """For each of ``bands`` (point counts): the n-th point of metric ``name`` of every
+        run of the sweep that has that many, its points ascending by step (in no order of
+        runs). What Hyperband's thresholds need, read in the database."""
+
+        def read(tx: _Tx) -> dict[int, list[float]]:
+            out: dict[int, list[float]] = {}
+            found = tx.iter(
+                "sweep_band_values", sweep_id=sweep_id, name=name, bands=json.dumps(list(bands))
+            )
+            for n, value in found:
+                out.setdefault(int(n), []).append(float(value))
+            return out
+
+        return self._transact(read, write=False) if bands else {}
+
+    def metric_points(self, run_id: str, name: str) -> list[tuple[int, float]]:
+        """The run's points of metric ``name``: (step, value), ascending by step."""
+
+        def read(tx: _Tx) -> list[tuple[int, float]]:
+            found = tx.iter("run_metric_points", run_id=run_id, name=name)
+            return [(int(step), float(value)) for step, value in found]
 
         return self._transact(read, write=False)
 

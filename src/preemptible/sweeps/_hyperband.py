@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -198,30 +198,59 @@ def stop_decisions(
     sign = _sign(goal)
     clean = {run: _valid(values, sign) for run, values in histories.items()}
     cuts = _cuts(config, list(clean.values()))
-    stop: set[str] = set()
-    for run in running:
-        history = clean.get(run)
-        if not history:
-            continue
-        reached = [band for band in cuts if band <= len(history)]
-        if not reached:  # before the first band
-            continue
-        band = reached[-1]
-        value = history[band - 1] if config.strict else min(history)
-        if value > cuts[band]:
-            stop.add(run)
-    return stop
+    return {run for run in running if _verdict(config, clean.get(run, []), cuts) is not None}
+
+
+def stop_verdict(
+    config: Hyperband,
+    *,
+    goal: Goal,
+    band_values: Mapping[int, Sequence[float]],
+    own: Sequence[float],
+) -> tuple[int, float, float] | None:
+    """``stop_decisions`` for one running run, from what the thresholds need alone: for each
+    band b, the b-th value of every history (of finite values) that has b of them, the run's
+    own included (``band_values``), and the run's own history. (band, the value judged, the
+    band's threshold), in the goal's terms, when the run is stopped; else None."""
+    sign = _sign(goal)
+    cuts = _cut_bands(
+        config, lambda band: [sign * v for v in band_values.get(band, ()) if _finite(v)]
+    )
+    found = _verdict(config, _valid(own, sign), cuts)
+    if found is None:
+        return None
+    band, value = found
+    return band, sign * value, sign * cuts[band]
+
+
+def _verdict(
+    config: Hyperband, history: Sequence[float], cuts: Mapping[int, float]
+) -> tuple[int, float] | None:
+    """(band, value) when a running run with this clean history is stopped, else None: judged
+    at the last band it reached, before the first never."""
+    reached = [band for band in cuts if band <= len(history)]
+    if not history or not reached:
+        return None
+    band = reached[-1]
+    value = history[band - 1] if config.strict else min(history)
+    return (band, value) if value > cuts[band] else None
 
 
 def _cuts(config: Hyperband, clean: Sequence[Sequence[float]]) -> dict[int, float]:
     """Thresholds in "smaller is better" terms, ascending by band."""
+    return _cut_bands(config, lambda band: [h[band - 1] for h in clean if len(h) >= band])
+
+
+def _cut_bands(config: Hyperband, at_band: Callable[[int], list[float]]) -> dict[int, float]:
+    """Thresholds from each band's values (``at_band(b)``: the b-th value of every history
+    that long, smaller is better), ascending by band."""
     keep = 1.0 / config.eta
     out: dict[int, float] = {}
     for band in bands(config):
-        at_band = sorted(history[band - 1] for history in clean if len(history) >= band)
-        if not at_band:  # no history is this long, so none reaches a later band either
+        values = sorted(at_band(band))
+        if not values:  # no history is this long, so none reaches a later band either
             break
-        out[band] = at_band[int(keep * len(at_band))]
+        out[band] = values[int(keep * len(values))]
     return out
 
 

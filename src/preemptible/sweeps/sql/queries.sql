@@ -227,6 +227,9 @@ JOIN preemptible_runs r ON r.id = h.run_id
 WHERE r.sweep_id = :sweep_id AND h.name = :name
 ORDER BY h.run_id, h.step
 
+-- name: run_metric_points
+SELECT step, value FROM preemptible_history WHERE run_id = :run_id AND name = :name ORDER BY step
+
 -- name: run_history
 SELECT name, step, value, attempt FROM preemptible_history WHERE run_id = :run_id
 ORDER BY name, step
