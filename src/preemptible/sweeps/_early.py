@@ -5,11 +5,11 @@ A run's history for the judge is its stored points of the sweep metric (``report
 into the queue at each heartbeat), ascending by step; iteration n is its n-th point, so a run
 that reports once per step is judged at its step, as W&B judges the n-th logged value. The
 judge reads its own run's points and, of the others, only their n-th values at the bands its
-run has reached (``Store.band_values``: picked in the database, so that a check does not carry
-every point of the sweep each heartbeat). Every
-run of the sweep with points sets the bands' thresholds (finished, stopped and failed ones
-too); only the agent's own run is judged, by its own agent, so no run is stopped twice and no
-agent needs to know of the others.
+run has reached (``Store.band_values``: found through the history's index, so that a check
+does not carry every point of the sweep each heartbeat). Every run of the sweep with points
+sets the bands' thresholds (finished, stopped and failed ones too); only the agent's own run
+is judged, by its own agent, so no run is stopped twice and no agent needs to know of the
+others.
 
 A run chosen is stopped gracefully: the agent sends it the stop signal, the run commits a
 checkpoint and exits as preempted, and the attempt is recorded ``Ending.STOPPED`` (the run

@@ -227,6 +227,19 @@ JOIN preemptible_runs r ON r.id = h.run_id
 WHERE r.sweep_id = :sweep_id AND h.name = :name
 ORDER BY h.run_id, h.step
 
+-- name: sweep_nth_values
+-- each run's point number :offset + 1 of the metric (ascending by step), for the runs that
+-- have that many: one index walk per run, up to the point, and nothing else read
+SELECT value FROM (
+    SELECT (
+        SELECT h.value FROM preemptible_history h
+        WHERE h.run_id = r.id AND h.name = :name
+        ORDER BY h.step LIMIT 1 OFFSET :offset
+    ) AS value
+    FROM preemptible_runs r WHERE r.sweep_id = :sweep_id
+) nth
+WHERE value IS NOT NULL
+
 -- name: run_metric_points
 SELECT step, value FROM preemptible_history WHERE run_id = :run_id AND name = :name ORDER BY step
 

@@ -41,14 +41,3 @@ FROM preemptible_runs r
 JOIN preemptible_attempts a ON a.run_id = r.id AND a.number = r.attempt
 JOIN preemptible_sweeps s ON s.id = r.sweep_id
 WHERE r.state = 'RUNNING' AND r.lease_expires < preemptible_now()
-
--- name: sweep_band_values
--- each run's n-th point of the metric (ascending by step) for n in :bands, a JSON array:
--- what Hyperband compares, without the rest of the histories leaving the database
-SELECT ranked.n, ranked.value FROM (
-    SELECT h.value, ROW_NUMBER() OVER (PARTITION BY h.run_id ORDER BY h.step) AS n
-    FROM preemptible_history h
-    JOIN preemptible_runs r ON r.id = h.run_id
-    WHERE r.sweep_id = :sweep_id AND h.name = :name
-) ranked
-WHERE ranked.n IN (SELECT CAST(value AS INTEGER) FROM json_each(:bands))
