@@ -133,6 +133,9 @@ def url_secrets(url: str) -> list[str]:
             tail = url[match.end() :].lstrip()
             regions.append(tail)
             regions.append(re.split(r"[&;\s]", tail, maxsplit=1)[0])
+            # to the next "&" only, libpq's one separator of a URL's parameters: it quotes a
+            # value with an unencoded space whole ('unexpected spaces found in "Q;x Z"')
+            regions.append(tail.split("&", 1)[0])
             if tail[:1] in ("'", '"'):  # libpq's quoted value: 'it''s' or 'it\'s'
                 regions.append(tail[1:].split(tail[0], 1)[0])
     found: set[str] = set()
