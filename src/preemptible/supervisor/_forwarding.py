@@ -166,7 +166,7 @@ class Forwarder:
         self._pause_asked = False
         group = self.group
         if group is not None:
-            group.pause(signal.SIGSTOP)
+            group.signal_all(signal.SIGSTOP)
         logger.warning(
             "preemptible: stopped (SIGTSTP) with the job; `fg` or `kill -CONT %d` continues both",
             os.getpid(),
@@ -175,5 +175,5 @@ class Forwarder:
         # may be taken by another thread a moment later)
         signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         if group is not None:
-            group.pause(signal.SIGCONT)
+            group.signal_all(signal.SIGCONT)
         logger.info("preemptible: continued; so is the job")

@@ -199,9 +199,9 @@ class ProcessGroup:
             return False
         return True
 
-    def pause(self, sig: int) -> None:
-        """Send SIGSTOP (or SIGCONT) to every process of the attempt, in its group or not: the
-        terminal's Ctrl+Z passed on to a job that no terminal reaches (``Forwarder``)."""
+    def signal_all(self, sig: int) -> None:
+        """Send ``sig`` to every process of the attempt, in its group or not (SIGSTOP, then
+        SIGCONT: the terminal's Ctrl+Z passed on to a job no terminal reaches, ``Forwarder``)."""
         self.signal(sig)
         for pid, start in self.members(full=False).items():
             _guard.signal_process(pid, start, sig)

@@ -357,7 +357,7 @@ class Agent:
                 state,
             )
             if ending != attempt.state:  # for `preemptible runs`, which reads no queue
-                _write_ending(run.ending(claim.attempt), ending, str(attempt.state))
+                _write_ending(run.ending(claim.attempt), ending)
         if received:
             return self._stopped(received[0])
         quick = ending in (Ending.FAILED, Ending.CRASHED) and attempt.duration < QUICK_FAILURE

@@ -43,10 +43,10 @@ def _describe(params: dict[str, Any]) -> str:
     return printable(text)
 
 
-def _write_ending(path: Path, ending: str, supervised: str) -> None:
-    """Write the queue's ``ending`` of an attempt the supervisor classified ``supervised``
-    (an early-terminated run exits as preempted: STOPPED), for ``preemptible runs``."""
-    text = json.dumps({"ending": ending, "supervisor": supervised}) + "\n"
+def _write_ending(path: Path, ending: str) -> None:
+    """Write the queue's ``ending`` of an attempt where it is not the supervisor's (an
+    early-terminated run exits as preempted: STOPPED), for ``preemptible runs``."""
+    text = json.dumps({"ending": ending}) + "\n"
     try:
         write_text_atomic(path, text)
     except OSError as exc:  # the queue has it; only the local view is the poorer

@@ -32,6 +32,7 @@ from ..stop._signals import install_handlers, restore_handlers
 logger = logging.getLogger("preemptible")
 
 GATE_WAIT = 5.0  # seconds a Ctrl+Z waits for the transactions under way, at most
+POLL = 0.05  # seconds between the thread's looks at what the handler recorded
 
 
 class Gate:
@@ -89,12 +90,12 @@ class CtrlZ:
 
     def __init__(self, gate: Gate = GATE) -> None:
         self._gate = gate
-        self._asked = threading.Event()
+        self._asked = False  # a plain flag: the handler takes no lock
         self._previous: dict[int, Any] = {}
         self._thread: threading.Thread | None = None
 
     def _on_tstp(self, signum: int, frame: FrameType | None) -> None:
-        self._asked.set()  # bookkeeping only; the thread stops the process
+        self._asked = True  # bookkeeping only; the thread sees it and stops the process
 
     def install(self) -> None:
         """Take SIGTSTP (main thread only); one started ignored stays ignored."""
@@ -104,7 +105,7 @@ class CtrlZ:
         if kept:
             return
         self._previous = previous
-        if self._thread is None:
+        if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(
                 target=self._loop, name="preemptible-ctrl-z", daemon=True
             )
@@ -112,12 +113,14 @@ class CtrlZ:
 
     def restore(self) -> None:
         restore_handlers(self._previous, ours=self._on_tstp)
-        self._previous = {}
+        self._previous = {}  # the thread ends at its next look
 
     def _loop(self) -> None:
-        while True:
-            self._asked.wait()
-            self._asked.clear()
+        while self._previous:
+            time.sleep(POLL)
+            if not self._asked:
+                continue
+            self._asked = False
             with self._gate.closed(GATE_WAIT) as idle:
                 if not idle:
                     logger.warning(

@@ -197,7 +197,7 @@ class SqliteBackend:
         is continued); None otherwise."""
         for pid in write_lock_holders(Path(f"{self.path}-shm")):
             found = process_stat(pid)
-            if found is not None and found[0] == "T":
+            if found is not None and found[0] in ("T", "t"):  # stopped, or by a debugger
                 return (
                     f"its write lock is held by process {pid}, which is stopped: "
                     f"`kill -CONT {pid}` continues it"
