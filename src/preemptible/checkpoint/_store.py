@@ -42,7 +42,7 @@ from .._files import (
     pid_alive,
     remove_path,
 )
-from .._paths import MAX_STEP
+from .._paths import MAX_STEP, file_kind
 
 logger = logging.getLogger("preemptible")
 
@@ -117,21 +117,12 @@ def _what_is(path: Path, exc: OSError) -> str:
         st = os.lstat(path)
     except OSError:
         return f"not a file we can open ({exc.strerror or exc})"
-    mode = st.st_mode
-    if stat.S_ISLNK(mode):
-        try:
-            target = os.readlink(path)
-        except OSError:
-            return "a symbolic link"
-        return f"a symbolic link (to {target})"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
+    if stat.S_ISLNK(st.st_mode):
+        with contextlib.suppress(OSError):
+            return f"a symbolic link (to {os.readlink(path)})"
+        return "a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return file_kind(st.st_mode)
     if st.st_nlink != 1:
         return f"a file with {st.st_nlink} names (a hard link)"
     return f"a file this process cannot open ({exc.strerror or exc})"
