@@ -146,9 +146,11 @@ def run(
     if argv and argv[0] == "--":
         argv = argv[1:]
     try:
+        source = click.get_current_context().get_parameter_source("checkpoint_dir")
         config = SupervisorConfig(
             command=argv,
             checkpoint_dir=checkpoint_dir,
+            checkpoint_dir_from_env=source is click.core.ParameterSource.ENVIRONMENT,
             max_failures=max_failures,
             max_preemptions=max_preemptions,
             term_timeout=term_timeout,

@@ -785,6 +785,36 @@ def test_bad_urls_are_refused_in_one_line_without_the_password(tmp_path: Path) -
         open_store(f"sqlite://{unwritable}/x/sweeps.db")
 
 
+def test_a_server_out_of_connection_slots_is_waited_for(
+    pg_server: PgServer, pg_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLSTATE 53300 (too many connections; here a role allowed one) is retried with backoff,
+    said once with its cause, and the store opens once the slot is free."""
+    import psycopg
+
+    with contextlib.suppress(Exception):
+        pg_server.admin("CREATE ROLE preemptible_one LOGIN CONNECTION LIMIT 1")
+    pg_server.admin(f'ALTER DATABASE "{pg_database}" OWNER TO preemptible_one')
+    url = pg_server.database_url(pg_database).replace("postgres@", "preemptible_one@", 1)
+    caplog.set_level(logging.INFO, logger="preemptible")
+    opened: list[object] = []
+
+    def open_it() -> None:
+        with open_store(url, retry_timeout=30) as store:
+            opened.append(store.schema_versions())
+
+    holder = psycopg.connect(url, autocommit=True, connect_timeout=30)
+    thread = threading.Thread(target=open_it, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: "is out of connection slots" in caplog.text, 15, "the warning")
+    finally:
+        holder.close()
+    thread.join(60)
+    assert opened, caplog.text
+    assert caplog.text.count("out of connection slots") == 1 and "answers again" in caplog.text
+
+
 def test_a_driver_message_keeps_its_words_whatever_the_password(
     pg_server: PgServer, pg_database: str
 ) -> None:

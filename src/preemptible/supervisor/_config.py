@@ -16,6 +16,8 @@ MAX_RESTART_DELAY = 86400.0  # a day: longer is a typo, and select() refuses hug
 class SupervisorConfig:
     command: list[str]
     checkpoint_dir: Path | None = None
+    # it came from PREEMPTIBLE_CHECKPOINT_DIR: a parent run's, unused when not nested in it
+    checkpoint_dir_from_env: bool = False
     max_failures: int = 0
     max_preemptions: int | None = None  # None: unlimited
     term_timeout: float | None = None  # None: from the platform, else DEFAULT_TERM_TIMEOUT

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -57,7 +58,12 @@ def lock_run(run_dir: Path, run_id: str) -> int:
     try:
         fd = open_in_place(path, os.O_RDWR | os.O_CREAT)
     except OSError as exc:
-        raise PreemptibleError(f"cannot open {path}: {exc.strerror or exc}") from exc
+        fix = (
+            "remove it (the supervisor creates the lock as a regular file) and start again"
+            if os.path.lexists(path) and exc.errno != errno.EROFS
+            else "use a --home this user can write to"
+        )
+        raise PreemptibleError(f"cannot open {path}: {exc.strerror or exc}; {fix}") from exc
     try:
         _take_lock(fd, run_id)
     except BlockingIOError as exc:
@@ -68,9 +74,12 @@ def lock_run(run_dir: Path, run_id: str) -> int:
             f"run {run_id} is already supervised by {who} ({path}); wait for it to end, or "
             "pass another --run-id"
         ) from exc
-    except OSError as exc:  # a file system without locks
+    except OSError as exc:  # a file system without locks: fail closed, never run unlocked
         os.close(fd)
-        raise PreemptibleError(f"cannot lock {path}: {exc.strerror or exc}") from exc
+        raise PreemptibleError(
+            f"cannot lock {path}: {exc.strerror or exc}; use a --home on a file system with "
+            "locks (a local disk, NFS with its lock service)"
+        ) from exc
     with contextlib.suppress(OSError):  # the pid is only for the message above
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

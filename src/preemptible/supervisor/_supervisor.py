@@ -42,6 +42,7 @@ when their supervisor and guardian were killed together (``_earlier.py``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -50,7 +51,7 @@ from pathlib import Path
 
 from .._errors import PreemptibleError
 from .._errors import RunLockedError as RunLockedError  # its old home
-from .._paths import RunPaths
+from .._paths import OWNER_NAME, RunPaths
 from .._states import HeartbeatState, RecordState
 from ..stop._termination import signal_exit_code
 from . import _slurm
@@ -64,27 +65,54 @@ from ._earlier import stop_earlier_attempts
 from ._forwarding import Forwarder
 from ._journal import Attempt, Received, exit_seconds
 from ._lock import lock_run
+from ._parent import find_parent, mark_attempt
 from ._policy import RestartPolicy
 from ._process import MAX_GUARDIAN_CRASHES, ProcessGroup, become_subreaper
 from ._process import EarlierAttempts as EarlierAttempts  # its old home
 from ._record import load_record
 from ._resume import Resumes
 from ._runfiles import RunFiles
-from ._runid import default_run_id, parent_run
+from ._runid import default_run_id
 
 logger = logging.getLogger("preemptible")
 
 WATCH_INTERVAL = 2.0  # seconds between looks for processes that left the job's group
+_told_own_run = False  # the line below, once per process (an agent makes a supervisor a run)
+
+
+def _own_run(config: SupervisorConfig, why: str) -> SupervisorConfig:
+    """The environment names an attempt this process is not part of (a leftover): a run of
+    its own, which writes nothing there and does not take that attempt's checkpoints."""
+    global _told_own_run
+    dropped = config.checkpoint_dir_from_env and config.checkpoint_dir is not None
+    if not _told_own_run:
+        _told_own_run = True
+        logger.warning(
+            "preemptible: PREEMPTIBLE_RUN_DIR=%s is not an attempt this process is part of "
+            "(%s; a leftover in the environment?): this is a run of its own, and nothing is "
+            "written there%s",
+            os.environ.get("PREEMPTIBLE_RUN_DIR"),
+            why,
+            "; PREEMPTIBLE_CHECKPOINT_DIR, that attempt's, is not used either" if dropped else "",
+        )
+    return dataclasses.replace(config, checkpoint_dir=None) if dropped else config
 
 
 class Supervisor:
     def __init__(self, config: SupervisorConfig) -> None:
-        self.config = config
         _slurm.in_batch_job()  # a bad SLURM job id fails here, before anything starts
+        # a nested run: the run whose attempt started this one (proven: _parent.py)
+        self.parent, not_ours = find_parent()
+        if not_ours:
+            config = _own_run(config, not_ours)
+        self.config = config
+        parent_id = self.parent.run_id if self.parent is not None else None
         if config.run_id is not None:
             self.run_id, self._run_id_why = config.run_id, ""
         else:
-            self.run_id, self._run_id_why = default_run_id(config.command, config.checkpoint_dir)
+            self.run_id, self._run_id_why = default_run_id(
+                config.command, config.checkpoint_dir, parent_id
+            )
         self.paths = RunPaths.under(config.home, self.run_id)
         self.run_dir = self.paths.run_dir
         self.checkpoint_dir = config.checkpoint_dir or self.paths.checkpoints
@@ -97,7 +125,6 @@ class Supervisor:
         self._lock_fd = -1
         self._exit_code: int | None = None
         self.containment: Containment | None = None
-        self.parent = parent_run()  # a nested run: the run whose attempt started this one
 
     @property
     def signals(self) -> list[Received]:
@@ -264,6 +291,10 @@ class Supervisor:
             attempt_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise PreemptibleError(f"cannot create {attempt_dir}: {exc.strerror or exc}") from exc
+        try:  # before the job starts: a run nested in it looks for this first
+            mark_attempt(attempt_dir, self.run_id, number)
+        except OSError as exc:
+            self.files.warn_once("attempt owner", attempt_dir / OWNER_NAME, exc)
         try:
             group = ProcessGroup(
                 self.config.command,
@@ -273,8 +304,9 @@ class Supervisor:
                 lock_fd=self._lock_fd,
             )
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                attempt_dir.rmdir()  # no attempt took place: leave no trace of one
+            with contextlib.suppress(OSError):  # no attempt took place: leave no trace of one
+                (attempt_dir / OWNER_NAME).unlink(missing_ok=True)
+                attempt_dir.rmdir()
             raise PreemptibleError(
                 f"cannot start {self.config.command[0]!r}: {exc.strerror or exc}"
             ) from exc
@@ -421,7 +453,9 @@ class Supervisor:
 
     def _tell_parent(self) -> None:
         """A nested run ends: its last attempt's record is passed up (``tell_parent``)."""
-        tell_parent(self.run_id, self.paths.attempt(self.attempts[-1].number), self.files)
+        assert self.parent is not None
+        last = self.paths.attempt(self.attempts[-1].number)
+        tell_parent(self.run_id, last, self.parent.attempt_dir, self.files)
 
     def term_timeout(self) -> tuple[float, str]:
         return term_timeout(self.config.term_timeout)

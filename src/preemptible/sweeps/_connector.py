@@ -25,6 +25,9 @@ logger = logging.getLogger("preemptible")
 T = TypeVar("T")
 DEFAULT_RETRY_TIMEOUT = 300.0
 MAX_BACKOFF = 5.0
+# what keeps a database from answering, as a backend's ``transient`` names it; each passes
+UNREACHABLE = "unreachable or locked"
+FULL = "out of space"
 _VALID_URLS = "sqlite:///ABS/PATH.db, sqlite:REL/PATH.db or postgresql://USER:PASSWORD@HOST:PORT/DB"
 
 
@@ -34,7 +37,10 @@ class Backend(Protocol):
 
     def connect(self) -> Any: ...
     def transaction(self, conn: Any, *, write: bool) -> AbstractContextManager[Any]: ...
-    def transient(self, exc: BaseException) -> bool: ...
+    def transient(self, exc: BaseException) -> str | None:
+        """What keeps the database from answering (``UNREACHABLE``, ``FULL``, ...) when
+        ``exc`` may pass by itself, so the transaction is tried again; None when it will not."""
+
     def broken(self, conn: Any) -> bool: ...
     def convert(self, sql: str) -> str: ...
     def scrub(self, text: str) -> str: ...
@@ -135,8 +141,10 @@ class _Tx:
 class Connector:
     """One connection to the sweep database through its backend, opened on first use:
     transactions of named queries (``transact``), retried with backoff while the database is
-    locked, restarting or unreachable, up to ``retry_timeout``; a driver's error reported in
-    one line scrubbed of the URL's secrets (``StoreError``). One thread at a time."""
+    locked, restarting, unreachable or out of space (a transaction that failed for want of
+    space was rolled back whole: it runs again once there is some), up to ``retry_timeout``;
+    a driver's error reported in one line scrubbed of the URL's secrets (``StoreError``). One
+    thread at a time."""
 
     def __init__(
         self, backend: Backend, queries: dict[str, str], *, retry_timeout: float, health: _Health
@@ -186,7 +194,8 @@ class Connector:
             except Exception as exc:
                 if isinstance(exc, StoreError):  # ours, already one line (DatabaseGone)
                     raise
-                if not self.backend.transient(exc):
+                cause = self.backend.transient(exc)
+                if cause is None:
                     if not self._driver_error(exc, connecting):
                         raise
                     error = StoreError(
@@ -203,19 +212,21 @@ class Connector:
                 why = f" ({blocker})" if blocker else ""
                 if last:
                     raise StoreError(
-                        f"the sweep database {self.display} is unreachable or locked: "
+                        f"the sweep database {self.display} is {cause}: "
                         f"{self._say(exc)}{why}; gave up after {waited:.0f} s "
                         "(PREEMPTIBLE_DB_RETRY_TIMEOUT)"
                     ) from None
                 failures += 1
                 if failures == 1:
                     logger.warning(
-                        "preemptible: the sweep database %s is unreachable or locked (%s%s); "
-                        "retrying for up to %.0f s",
+                        "preemptible: the sweep database %s is %s (%s%s); retrying for up to "
+                        "%.0f s%s",
                         self.display,
+                        cause,
                         self._say(exc),
                         why,
                         self.retry_timeout,
+                        "; free some space where it is stored" if cause == FULL else "",
                     )
                 time.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, MAX_BACKOFF)

@@ -113,7 +113,8 @@ def open_store(
 ) -> Store:
     """Open (and create or migrate) the sweep database. ``url`` None: ``$PREEMPTIBLE_DB``, else
     ``<root or cwd>/.preemptible/sweeps.db``. ``retry_timeout``: seconds each operation keeps
-    retrying an unreachable or locked database (``$PREEMPTIBLE_DB_RETRY_TIMEOUT``, 300).
+    retrying a database that is unreachable, locked, or out of space, memory or connection
+    slots (``$PREEMPTIBLE_DB_RETRY_TIMEOUT``, 300).
     ``reader``: the caller only reads (``status``): a database it cannot write (a read-only
     file system or role, a PostgreSQL standby) is read as it is when its schema is current.
     ``create=False`` (and any reader): an SQLite file that does not exist is an error
