@@ -32,8 +32,12 @@ ended. What the agent adds is the queue:
 
 Stopping an agent (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2): the signal goes to the run,
 which saves and exits; the agent records the attempt (the run goes back to the queue) and exits
-128 + signum without claiming again. Between runs it exits at once. A second signal reaches
-the run as a second signal: it exits at once, as under ``preemptible run``.
+128 + signum without claiming again. Wherever the stop lands, the attempt is PREEMPTED: a
+program stopped in its start-up (before its handler exists), after its loop, or one without a
+handler dies by the signal, and the supervisor knows it passed that stop on
+(``supervisor/_classify.py``); the run goes back to the queue, not to its failure budget.
+Between runs it exits at once. A second signal reaches the run as a second signal: it exits
+at once, as under ``preemptible run``.
 
 Agents on several machines must share the directory of runs (``--home``): checkpoints of a
 preempted run are resumed by whichever agent takes it next.
