@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from preemptible.sweeps._store import open_store
-from tests.conftest import SCRIPTS, Child, attempts, python_args, supervise
+from tests.conftest import PY, SCRIPTS, Child, attempts, python_args, supervise
 from tests.scripts.lease_train import expected
 from tests.support.slurm import FakeScontrol
 from tests.support.sweeps import cli, create
@@ -136,3 +136,45 @@ def test_an_agent_stopped_at_any_moment_hands_its_run_back_and_another_finishes_
     assert [line for line in last.lines if line.startswith("trained")] == [
         f"trained {expected(STEPS)}"
     ] * 3, last.output
+
+
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('up', flush=True); time.sleep(120)"
+)
+
+
+def test_a_stop_while_the_agent_prepares_the_attempt_is_that_attempt_s(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    """The agent has claimed the run and its supervisor is stopping what an earlier attempt
+    left running (a process that ignores SIGTERM): a SIGTERM to the agent then is passed on to
+    the attempt as it starts and counts as its stop, so the run goes back to the queue as
+    PREEMPTED (it was CRASHED, final under ``max_failures: 0``); another agent finishes it."""
+    db = f"sqlite://{tmp_path}/q.db"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        f"program: {SCRIPTS / 'moments.py'}\nmethod: grid\nparameters:\n  at: {{value: start}}\n"
+    )
+    sweep = create(spawn, tmp_path, db, spec)
+    run_dir = (tmp_path / ".preemptible" / "runs" / f"{sweep}-0").resolve()
+    left = spawn([PY, "-c", STUBBORN], env={"PREEMPTIBLE_RUN_DIR": f"{run_dir}/attempt-0"})
+    left.wait_line(lambda line: line == "up", timeout=60)
+    agent = cli("agent", sweep, "--db", db, "--heartbeat", "0.5", "--lease", "4")
+    a = spawn(agent, cwd=tmp_path)
+    a.wait_line(lambda line: "of an earlier attempt of run" in line, timeout=60)
+    a.signal(signal.SIGTERM)
+    assert a.wait(60) == 143, a.output
+    assert left.wait(30) == -signal.SIGKILL  # stopped at once: the agent was told to stop
+    with open_store(db) as store:
+        [run] = store.runs(sweep)
+        [first] = store.attempts(run.id)
+    assert (run.state, run.failures, first.ending) == ("PENDING", 0, "PREEMPTED"), a.output
+    b = spawn(agent, cwd=tmp_path)
+    assert b.wait(60) == 0, b.output
+    assert states_of(db, sweep) == ["FINISHED"]
+
+
+def states_of(db: str, sweep: str) -> list[str]:
+    with open_store(db) as store:
+        return [r.state for r in store.runs(sweep)]

@@ -141,6 +141,12 @@ class Supervisor:
         group = self.forwarding.group
         return None if group is None else group.pid
 
+    def receive(self, signum: int) -> None:
+        """A stop signal that reached this process before the supervisor's handlers were
+        installed (``preemptible agent``'s handler hands it over while the attempt starts):
+        received, passed on once the job has started, and the attempt's."""
+        self.forwarding.receive(signum)
+
     def stop_job(self, signum: int) -> None:
         """Stop the running attempt as a received ``signum`` would, from another thread (a
         sweep's cancel; SIGKILL for a lost lease or ``cancel --now``): passed on to the group,
@@ -236,7 +242,9 @@ class Supervisor:
 
     # -- one attempt -----------------------------------------------------------------------
     def _attempt(self, number: int) -> Attempt:
-        first = len(self.signals)  # signals from here on belong to this attempt
+        # signals from here on belong to this attempt, and those that came while it was being
+        # prepared (``_stop_earlier_attempts``, an agent's hand-over): they are passed on to it
+        first = self.forwarding.waiting_from
         attempt_dir, group = self._start(number)
         done = False
         try:

@@ -139,12 +139,16 @@ class Agent:
         self._signals: list[int] = []
         self._previous: dict[int, Any] = {}
         self._supervisor: Any = None
+        self._handing: Any = None  # the Supervisor whose attempt is starting (``_on_signal``)
         self._streak = 0  # runs in a row that could not start or failed within seconds
         self._said: set[str] = set()  # start failures already logged
 
     # -- signals between runs ----------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)  # bookkeeping only; the loop looks at it
+        supervisor = self._handing
+        if supervisor is not None:  # its attempt is starting: the stop is the attempt's too
+            supervisor.receive(signum)
 
     def _install(self) -> None:
         # nohup: the hang-up stays ignored
@@ -287,31 +291,36 @@ class Agent:
             beat.write()
         except (OSError, PreemptibleError) as exc:
             return self._could_not_start(claim, exc, [*made, lease_file])
-        if self._signals:  # told to stop between the claim and the start
-            _remove([lease_file, *made])
-            self.store.abandon(
-                claim.run_id, agent=self.id, attempt=claim.attempt, epoch=claim.epoch
-            )
-            return self._stopped(self._signals[0])
-        if time.monotonic() >= beat.deadline - beat.warn:  # this agent was stopped meanwhile
-            _remove([lease_file, *made])
-            self._abandon(claim)
-            logger.warning(
-                "preemptible: run %s: its lease is nearly over before it could start (was this "
-                "agent stopped?); handed back",
-                claim.run_id,
-            )
-            return None
-        self._restore()  # the supervisor takes the signals while the run runs
-        beat.start()
-        failed: PreemptibleError | None = None
+        # From here a stop this agent receives is the attempt's too (``_on_signal``), until
+        # the supervisor's own handlers take over, and again once they are put back: no moment
+        # between the claim and the end is left with the default action (death, for SIGTERM).
+        self._handing = supervisor
         try:
-            attempt = supervisor.run_attempt(claim.attempt)
-        except PreemptibleError as exc:  # it could not start (no such program, a lock held)
-            failed = exc
+            if self._signals:  # told to stop between the claim and the start
+                _remove([lease_file, *made])
+                self.store.abandon(
+                    claim.run_id, agent=self.id, attempt=claim.attempt, epoch=claim.epoch
+                )
+                return self._stopped(self._signals[0])
+            if time.monotonic() >= beat.deadline - beat.warn:  # this agent was stopped meanwhile
+                _remove([lease_file, *made])
+                self._abandon(claim)
+                logger.warning(
+                    "preemptible: run %s: its lease is nearly over before it could start (was "
+                    "this agent stopped?); handed back",
+                    claim.run_id,
+                )
+                return None
+            beat.start()
+            failed: PreemptibleError | None = None
+            try:
+                attempt = supervisor.run_attempt(claim.attempt)
+            except PreemptibleError as exc:  # it could not start (no such program, a lock held)
+                failed = exc
+            finally:
+                beat.stop()
         finally:
-            beat.stop()
-            self._install()
+            self._handing = None
         if isinstance(failed, RunLockedError):  # another supervisor took it here since
             _remove([lease_file, *made])
             self._abandon(claim)
