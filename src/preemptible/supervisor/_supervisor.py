@@ -410,7 +410,10 @@ class Supervisor:
             # the stop landed where no handler of ours acted on it: in the program's start-up,
             # or in a program without one
             newest = self.resumes.newest_name()
-            where = f"; nothing saved for the stop (no handler at a step boundary); newest {newest}"
+            where = (
+                "; nothing saved for the stop (no handler at a step boundary); newest "
+                f"checkpoint: {newest}"
+            )
         logger.log(
             logging.INFO if state is RunState.FINISHED else logging.WARNING,
             "preemptible: attempt %d: %s (%s) after %.1f s, pid %d%s",
