@@ -72,7 +72,8 @@ def main() -> int:
         state["x"] = (31 * state["x"] + step) % 1_000_003
         print(f"step {step}", flush=True)
         if step == 2 and at in ("loop", "save"):
-            hold("loop", until=lambda: handler.notices)  # the next boundary acts on it
+            # until the signal is in (the next boundary acts on it), not a lease's warning
+            hold("loop", until=lambda: any(n.signum for n in handler.notices))
     print(f"trained {state['x']}", flush=True)
     if at == "end":
         hold("end")  # after the loop: steps() closed the handler
