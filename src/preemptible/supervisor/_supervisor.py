@@ -168,6 +168,12 @@ class Supervisor:
         group = self.forwarding.group
         return None if group is None else group.pid
 
+    def receive(self, signum: int) -> None:
+        """A stop signal that reached this process before the supervisor's handlers were
+        installed (``preemptible agent``'s handler hands it over while the attempt starts):
+        received, passed on once the job has started, and the attempt's."""
+        self.forwarding.receive(signum)
+
     def stop_job(self, signum: int) -> None:
         """Stop the running attempt as a received ``signum`` would, from another thread (a
         sweep's cancel; SIGKILL for a lost lease or ``cancel --now``): passed on to the group,
@@ -263,13 +269,15 @@ class Supervisor:
 
     # -- one attempt -----------------------------------------------------------------------
     def _attempt(self, number: int) -> Attempt:
-        first = len(self.signals)  # signals from here on belong to this attempt
+        # signals from here on belong to this attempt, and those that came while it was being
+        # prepared (``_stop_earlier_attempts``, an agent's hand-over): they are passed on to it
+        first = self.forwarding.waiting_from
         attempt_dir, group = self._start(number)
         done = False
         try:
-            gone = self._supervise(number, group, first)
+            gone, killed = self._supervise(number, group, first)
             self.forwarding.group = None
-            attempt = self._finish(number, attempt_dir, group, first, gone)  # recorded first
+            attempt = self._finish(number, attempt_dir, group, first, gone, killed)  # recorded
             left = group.stop_leftovers(self.config.linger, self._sleep)
             if left:
                 logger.warning(
@@ -335,9 +343,10 @@ class Supervisor:
             resumes=self.resumes,
         )
 
-    def _supervise(self, number: int, group: ProcessGroup, first: int) -> float:
+    def _supervise(self, number: int, group: ProcessGroup, first: int) -> tuple[float, bool]:
         """Wait for the attempt's whole group; escalate, watch for escapees, beat. Returns
-        when (wall time) the group's last process was reaped: a SIGCHLD wakes the wait."""
+        when (wall time) the group's last process was reaped (a SIGCHLD wakes the wait), and
+        whether the supervisor SIGKILLed the attempt itself (``Escalation.killed``)."""
         plan = Escalation()
         next_beat = next_watch = 0.0
         while not group.reap():
@@ -387,20 +396,32 @@ class Supervisor:
             self._sleep(min(max(wake - now, 0.0), 1.0))
         gone = time.time()
         self.forwarding.log_since(first)
-        return gone
+        return gone, plan.killed
 
     def _finish(
-        self, number: int, attempt_dir: Path, group: ProcessGroup, first: int, gone: float
+        self,
+        number: int,
+        attempt_dir: Path,
+        group: ProcessGroup,
+        first: int,
+        gone: float,
+        killed: bool,
     ) -> Attempt:
+        """Classify the attempt (``_classify``: the stops received or asked for during it, and
+        whether the supervisor SIGKILLed it, are the supervisor's own knowledge), journal it,
+        say it in one line."""
         ending = group.ending or Ending(lost=True)
         record = load_record(attempt_dir)
         mine = self.signals[first:]
-        forwarded = next((s.signum for s in mine if s.forwarded), None)
         state = classify(
-            ending, record, first_signal_at=mine[0].at if mine else None, forwarded=forwarded
+            ending,
+            record,
+            first_signal_at=mine[0].at if mine else None,
+            stops={s.signum for s in mine},
+            killed=killed,
         )
         code = exit_code_for(state, ending, record, mine[0].signum if mine else None)
-        attempt = Attempt(number, group.pid, state, ending, code, group.duration, mine)
+        attempt = Attempt(number, group.pid, state, ending, code, group.duration, mine, killed)
         attempt.exit_seconds = exit_seconds(attempt_dir, gone, group.duration)
         self.attempts.append(attempt)
         self.files.journal(attempt)
@@ -417,6 +438,14 @@ class Supervisor:
             # by it, but its training is committed
             newest = self.resumes.newest_name()
             where = f"; its training had finished at step {step}, checkpoint {newest}"
+        elif state is RunState.PREEMPTED and record.state is None:
+            # the stop landed where no handler of ours acted on it: in the program's start-up,
+            # or in a program without one
+            newest = self.resumes.newest_name()
+            where = (
+                "; nothing saved for the stop (no handler at a step boundary); newest "
+                f"checkpoint: {newest}"
+            )
         logger.log(
             logging.INFO if state is RunState.FINISHED else logging.WARNING,
             "preemptible: attempt %d: %s (%s) after %.1f s, pid %d%s",

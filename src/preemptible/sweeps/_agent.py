@@ -32,8 +32,12 @@ ended. What the agent adds is the queue:
 
 Stopping an agent (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2): the signal goes to the run,
 which saves and exits; the agent records the attempt (the run goes back to the queue) and exits
-128 + signum without claiming again. Between runs it exits at once. A second signal reaches
-the run as a second signal: it exits at once, as under ``preemptible run``.
+128 + signum without claiming again. Wherever the stop lands, the attempt is PREEMPTED: a
+program stopped in its start-up (before its handler exists), after its loop, or one without a
+handler dies by the signal, and the supervisor knows it passed that stop on
+(``supervisor/_classify.py``); the run goes back to the queue, not to its failure budget.
+Between runs it exits at once. A second signal reaches the run as a second signal: it exits
+at once, as under ``preemptible run``.
 
 Agents on several machines must share the directory of runs (``--home``): checkpoints of a
 preempted run are resumed by whichever agent takes it next.
@@ -135,12 +139,16 @@ class Agent:
         self._signals: list[int] = []
         self._previous: dict[int, Any] = {}
         self._supervisor: Any = None
+        self._handing: Any = None  # the Supervisor whose attempt is starting (``_on_signal``)
         self._streak = 0  # runs in a row that could not start or failed within seconds
         self._said: set[str] = set()  # start failures already logged
 
     # -- signals between runs ----------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)  # bookkeeping only; the loop looks at it
+        supervisor = self._handing
+        if supervisor is not None:  # its attempt is starting: the stop is the attempt's too
+            supervisor.receive(signum)
 
     def _install(self) -> None:
         # nohup: the hang-up stays ignored
@@ -283,31 +291,36 @@ class Agent:
             beat.write()
         except (OSError, PreemptibleError) as exc:
             return self._could_not_start(claim, exc, [*made, lease_file])
-        if self._signals:  # told to stop between the claim and the start
-            _remove([lease_file, *made])
-            self.store.abandon(
-                claim.run_id, agent=self.id, attempt=claim.attempt, epoch=claim.epoch
-            )
-            return self._stopped(self._signals[0])
-        if time.monotonic() >= beat.deadline - beat.warn:  # this agent was stopped meanwhile
-            _remove([lease_file, *made])
-            self._abandon(claim)
-            logger.warning(
-                "preemptible: run %s: its lease is nearly over before it could start (was this "
-                "agent stopped?); handed back",
-                claim.run_id,
-            )
-            return None
-        self._restore()  # the supervisor takes the signals while the run runs
-        beat.start()
-        failed: PreemptibleError | None = None
+        # From here a stop this agent receives is the attempt's too (``_on_signal``), until
+        # the supervisor's own handlers take over, and again once they are put back: no moment
+        # between the claim and the end is left with the default action (death, for SIGTERM).
+        self._handing = supervisor
         try:
-            attempt = supervisor.run_attempt(claim.attempt)
-        except PreemptibleError as exc:  # it could not start (no such program, a lock held)
-            failed = exc
+            if self._signals:  # told to stop between the claim and the start
+                _remove([lease_file, *made])
+                self.store.abandon(
+                    claim.run_id, agent=self.id, attempt=claim.attempt, epoch=claim.epoch
+                )
+                return self._stopped(self._signals[0])
+            if time.monotonic() >= beat.deadline - beat.warn:  # this agent was stopped meanwhile
+                _remove([lease_file, *made])
+                self._abandon(claim)
+                logger.warning(
+                    "preemptible: run %s: its lease is nearly over before it could start (was "
+                    "this agent stopped?); handed back",
+                    claim.run_id,
+                )
+                return None
+            beat.start()
+            failed: PreemptibleError | None = None
+            try:
+                attempt = supervisor.run_attempt(claim.attempt)
+            except PreemptibleError as exc:  # it could not start (no such program, a lock held)
+                failed = exc
+            finally:
+                beat.stop()
         finally:
-            beat.stop()
-            self._install()
+            self._handing = None
         if isinstance(failed, RunLockedError):  # another supervisor took it here since
             _remove([lease_file, *made])
             self._abandon(claim)
