@@ -13,6 +13,7 @@ holder's process, as an agent on another machine cannot, and must go by the leas
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from preemptible.sweeps._store import LEASE_EXPIRED, LEASE_MARGIN, open_store
+from preemptible.sweeps._store import LEASE_MARGIN, open_store
 from tests.conftest import ROOT, SCRIPTS, Child, process_state, wait_for
 from tests.scripts.lease_train import expected
 from tests.support.postgres import PgServer
@@ -36,13 +37,14 @@ from tests.support.sweeps import cli, create
 pytestmark = pytest.mark.timeout(180)
 
 TRAIN = str(SCRIPTS / "lease_train.py")
+PLAIN = str(SCRIPTS / "plain_steps.py")  # no handler: nothing of its own stops it
 FAKE_CLOCK = SCRIPTS / "fakeclock"
 
 
-def spec(tmp_path: Path, steps: list[int] | int, sleep: float = 0.25) -> Path:
+def spec(tmp_path: Path, steps: list[int] | int, sleep: float = 0.25, program: str = TRAIN) -> Path:
     values = steps if isinstance(steps, list) else [steps]
     doc = {
-        "program": TRAIN,
+        "program": program,
         "method": "grid",
         "parameters": {
             "steps": {"values": values},
@@ -201,7 +203,8 @@ def test_an_agent_on_another_host_takes_over_only_after_the_stopped_holder_s_run
     own (it cannot see A's processes, as on another machine). A is stopped mid-run; its run
     stops itself before the lease ends; B takes the run over only a margin after the lease
     ended, resumes from the shared checkpoints, and finishes it exactly. A, continued after
-    that, finds its lease taken: its result is not recorded, and nothing ran twice at once."""
+    that, finds its lease taken: its result goes on its attempt only, marked late (PREEMPTED,
+    as it really ended, not "CRASHED, lost"), and nothing ran twice at once."""
     prefix = other_host()
     sweep = create(spawn, tmp_path, store_url, spec(tmp_path, 40))
     run_id = f"{sweep}-0"
@@ -218,19 +221,72 @@ def test_an_agent_on_another_host_takes_over_only_after_the_stopped_holder_s_run
     assert b.wait(90) == 0, b.output
     pause.close()
     assert a.wait(60) == 0, a.output
-    assert "not recorded here" in a.output
+    assert "recorded on the attempt as a late result" in a.output
     run, attempts = outcome(store_url, run_id)
     assert (run.state, run.attempt) == ("FINISHED", 2)
-    assert [(x.ending, x.closed_by) for x in attempts] == [
-        ("CRASHED", LEASE_EXPIRED),
-        ("FINISHED", attempts[1].agent),
+    assert [(x.ending, x.closed_by, x.late) for x in attempts] == [
+        ("PREEMPTED", attempts[0].agent, True),
+        ("FINISHED", attempts[1].agent, False),
     ]
+    assert attempts[0].exit_code is not None
     lost = attempts[0]
     assert lost.ended_at is not None
     assert attempts[1].started_at >= lost.started_at + 4.0  # not before the lease ran out
     assert int(json.loads((shared.parent / "final.json").read_text())["x"]) == expected(40)
     assert_never_two_at_once(tmp_path)
     assert "resuming from" in b.output and "CheckpointLockError" not in a.output + b.output
+
+
+@contextlib.contextmanager
+def frozen(child: Child) -> Iterator[None]:
+    """``child`` (an agent alone) stopped by SIGSTOP, as a frozen VM or a paused container
+    stops it: no handler of its own runs, its supervisor (a thread of it) is stopped too."""
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+
+
+@pytest.mark.waits
+@pytest.mark.parametrize("shared_home", [False, True], ids=["own-homes", "shared-home"])
+def test_a_frozen_agent_s_plain_program_is_fenced_before_another_pid_namespace_takes_it_over(
+    tmp_path: Path, spawn: Callable[..., Child], shared_home: bool
+) -> None:
+    """Agent A is frozen (SIGSTOP) while its run, a plain script with no handler, trains; agent
+    B runs in a pid namespace of its own (it cannot see A's processes, as on another host).
+    A's guardian stops the script by the lease before B may take the run over: the two never
+    run at once. With a shared --home, B waits for A's supervisor (it cannot tell whether that
+    pid lives) instead of calling it gone. A, continued, records its attempt as it ended
+    (PREEMPTED by the fence, late); the run is FINISHED once, by one attempt that ran to its
+    end."""
+    prefix = other_host()
+    db = f"sqlite://{tmp_path}/q.db"
+    sweep = create(spawn, tmp_path, db, spec(tmp_path, 36, sleep=0.2, program=PLAIN))
+    run_id = f"{sweep}-0"
+    home_a = tmp_path / "ha"
+    home_b = home_a if shared_home else tmp_path / "hb"
+    a = agent(spawn, tmp_path, db, sweep, "--home", str(home_a))
+    a.wait_line(lambda line: line == "step 2", timeout=60)
+    with frozen(a):
+        b = agent(spawn, tmp_path, db, sweep, "--home", str(home_b), prefix=prefix)
+        if shared_home:  # A's supervisor holds the run's lock while it is frozen
+            b.wait_line(lambda line: "supervisor holds" in line or "supervised by" in line, 60)
+        else:
+            b.wait_line(lambda line: line == "step 3", timeout=60)
+    assert a.wait(60) == 0, a.output
+    assert b.wait(90) == 0, b.output
+    assert "is gone" not in b.output
+    assert_never_two_at_once(tmp_path)
+    run, attempts = outcome(db, run_id)
+    assert run.state == "FINISHED", attempts
+    first = attempts[0]
+    assert (first.ending, first.late, first.closed_by) == ("PREEMPTED", True, first.agent)
+    assert [x.ending for x in attempts[1:]] == ["FINISHED"]
+    assert "the guardian stops it: SIGTERM" in a.output
+    ran = step_log(tmp_path)[run_id]
+    assert sorted(max(s for _, s in steps) for steps in ran.values())[-1] == 35
+    assert sum(max(s for _, s in steps) == 35 for steps in ran.values()) == 1
 
 
 # -- an outage longer than the lease -----------------------------------------------------------

@@ -65,7 +65,7 @@ from ._forwarding import Forwarder
 from ._journal import Attempt, Received, exit_seconds
 from ._lock import lock_run
 from ._policy import RestartPolicy
-from ._process import MAX_GUARDIAN_CRASHES, ProcessGroup, become_subreaper
+from ._process import MAX_GUARDIAN_CRASHES, Lease, ProcessGroup, become_subreaper
 from ._process import EarlierAttempts as EarlierAttempts  # its old home
 from ._record import load_record
 from ._resume import Resumes
@@ -140,6 +140,13 @@ class Supervisor:
         """The process group of the running attempt's job, None between attempts."""
         group = self.forwarding.group
         return None if group is None else group.pid
+
+    @property
+    def fenced(self) -> bool:
+        """Whether the running attempt's guardian stops it by the agent's lease file (the
+        agent's watchdog then leaves the lease's signals to it: ``_guard.Fence``)."""
+        group = self.forwarding.group
+        return group is not None and group.fencing
 
     def stop_job(self, signum: int) -> None:
         """Stop the running attempt as a received ``signum`` would, from another thread (a
@@ -271,6 +278,7 @@ class Supervisor:
                 containment=self.containment,
                 cgroup_name=cgroup_name(self.run_id, number),
                 lock_fd=self._lock_fd,
+                lease=self._lease(),
             )
         except OSError as exc:
             with contextlib.suppress(OSError):
@@ -290,6 +298,11 @@ class Supervisor:
             else "",
         )
         return attempt_dir, group
+
+    def _lease(self) -> Lease | None:
+        if self.config.lease_file is None:
+            return None
+        return Lease(self.config.lease_file, self.term_timeout()[0], self.run_id)
 
     def _environment(self, number: int, attempt_dir: Path) -> dict[str, str]:
         return attempt_environment(

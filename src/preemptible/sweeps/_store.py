@@ -18,7 +18,9 @@ Agents on one machine or many share one database. The guarantees:
   its own clock that margin *before* the lease runs out (see ``preemptible.notices._lease``).
   Until then the run is left as it is: waiting is not a failure.
 * A result that arrives after the lease ran out is kept when no other attempt has started:
-  the attempt ends as it really ended, not as lost.
+  the attempt ends as it really ended, not as lost. Once another attempt has started, the late
+  result still goes on its own attempt (its ending and exit code, marked ``late``), and the run
+  stays with its new holder.
 * Every call is retried with exponential backoff (capped at 5 s) while the database is locked,
   restarting or unreachable, up to a deadline (``PREEMPTIBLE_DB_RETRY_TIMEOUT``, default 300 s);
   each is idempotent, so a retry after a lost acknowledgement changes nothing twice.
@@ -258,7 +260,9 @@ class Store(HistoryStore, ControlStore):
         """Record how this agent's attempt ended; the run's new state (module docstring).
         Calling it again for the same attempt changes nothing and returns the same state. A
         result that comes after another agent ended the attempt for its expired lease is
-        recorded instead of that ending while no other attempt has started (else LeaseLost)."""
+        recorded instead of that ending while no other attempt has started; once another has,
+        it is recorded on its attempt only, marked late (the run stays the new attempt's), and
+        LeaseLost is raised."""
         if ending not in ENDINGS:
             raise ConfigError(f"ending={ending!r} is not valid; use one of {', '.join(ENDINGS)}")
         summary_text = (
@@ -329,21 +333,31 @@ class Store(HistoryStore, ControlStore):
         ending: str,
         values: dict[str, Any],
     ) -> str:
-        def close(tx: _Tx) -> str:
+        def close(tx: _Tx) -> str | PreemptibleError:
             run = tx.one("lock_run", id=run_id, attempt=attempt)
             if run is None:
                 raise self._no_run(run_id)
             stale = epoch is not None and run["attempt_epoch"] not in (None, epoch)
             if run["attempt_ended_at"] is not None:
                 if run["attempt_closed_by"] == agent and not stale:  # a retry of this same call
+                    if run["attempt_late"] and run["attempt"] != attempt:
+                        return self._lease_lost(tx, run_id, agent, attempt)
                     return str(run["attempt_outcome"])
-                if (
-                    run["attempt_closed_by"] == LEASE_EXPIRED
-                    and run["attempt"] == attempt
-                    and run["state"] != QueueState.RUNNING
-                    and not stale
-                ):
-                    return late(tx, run, agent, attempt, ending, values, self.display)
+                if run["attempt_closed_by"] == LEASE_EXPIRED and not stale:
+                    if run["attempt"] == attempt and run["state"] != QueueState.RUNNING:
+                        return late(tx, run, agent, attempt, ending, values, self.display)
+                    # another attempt has started: the run is its own; this one's row says
+                    # how it really ended (committed; the caller still gets LeaseLost)
+                    tx.run(
+                        "late_attempt",
+                        run_id=run_id,
+                        number=attempt,
+                        ending=ending,
+                        closed_by=agent,
+                        expired=LEASE_EXPIRED,
+                        **values,
+                    )
+                    return self._lease_lost(tx, run_id, agent, attempt)
                 raise self._lease_lost(tx, run_id, agent, attempt)
             if run["state"] != QueueState.RUNNING or run["attempt"] != attempt:
                 raise self._lease_lost(tx, run_id, agent, attempt)
@@ -362,7 +376,10 @@ class Store(HistoryStore, ControlStore):
             )
             return state
 
-        return self._transact(close)
+        done = self._transact(close)
+        if isinstance(done, PreemptibleError):
+            raise done
+        return done
 
     def _lease_lost(self, tx: _Tx, run_id: str, agent: str, attempt: int) -> PreemptibleError:
         return lease_lost(tx, run_id, agent, attempt, self.display)
