@@ -373,6 +373,39 @@ def test_a_step_of_the_host_s_wall_clock_neither_stops_nor_doubles_a_run(
     assert "lease" not in "".join(line for line in a.lines if "notice" in line)
 
 
+@pytest.mark.waits
+def test_an_agent_whose_wall_clock_runs_ahead_takes_no_healthy_run_over_on_sqlite(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    """Agent B's wall clock runs 600 s ahead of agent A's (an injected clock for B alone;
+    libfaketime breaks Python's sleep here: ``tests/scripts/fakeclock``), and B is on "another
+    host" (a pid namespace of its own: it cannot see A alive). On SQLite each process's own
+    wall clock is the database's "now", so A's healthy lease looks 600 s expired to B; B must
+    go by A's renewals on its own clock instead and take nothing over: FINISHED after one
+    attempt, no preemption, A's run never killed."""
+    prefix = other_host()
+    offset = tmp_path / "clock-offset"
+    offset.write_text("600")
+    paths = [str(FAKE_CLOCK), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {
+        "FAKE_CLOCK_OFFSET_FILE": str(offset),
+        "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)]),
+    }
+    db = f"sqlite://{tmp_path}/q.db"
+    sweep = create(spawn, tmp_path, db, spec(tmp_path, 30, sleep=0.2))
+    run_id = f"{sweep}-0"
+    a = agent(spawn, tmp_path, db, sweep, "--home", str(tmp_path / "ha"))
+    a.wait_line(lambda line: line == "step 1", timeout=60)
+    b = agent(spawn, tmp_path, db, sweep, "--home", str(tmp_path / "hb"), prefix=prefix, env=env)
+    assert a.wait(60) == 0, a.output
+    assert b.wait(60) == 0, b.output
+    assert "lost its agent" not in b.output and "took the run over" not in a.output
+    run, attempts = outcome(db, run_id)
+    assert (run.state, run.preemptions, run.failures) == ("FINISHED", 0, 0)
+    assert [(x.ending, x.exit_code) for x in attempts] == [("FINISHED", 0)]
+    assert final_x(tmp_path / "ha", run_id) == expected(30)
+
+
 # -- the SQLite file deleted under running agents ----------------------------------------------
 @pytest.mark.waits
 def test_the_sqlite_file_deleted_under_running_agents_stops_each_with_one_line(
