@@ -82,6 +82,11 @@ def other_host() -> tuple[str, ...]:
     return (unshare, "--pid", "--fork", "--mount-proc", "--kill-child")
 
 
+def python_path() -> list[str]:
+    """This process's PYTHONPATH: a child given one of its own keeps the code under test."""
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
 def step_log(tmp_path: Path) -> dict[str, dict[int, list[tuple[float, int]]]]:
     """run -> pid -> [(monotonic time, step)], from every process's step lines."""
     runs: dict[str, dict[int, list[tuple[float, int]]]] = defaultdict(lambda: defaultdict(list))
@@ -353,7 +358,7 @@ def test_a_step_of_the_host_s_wall_clock_neither_stops_nor_doubles_a_run(
     offset.write_text("0")
     env = {
         "FAKE_CLOCK_OFFSET_FILE": str(offset),
-        "PYTHONPATH": os.pathsep.join([str(FAKE_CLOCK), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(FAKE_CLOCK), *python_path(), str(ROOT)]),
     }
     sweep = create(spawn, tmp_path, store_url, spec(tmp_path, 24))
     run_id = f"{sweep}-0"
@@ -386,11 +391,8 @@ def test_an_agent_whose_wall_clock_runs_ahead_takes_no_healthy_run_over_on_sqlit
     prefix = other_host()
     offset = tmp_path / "clock-offset"
     offset.write_text("600")
-    paths = [str(FAKE_CLOCK), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {
-        "FAKE_CLOCK_OFFSET_FILE": str(offset),
-        "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)]),
-    }
+    paths = [str(FAKE_CLOCK), *python_path(), str(ROOT)]
+    env = {"FAKE_CLOCK_OFFSET_FILE": str(offset), "PYTHONPATH": os.pathsep.join(paths)}
     db = f"sqlite://{tmp_path}/q.db"
     sweep = create(spawn, tmp_path, db, spec(tmp_path, 30, sleep=0.2))
     run_id = f"{sweep}-0"

@@ -38,8 +38,10 @@ thread of the agent's, the standard library only, and it already knows every pro
 attempt. It reads the deadline the agent wrote at its last renewal (CLOCK_MONOTONIC, which
 every process of one boot shares, and the guardian is always on the agent's host) and, unless
 a renewal moves it on: SIGTERM to the job's group at the lease's self-stop point (``warn_s``
-before the deadline, when the handler's own notice comes too), SIGKILL to every process of
-the attempt at the deadline or a term timeout after the SIGTERM, whichever comes first. The
+before the deadline, when the handler's own notice comes too; a poll of that notice later,
+and none when the run record says the program is already stopping, so that a program that
+watches the lease stops by its own notice, as before), SIGKILL to every process of the attempt
+at the deadline or a term timeout after the SIGTERM, whichever comes first. The
 deadline is ``LEASE_MARGIN`` of the lease before another agent may take the run over
 (``sweeps/_endings.py``), so the attempt is gone before that, whether or not anyone runs on
 the agent's side. It writes ``fence.json`` beside the lease file when it acts, so that the
@@ -392,8 +394,11 @@ IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.
 
 
 FENCE_NAME = "fence.json"  # beside the lease file: the guardian stopped the attempt for it
+RECORD_NAME = "record.json"  # beside it too: the training process's run record (``_paths``)
+STOPPING_STATES = ("stopping", "stopped")  # the record's states of a stop under way (_states)
 LEASE_MAX_BYTES = 1 << 14
 LEASE_POLL = 0.1  # seconds between two looks at the lease file, at most
+NOTICE_SLACK = 1.5  # a program watching the lease polls it every second (its poll_interval)
 
 
 def _boot_id() -> str:
@@ -467,28 +472,51 @@ class Fence:
             self.termed_at is not None and now >= self.termed_at + self.term_timeout
         ):
             return signal.SIGKILL
-        if self.termed_at is None and now >= self.deadline - self.warn:
+        if self.termed_at is None and now >= self.term_point:
             return signal.SIGTERM
         return None
+
+    @property
+    def term_point(self) -> float:
+        """When the SIGTERM is due: the lease's self-stop point, when the program's own notice
+        comes (``notices/_lease.py``), and a poll of that notice later, so that a program that
+        watches the lease stops by it as it always has: its own stop, which knows the
+        deadline, comes first. A quarter of the warning at least is left before the SIGKILL
+        at the deadline."""
+        assert self.deadline is not None
+        return self.deadline - self.warn + min(NOTICE_SLACK, 0.75 * self.warn)
+
+    def stopping(self) -> bool:
+        """Whether the program already stops (its handler wrote so in its run record)."""
+        try:
+            with open(self.lease.with_name(RECORD_NAME), "rb") as fh:
+                doc = json.loads(fh.read(LEASE_MAX_BYTES))
+        except (OSError, ValueError, RecursionError):
+            return False
+        return isinstance(doc, dict) and doc.get("state") in STOPPING_STATES
 
     def wait(self, now: float) -> float:
         """Seconds until the next look."""
         if self.deadline is None or self.killed:
             return LEASE_POLL
-        points = [self.deadline, self.deadline - self.warn]
+        points = [self.deadline, self.term_point]
         if self.termed_at is not None:
             points.append(self.termed_at + self.term_timeout)
         ahead = [p - now for p in points if p > now]
         return max(min([LEASE_POLL, *ahead]), 0.0)
 
-    def termed(self, now: float) -> None:
+    def termed(self, now: float, *, sent: bool) -> None:
         self.termed_at = now
-        left = (self.deadline or now) - now
+        left = min((self.deadline or now) - now, self.term_timeout)
+        how = (
+            "the guardian stops it: SIGTERM"
+            if sent
+            else "its program is stopping by itself (it watches the lease); the guardian sends"
+        )
         _say(
             f"run {self.run}: its agent has not renewed the lease for this attempt (the agent "
-            f"is stopped, or cannot reach the database); the guardian stops it: SIGTERM, "
-            f"SIGKILL in {min(left, self.term_timeout):.1f} s, before another agent may take "
-            "the run over"
+            f"is stopped, or cannot reach the database); {how}, SIGKILL in {left:.1f} s if it "
+            "is not gone by then, before another agent may take the run over"
         )
         self._write(now)
 
@@ -571,9 +599,11 @@ def main(argv: list[str]) -> int:
             fence.read()
             due = fence.due(now)
             if due == signal.SIGTERM:
-                fence.termed(now)
+                send = not fence.stopping()  # a second signal would be a handler's hard exit
+                fence.termed(now, sent=send)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    if job > 1 and job not in (int(p) for p in config.get("protect", [])):
+                    protect = [int(p) for p in config.get("protect", [])]
+                    if send and job > 1 and job not in protect:
                         os.killpg(job, signal.SIGTERM)
             elif due == signal.SIGKILL:
                 fence.kill(now)
