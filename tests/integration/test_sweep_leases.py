@@ -254,12 +254,15 @@ def frozen(child: Child) -> Iterator[None]:
 
 
 @pytest.mark.waits
-@pytest.mark.parametrize("shared_home", [False, True], ids=["own-homes", "shared-home"])
+@pytest.mark.parametrize(
+    ("shared_home", "ctrl_z"), [(False, False), (True, True)], ids=["own-homes", "shared-home"]
+)
 def test_a_frozen_agent_s_plain_program_is_fenced_before_another_pid_namespace_takes_it_over(
-    tmp_path: Path, spawn: Callable[..., Child], shared_home: bool
+    tmp_path: Path, spawn: Callable[..., Child], shared_home: bool, ctrl_z: bool
 ) -> None:
-    """Agent A is frozen (SIGSTOP) while its run, a plain script with no handler, trains; agent
-    B runs in a pid namespace of its own (it cannot see A's processes, as on another host).
+    """Agent A is frozen (SIGSTOP; with the shared home, Ctrl+Z: it stops itself) while its
+    run, a plain script with no handler, trains; agent B runs in a pid namespace of its own
+    (it cannot see A's processes, as on another host).
     A's guardian stops the script by the lease before B may take the run over: the two never
     run at once. With a shared --home, B waits for A's supervisor (it cannot tell whether that
     pid lives) instead of calling it gone. A, continued, records its attempt as it ended
@@ -273,7 +276,8 @@ def test_a_frozen_agent_s_plain_program_is_fenced_before_another_pid_namespace_t
     home_b = home_a if shared_home else tmp_path / "hb"
     a = agent(spawn, tmp_path, db, sweep, "--home", str(home_a))
     a.wait_line(lambda line: line == "step 2", timeout=60)
-    with frozen(a):
+    halt = contextlib.contextmanager(stopped) if ctrl_z else frozen
+    with halt(a):
         b = agent(spawn, tmp_path, db, sweep, "--home", str(home_b), prefix=prefix)
         if shared_home:  # A's supervisor holds the run's lock while it is frozen
             b.wait_line(lambda line: "supervisor holds" in line or "supervised by" in line, 60)
