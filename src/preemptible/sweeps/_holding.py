@@ -1,7 +1,9 @@
 """An agent's hold on the run it claimed, while the run's attempt runs: the heartbeat that
 renews the lease (and asks the early-termination judge, ``_early``, after each renewal) and the
 watchdog that stops the run when renewals stop (``_agent``'s module docstring tells the whole
-lease protocol)."""
+lease protocol). The watchdog is a thread of the agent, stopped with it; the attempt's
+guardian (``supervisor/_guard.py``), a process of its own, reads the same ``lease.json`` and
+sends the lease's signals while it fences the attempt, and the watchdog then only says so."""
 
 from __future__ import annotations
 

@@ -355,6 +355,8 @@ class Store(HistoryStore, ControlStore):
                 if run["attempt_closed_by"] == LEASE_EXPIRED and not stale:
                     if run["attempt"] == attempt and run["state"] != QueueState.RUNNING:
                         return late(tx, run, agent, attempt, ending, values, self.display)
+                    if ending == RELEASED:  # handed back unrun: nothing to say of the attempt
+                        raise self._lease_lost(tx, run_id, agent, attempt)
                     # another attempt has started: the run is its own; this one's row says
                     # how it really ended (committed; the caller still gets LeaseLost)
                     tx.run(
