@@ -36,6 +36,7 @@ from preemptible.sweeps._store import (
     recovery_hold,
 )
 from tests.conftest import ROOT, Child, wait_for
+from tests.integration.sweep_claimer import expire_twice
 from tests.support.postgres import PgServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -564,7 +565,7 @@ def test_racing_expirers_in_threads_requeue_each_run_once(store_url: str, store:
 
     def expirer(s: Store) -> None:
         barrier.wait(timeout=30)
-        results.append(s.expire_leases())
+        results.append(expire_twice(s))
 
     threads = [threading.Thread(target=expirer, args=(s,)) for s in stores]
     for t in threads:
@@ -702,9 +703,9 @@ def raw_execute(url: str, sql: str) -> None:
 
 def test_migrations_run_once_and_refuse_a_newer_schema(store_url: str, store: Store) -> None:
     sweep = new_sweep(store)
-    assert store.schema_versions() == [1, 2, 3, 4]
+    assert store.schema_versions() == [1, 2, 3, 4, 5]
     with open_store(store_url) as again:  # every migration is there: nothing is applied
-        assert again.schema_versions() == [1, 2, 3, 4]
+        assert again.schema_versions() == [1, 2, 3, 4, 5]
         assert again.sweep(sweep).id == sweep
     raw_execute(store_url, "INSERT INTO preemptible_schema VALUES (99, 0)")
     with pytest.raises(StoreError, match=r"schema version 99; .* upgrade preemptible"):
@@ -723,7 +724,7 @@ def test_agents_opening_a_new_database_together_migrate_it_once(
         assert child.wait(60) == 0, child.output
         assert child.lines[-1] == "opened"
     with open_store(store_url) as s:
-        assert s.schema_versions() == [1, 2, 3, 4]
+        assert s.schema_versions() == [1, 2, 3, 4, 5]
 
 
 # -- URLs and passwords -----------------------------------------------------------------------

@@ -35,6 +35,9 @@ class SupervisorConfig:
     min_uptime: float = 10.0
     linger: float = 5.0  # for what the job leaves running: see the module docstring
     extra_env: dict[str, str] = field(default_factory=dict)  # for every attempt (an agent's)
+    # an agent's lease file (``lease.json``): the attempt's guardian stops the attempt by it
+    # when the agent stops renewing it (``_guard.Fence``)
+    lease_file: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.command:

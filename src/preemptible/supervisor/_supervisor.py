@@ -67,7 +67,7 @@ from ._journal import Attempt, Received, exit_seconds
 from ._lock import lock_run
 from ._parent import find_parent, mark_attempt
 from ._policy import RestartPolicy
-from ._process import MAX_GUARDIAN_CRASHES, ProcessGroup, become_subreaper
+from ._process import MAX_GUARDIAN_CRASHES, Lease, ProcessGroup, become_subreaper
 from ._process import EarlierAttempts as EarlierAttempts  # its old home
 from ._record import load_record
 from ._resume import Resumes
@@ -173,6 +173,13 @@ class Supervisor:
         installed (``preemptible agent``'s handler hands it over while the attempt starts):
         received, passed on once the job has started, and the attempt's."""
         self.forwarding.receive(signum)
+
+    @property
+    def fenced(self) -> bool:
+        """Whether the running attempt's guardian stops it by the agent's lease file (the
+        agent's watchdog then leaves the lease's signals to it: ``_guard.Fence``)."""
+        group = self.forwarding.group
+        return group is not None and group.fencing
 
     def stop_job(self, signum: int) -> None:
         """Stop the running attempt as a received ``signum`` would, from another thread (a
@@ -310,6 +317,7 @@ class Supervisor:
                 containment=self.containment,
                 cgroup_name=cgroup_name(self.run_id, number),
                 lock_fd=self._lock_fd,
+                lease=self._lease(),
             )
         except OSError as exc:
             with contextlib.suppress(OSError):  # no attempt took place: leave no trace of one
@@ -330,6 +338,11 @@ class Supervisor:
             else "",
         )
         return attempt_dir, group
+
+    def _lease(self) -> Lease | None:
+        if self.config.lease_file is None:
+            return None
+        return Lease(self.config.lease_file, self.term_timeout()[0], self.run_id)
 
     def _environment(self, number: int, attempt_dir: Path) -> dict[str, str]:
         return attempt_environment(

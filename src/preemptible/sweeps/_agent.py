@@ -13,14 +13,18 @@ ended. What the agent adds is the queue:
   (``PREEMPTIBLE_LEASE_FILE``) at every renewal. When renewals stop, the run is told to stop
   ``warn`` seconds before the lease's own deadline (``LEASE_MARGIN`` of the lease before it
   ends) and must be gone by then: the run watches the file itself (a notice, as for a spot
-  VM's; it holds while this agent is stopped by SIGSTOP or Ctrl+Z), and a watchdog thread here
-  sends SIGTERM at the warning and SIGKILL at the deadline for runs that do not watch it. Only
-  ``LEASE_MARGIN`` after the lease's end may an agent on another host take the run over, so
-  two attempts never write one checkpoint directory;
+  VM's), and the attempt's guardian, a process of its own that runs on while this agent is
+  stopped (SIGSTOP, Ctrl+Z, a frozen VM), sends SIGTERM at the warning and SIGKILL at the
+  deadline to every process of the attempt, whether its program watches the lease or not (a
+  plain script does not: ``supervisor/_guard.py``, ``Fence``); a watchdog thread here does it
+  where there is no guardian. Only ``LEASE_MARGIN`` after the lease's end may an agent on
+  another host take the run over, so two attempts never run at once, and an agent never takes
+  a process it cannot see (another pid namespace or host) for gone;
 - when the attempt ends, ``finish`` records it and the queue decides the run's next state
   (PREEMPTED runs go back to the queue with the same id and checkpoint directory, and the next
   agent resumes them). A result that comes after the lease ran out is kept when no other
-  attempt started; otherwise it is not recorded (and the run resumes from its checkpoints);
+  attempt started; otherwise it goes on its own attempt only, marked late (the run is the new
+  attempt's, and resumes from its checkpoints);
 - a run whose previous attempt may still be alive on this host (its agent is stopped, or a
   process still holds its locks) is left in the queue until it is not: waiting is not a
   failure (``HostView``);
@@ -273,6 +277,7 @@ class Agent:
                     home=self.config.home,
                     term_timeout=self.spec.term_timeout,
                     extra_env={LEASE_FILE_ENV: str(lease_file.absolute())},
+                    lease_file=lease_file.absolute(),  # its guardian fences it by the lease
                     job_control=False,  # Ctrl+Z stops the agent (CtrlZ); the run stops by lease
                 )
             )
@@ -321,10 +326,11 @@ class Agent:
                 beat.stop()
         finally:
             self._handing = None
-        if isinstance(failed, RunLockedError):  # another supervisor took it here since
+        if isinstance(failed, RunLockedError):  # another supervisor holds it (or took it since)
             _remove([lease_file, *made])
             self._abandon(claim)
-            self.local.blocked(claim.run_id)  # says why, once
+            if self.local.blocked(claim.run_id) is None:  # says why, once
+                self.local.locked(claim.run_id, str(failed).split(";", 1)[0])
             self._wait(self.config.heartbeat)
             return None
         if failed is not None:
@@ -336,9 +342,10 @@ class Agent:
             s.signum for s in supervisor.signals if not any(s is r for r in supervisor.requested)
         ]
         ending = str(attempt.state)
-        if beat.expired and ending != Ending.FINISHED:
+        expired = beat.stopped_for_lease
+        if expired and ending != Ending.FINISHED:
             ending = Ending.PREEMPTED  # stopped for this agent's lease, not for anything it did
-        ending = early_ending(ending, beat.early, expired=beat.expired)
+        ending = early_ending(ending, beat.early, expired=expired)
         record = read_record(attempt_dir)
         try:
             state = self.store.finish(
@@ -355,11 +362,13 @@ class Agent:
             )
         except LeaseLost:
             logger.error(
-                "preemptible: run %s attempt %d ended %s after another agent took the run over "
-                "(its lease had run out); not recorded here",
+                "preemptible: run %s attempt %d ended %s (exit code %s) after another agent "
+                "took the run over (its lease had run out): recorded on the attempt as a late "
+                "result; the run is the new attempt's",
                 claim.run_id,
                 claim.attempt,
                 ending,
+                attempt.exit_code,
             )
         else:
             logger.info(
