@@ -52,6 +52,7 @@ from pathlib import Path
 from .._errors import PreemptibleError
 from .._errors import RunLockedError as RunLockedError  # its old home
 from .._paths import OWNER_NAME, RunPaths
+from .._run import current_run
 from .._states import HeartbeatState, RecordState
 from ..stop._termination import signal_exit_code
 from . import _slurm
@@ -91,7 +92,7 @@ def _own_run(config: SupervisorConfig, why: str) -> SupervisorConfig:
             "preemptible: PREEMPTIBLE_RUN_DIR=%s is not an attempt this process is part of "
             "(%s; a leftover in the environment?): this is a run of its own, and nothing is "
             "written there%s",
-            os.environ.get("PREEMPTIBLE_RUN_DIR"),
+            current_run().run_dir,
             why,
             "; PREEMPTIBLE_CHECKPOINT_DIR, that attempt's, is not used either" if dropped else "",
         )

@@ -1,6 +1,6 @@
-"""The sweep database's connection layer: the ``Backend`` protocol its SQLite and PostgreSQL
-drivers meet (``_store_sqlite``, ``_store_pg``), the choice of one from a database URL, and the
-``Connector``: one connection, transactions of named queries (``_Tx``), retries with backoff
+"""The sweep database's connection layer: the choice of a backend (``_backend``: the protocol
+its SQLite and PostgreSQL drivers meet, ``_store_sqlite`` and ``_store_pg``) from a database URL,
+and the ``Connector``: one connection, transactions of named queries (``_Tx``), retries with backoff
 and the record of outages (``_Health``). It knows no table: the queue's operations are the
 ``Store``'s, the schema's ``_schema``'s."""
 
@@ -11,12 +11,12 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from .._env import env_float
 from .._errors import ConfigError, StoreError
+from ._backend import FULL, Backend
 from ._pause import GATE
 from ._redact import redact_url, userinfo_problem
 
@@ -25,26 +25,7 @@ logger = logging.getLogger("preemptible")
 T = TypeVar("T")
 DEFAULT_RETRY_TIMEOUT = 300.0
 MAX_BACKOFF = 5.0
-# what keeps a database from answering, as a backend's ``transient`` names it; each passes
-UNREACHABLE = "unreachable or locked"
-FULL = "out of space"
 _VALID_URLS = "sqlite:///ABS/PATH.db, sqlite:REL/PATH.db or postgresql://USER:PASSWORD@HOST:PORT/DB"
-
-
-class Backend(Protocol):
-    kind: str
-    display: str
-
-    def connect(self) -> Any: ...
-    def transaction(self, conn: Any, *, write: bool) -> AbstractContextManager[Any]: ...
-    def transient(self, exc: BaseException) -> str | None:
-        """What keeps the database from answering (``UNREACHABLE``, ``FULL``, ...) when
-        ``exc`` may pass by itself, so the transaction is tried again; None when it will not."""
-
-    def broken(self, conn: Any) -> bool: ...
-    def convert(self, sql: str) -> str: ...
-    def scrub(self, text: str) -> str: ...
-    def blocker(self) -> str | None: ...
 
 
 class _Health:

@@ -67,11 +67,11 @@ from .._errors import StoreError as StoreError  # importable from here, as befor
 from .._states import Control as Control  # importable from here, as before
 from .._states import Ending, QueueState
 from .._text import printable as printable  # importable from here, as before
+from ._backend import Backend
 from ._claims import Propose as Propose  # its old home
 from ._claims import take
 from ._connector import DEFAULT_RETRY_TIMEOUT as DEFAULT_RETRY_TIMEOUT  # its old home
 from ._connector import MAX_BACKOFF as MAX_BACKOFF  # its old home
-from ._connector import Backend as Backend  # its old home
 from ._connector import Connector, T, _Health, choose_backend, retry_timeout_of
 from ._connector import _Tx as _Tx  # its old home
 from ._endings import LEASE_EXPIRED as LEASE_EXPIRED  # its old home

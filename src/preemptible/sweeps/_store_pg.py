@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ._connector import FULL, UNREACHABLE
+from ._backend import FULL, UNREACHABLE
 from ._redact import Scrubber
 
 # A server that answers these will answer them again: waiting does not help.

@@ -36,7 +36,7 @@ from urllib.parse import quote
 
 from .._errors import DatabaseGone
 from .._files import file_id, file_locks
-from ._connector import FULL, UNREACHABLE
+from ._backend import FULL, UNREACHABLE
 from ._lease import process_stat
 
 logger = logging.getLogger("preemptible")
