@@ -37,6 +37,8 @@ FOREIGN = {
     "trackers/_wandb.py": "W&B's exit codes and statuses",
     "trackers/_base.py": "the tracker protocol's own statuses (finalize's argument)",
 }
+# a stdlib-only script that spells out the few states it reads; test_layers checks the copy
+SPELLED_OUT = {"supervisor/_guard.py"}
 TRACKER_CALLS = {"tell_tracker", "finalize"}  # take a tracker status, not a state
 
 
@@ -90,7 +92,7 @@ def test_no_state_is_spelled_as_a_string_outside_the_enums() -> None:
     found = []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel == "_states.py" or rel in FOREIGN:
+        if rel == "_states.py" or rel in FOREIGN or rel in SPELLED_OUT:
             continue
         for line, value in _literals(ast.parse(path.read_text())):
             if value in names:
