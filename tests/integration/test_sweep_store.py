@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from preemptible import ConfigError
-from preemptible.sweeps._store import (
+from preemptible.sweeps.store._queue import (
     LEASE_EXPIRED,
     LEASE_MARGIN,
     Claim,
@@ -439,9 +439,9 @@ def test_the_judge_reading_band_values_decides_as_on_the_whole_histories(store: 
     verdict is the one ``judge`` gives on every point of the sweep."""
     import random
 
-    from preemptible.sweeps._early import Judge, judge
-    from preemptible.sweeps._hyperband import parse_early_terminate
-    from preemptible.sweeps._spec import parse_spec
+    from preemptible.sweeps.agent._early import Judge, judge
+    from preemptible.sweeps.spec._hyperband import parse_early_terminate
+    from preemptible.sweeps.spec._spec import parse_spec
 
     early = {"type": "hyperband", "min_iter": 2, "eta": 2}
     spec = {"program": "t.py", "method": "grid", "metric": {"name": "loss", "goal": "minimize"}}

@@ -137,7 +137,7 @@ CHECKPOINT_WRITERS = {
 def test_only_the_savers_open_checkpoint_temporaries_or_rename_files() -> None:
     """A checkpoint temporary (``store.temporary``), a commit (``store.commit``) or a rename
     (``os.rename``/``os.replace``) outside the savers would be a second commit protocol."""
-    allowed_renames = {"preemptible.sweeps._timeline"}  # its plot, written whole and renamed
+    allowed_renames = {"preemptible.sweeps.status._timeline"}  # its plot, written whole and renamed
     for path in sorted(SRC.rglob("*.py")):
         name = module_name(path)
         if name in CHECKPOINT_WRITERS:
@@ -236,7 +236,7 @@ def test_every_part_stops_on_the_same_signals() -> None:
     script of its own spells them out) use one set of stop signals."""
     from preemptible.stop import _latch, _signals
     from preemptible.supervisor import _forwarding, _guard
-    from preemptible.sweeps import _agent
+    from preemptible.sweeps.agent import _agent
 
     assert _latch.DEFAULT_SIGNALS == _forwarding.FORWARDED == _signals.STOP_SIGNALS
     assert _agent.STOP_SIGNALS is _signals.STOP_SIGNALS
@@ -265,7 +265,7 @@ def test_no_module_but_the_signal_helpers_installs_a_stop_signal_handler_in_a_lo
         "preemptible.stop._latch",
         "preemptible.supervisor._forwarding",
         "preemptible.supervisor._guard",
-        "preemptible._sweep_demo",
+        "preemptible.demo._sweep",
     }
     for path in sorted(SRC.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

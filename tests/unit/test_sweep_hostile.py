@@ -26,13 +26,13 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from preemptible import ConfigError, PreemptibleError
-from preemptible.sweeps import _agent, _holding
-from preemptible.sweeps._fields import decode_object
-from preemptible.sweeps._redact import Scrubber, url_secrets
-from preemptible.sweeps._sample import propose
-from preemptible.sweeps._spec import load_spec, parse_spec
-from preemptible.sweeps._status import render, render_sweeps, snapshot, sweeps_snapshot
-from preemptible.sweeps._store import Store, _metric, open_store, redact_url
+from preemptible.sweeps.agent import _agent, _holding
+from preemptible.sweeps.spec._sample import propose
+from preemptible.sweeps.spec._spec import load_spec, parse_spec
+from preemptible.sweeps.status._status import render, render_sweeps, snapshot, sweeps_snapshot
+from preemptible.sweeps.store._fields import decode_object
+from preemptible.sweeps.store._queue import Store, _metric, open_store, redact_url
+from preemptible.sweeps.store._redact import Scrubber, url_secrets
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -28,8 +28,7 @@ from rich.console import Console
 from rich.text import Text
 
 from preemptible import ConfigError
-from preemptible.sweeps import _store_sqlite, _watch
-from preemptible.sweeps._status import (
+from preemptible.sweeps.status._status import (
     format_age,
     format_params,
     plot_timeline,
@@ -42,7 +41,8 @@ from preemptible.sweeps._status import (
     watch,
     write_json,
 )
-from preemptible.sweeps._store import Claim, Store, StoreError, open_store
+from preemptible.sweeps.store import _sqlite, _watch
+from preemptible.sweeps.store._queue import Claim, Store, StoreError, open_store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,7 +69,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock(1000.0)
-    monkeypatch.setattr(_store_sqlite, "time", fake)
+    monkeypatch.setattr(_sqlite, "time", fake)
     monkeypatch.setattr(_watch, "time", fake)
     return fake
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from preemptible import ConfigError
-from preemptible.sweeps._store import (
+from preemptible.sweeps.store._queue import (
     _load_queries,
     migrations,
     open_store,
@@ -129,7 +129,7 @@ def test_split_statements() -> None:
 
 def test_importing_the_store_imports_no_database_driver() -> None:
     code = (
-        "import sys, preemptible, preemptible.sweeps._store\n"
+        "import sys, preemptible, preemptible.sweeps.store._queue\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlite3', 'psycopg')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -14,15 +14,16 @@ from typing import Any
 import pytest
 
 from preemptible import ConfigError
-from preemptible.sweeps import _store_sqlite, _web_model
-from preemptible.sweeps._rows import AttemptRow
-from preemptible.sweeps._store import Claim, Store, open_store
-from preemptible.sweeps._web_html import parse_query, query_of
-from preemptible.sweeps._web_model import PAGE_ROWS, SweepModel
-from preemptible.sweeps._web_page import best_chart, render_page, sweep_document
-from preemptible.sweeps._web_run import interruptions, render_run_page, run_document
-from preemptible.sweeps._web_svg import Chart, Marker, Series, envelope, nice_ticks, render
-from preemptible.sweeps._web_timeline import timeline_svg
+from preemptible.sweeps.store import _sqlite
+from preemptible.sweeps.store._queue import Claim, Store, open_store
+from preemptible.sweeps.store._rows import AttemptRow
+from preemptible.sweeps.web import _model
+from preemptible.sweeps.web._html import parse_query, query_of
+from preemptible.sweeps.web._model import PAGE_ROWS, SweepModel
+from preemptible.sweeps.web._page import best_chart, render_page, sweep_document
+from preemptible.sweeps.web._run_page import interruptions, render_run_page, run_document
+from preemptible.sweeps.web._svg import Chart, Marker, Series, envelope, nice_ticks, render
+from preemptible.sweeps.web._timeline_svg import timeline_svg
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,7 +46,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock(1000.0)
-    monkeypatch.setattr(_store_sqlite, "time", fake)
+    monkeypatch.setattr(_sqlite, "time", fake)
     return fake
 
 
@@ -130,7 +131,7 @@ def test_the_model_reads_the_sweep_once_then_only_what_changed(
     # a write stamped earlier than the newest change seen (its transaction read the clock
     # first, committed last) is still found: within MARGIN of the newest
     c2 = _claim(store, sweep)
-    clock.now = 2020.0 - _web_model.MARGIN / 2
+    clock.now = 2020.0 - _model.MARGIN / 2
     _end(store, c2, "FINISHED", 10, 0.25)
     model.refresh(store)
     assert model.aggregate().best == {"run_id": ids[1], "metric": 0.25, "index": 1}
@@ -158,10 +159,10 @@ def test_best_so_far_follows_the_goal_and_stays_small(
         assert agg.counts["FINISHED"] == 6 and agg.counts["FAILED"] == 1
 
     # many runs: the dots are each range's lowest and highest, the line one point per range
-    monkeypatch.setattr(_web_model, "MAX_DOTS", 4)
-    monkeypatch.setattr(_web_model, "BINS", 3)
-    monkeypatch.setattr(_web_model, "MAX_STEPS", 2)
-    agg = _web_model._aggregate(model.order, model.rows, model.head["metric"])
+    monkeypatch.setattr(_model, "MAX_DOTS", 4)
+    monkeypatch.setattr(_model, "BINS", 3)
+    monkeypatch.setattr(_model, "MAX_STEPS", 2)
+    agg = _model._aggregate(model.order, model.rows, model.head["metric"])
     assert agg.binned and len(agg.dots) <= 2 * 3
     assert min(v for _, v in agg.dots) == 0.2 and max(v for _, v in agg.dots) == 0.9
     assert len(agg.steps) <= 3 + 1 and agg.steps[0] == (0, 0.9)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from preemptible.sweeps._rows import AttemptRow
-from preemptible.sweeps._store import Store, open_store
-from preemptible.sweeps._web_run import (
+from preemptible.sweeps.store._queue import Store, open_store
+from preemptible.sweeps.store._rows import AttemptRow
+from preemptible.sweeps.web._run_page import (
     CURVE_POINTS,
     CURVE_SIZE,
     MAX_CURVES,

@@ -1,0 +1,3 @@
+"""``preemptible demo``: a small training run stopped and resumed, and a sweep demo on it."""
+
+from __future__ import annotations

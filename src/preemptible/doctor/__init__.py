@@ -1,0 +1,3 @@
+"""``preemptible doctor``: what this machine and job can do about a stop, checked."""
+
+from __future__ import annotations

@@ -1,0 +1,4 @@
+"""``preemptible agent``: takes runs from the queue, runs each attempt under the supervisor, holds
+its lease and judges it for early termination."""
+
+from __future__ import annotations

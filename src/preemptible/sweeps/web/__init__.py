@@ -1,0 +1,3 @@
+"""``preemptible status SWEEP --serve``: the sweep as a live web page, drawn on the server."""
+
+from __future__ import annotations
