@@ -22,19 +22,11 @@ from typing import Any
 import pytest
 
 from preemptible import ConfigError
-from preemptible.sweeps.store._queue import (
-    LEASE_EXPIRED,
-    LEASE_MARGIN,
-    Claim,
-    DatabaseGone,
-    LeaseLost,
-    Observation,
-    Orders,
-    Store,
-    StoreError,
-    open_store,
-    recovery_hold,
-)
+from preemptible._errors import DatabaseGone, LeaseLost, StoreError
+from preemptible.sweeps.spec._sample import Observation
+from preemptible.sweeps.store._endings import LEASE_EXPIRED, LEASE_MARGIN, recovery_hold
+from preemptible.sweeps.store._queue import Store, open_store
+from preemptible.sweeps.store._rows import Claim, Orders
 from tests.conftest import ROOT, Child, wait_for
 from tests.integration.sweep_claimer import expire_twice
 from tests.support.postgres import PgServer

@@ -28,21 +28,20 @@ from rich.console import Console
 from rich.text import Text
 
 from preemptible import ConfigError
-from preemptible.sweeps.status._status import (
-    format_age,
-    format_params,
-    plot_timeline,
-    render,
-    render_sweeps,
+from preemptible._errors import StoreError
+from preemptible._text import format_age
+from preemptible.sweeps.status._render import format_params, render, render_sweeps
+from preemptible.sweeps.status._snapshot import (
     snapshot,
     sweeps_snapshot,
     table_snapshot,
-    timeline_figure,
-    watch,
     write_json,
 )
+from preemptible.sweeps.status._status import watch
+from preemptible.sweeps.status._timeline import plot_timeline, timeline_figure
 from preemptible.sweeps.store import _sqlite, _watch
-from preemptible.sweeps.store._queue import Claim, Store, StoreError, open_store
+from preemptible.sweeps.store._queue import Store, open_store
+from preemptible.sweeps.store._rows import Claim
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,14 +10,10 @@ from pathlib import Path
 import pytest
 
 from preemptible import ConfigError
-from preemptible.sweeps.store._queue import (
-    _load_queries,
-    migrations,
-    open_store,
-    redact_url,
-    settle,
-    split_statements,
-)
+from preemptible.sweeps.store._endings import settle
+from preemptible.sweeps.store._queue import open_store
+from preemptible.sweeps.store._redact import redact_url
+from preemptible.sweeps.store._schema import _load_queries, migrations, split_statements
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ import pytest
 
 from preemptible import ConfigError
 from preemptible.sweeps.store import _sqlite
-from preemptible.sweeps.store._queue import Claim, Store, open_store
-from preemptible.sweeps.store._rows import AttemptRow
+from preemptible.sweeps.store._queue import Store, open_store
+from preemptible.sweeps.store._rows import AttemptRow, Claim
 from preemptible.sweeps.web import _model
 from preemptible.sweeps.web._html import parse_query, query_of
 from preemptible.sweeps.web._model import PAGE_ROWS, SweepModel

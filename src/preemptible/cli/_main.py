@@ -21,15 +21,7 @@ import click
 from .. import __version__
 from .._errors import PreemptibleError
 from ._common import CONTEXT, _fail, _home_option
-from ._sweep import DB_HELP as DB_HELP  # its old home
-from ._sweep import _control as _control  # its old home
-from ._sweep import _db_option as _db_option  # its old home
 from ._sweep import agent, status, sweep
-from ._sweep import sweep_cancel as sweep_cancel  # its old home
-from ._sweep import sweep_create as sweep_create  # its old home
-from ._sweep import sweep_pause as sweep_pause  # its old home
-from ._sweep import sweep_resume as sweep_resume  # its old home
-from ._sweep import sweep_stop as sweep_stop  # its old home
 
 
 @click.group(context_settings=CONTEXT)

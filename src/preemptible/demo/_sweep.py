@@ -55,7 +55,8 @@ from ._sweep_parts import (
 )
 
 if TYPE_CHECKING:
-    from ..sweeps.store._queue import AttemptRow, Store
+    from ..sweeps.store._queue import Store
+    from ..sweeps.store._rows import AttemptRow
 
 STEPS = 60
 GRID: dict[str, list[Any]] = {"lr": [0.01, 0.03, 0.1], "hidden": [8, 32]}
@@ -289,7 +290,7 @@ class _Demo:
             raise _DemoFailed(f"agent {agent.number} exited {code}; see {agent.log}")
 
     def _finish(self) -> int:
-        from ..sweeps.status._status import snapshot
+        from ..sweeps.status._snapshot import snapshot
 
         codes = ", ".join(f"{a.number}: exit {a.code}" for a in self.agents[1:])
         self.echo(
@@ -327,7 +328,8 @@ class _Demo:
         from rich.console import Console
 
         from .._errors import ConfigError
-        from ..sweeps.status._status import plot_timeline, render
+        from ..sweeps.status._render import render
+        from ..sweeps.status._timeline import plot_timeline
 
         for run in doc["runs"]:  # the demo's names for its agents, on this machine
             if run.get("agent"):
@@ -358,7 +360,7 @@ class _Demo:
         proc: subprocess.Popen[str],
         reference: Path,
     ) -> bool:
-        from ..sweeps.status._status import format_params
+        from ..sweeps.status._render import format_params
 
         failure = wait_reference(proc, params, timeout=max(self.deadline - time.monotonic(), 1.0))
         if failure is not None:

@@ -62,8 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigError
-from .._states import RecordState, StrState
-from .._states import RunState as RunState  # importable from here, as before
+from .._states import RecordState, RunState, StrState
 from ..stop._termination import signal_exit_code
 from ._record import RunRecord
 

@@ -75,18 +75,16 @@ from ...notices._lease import LEASE_FILE_ENV
 from ...stop._signals import STOP_SIGNALS, install_handlers, restore_handlers
 from ...stop._termination import signal_exit_code
 from ..spec._command import build_command
+from ..spec._model import SweepSpec
 from ..spec._sample import Observation, propose
-from ..spec._spec import SweepSpec, parse_spec
+from ..spec._spec import parse_spec
 from ..store._local import HostView
 from ..store._pause import CtrlZ
-from ..store._queue import Claim, open_store
-from ._attempt_files import _describe as _describe  # its old home
-from ._attempt_files import _mkdirs, _remove, _write_ending
+from ..store._queue import open_store
+from ..store._rows import Claim
+from ._attempt_files import _describe, _mkdirs, _remove, _write_ending
 from ._early import Judge, early_ending, judge_for
-from ._holding import MIN_LEASE_HEARTBEATS as MIN_LEASE_HEARTBEATS  # its old home
-from ._holding import WARN_AFTER_HEARTBEATS as WARN_AFTER_HEARTBEATS
-from ._holding import RunLease
-from ._holding import lease_times as lease_times
+from ._holding import MIN_LEASE_HEARTBEATS, WARN_AFTER_HEARTBEATS, RunLease
 from ._holding import newest_step as _newest_step
 
 logger = logging.getLogger("preemptible")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._files import write_text_atomic
-from ..store._queue import printable
+from ..._text import printable
 
 logger = logging.getLogger("preemptible")
 

@@ -23,8 +23,11 @@ from ..._states import Control
 from ...checkpoint._store import CheckpointStore
 from ...notices._lease import write_lease
 from ...supervisor._guard import FENCE_NAME
+from ..store._endings import takeover_margin
 from ..store._metrics import HistoryCopy
-from ..store._queue import Claim, Store, clean_step, takeover_margin
+from ..store._queue import Store
+from ..store._rows import Claim
+from ..store._values import clean_step
 from ._early import Judge, Stop, said
 
 logger = logging.getLogger("preemptible")

@@ -32,7 +32,7 @@ from statistics import NormalDist
 from typing import Any, cast
 
 from ..._errors import ConfigError
-from ._spec import BETAS, LOG_UNIFORMS, NORMALS, ParamSpec, SweepSpec, canonical, leaves
+from ._model import BETAS, LOG_UNIFORMS, NORMALS, ParamSpec, SweepSpec, canonical, leaves
 
 N_STARTUP = 8  # finished runs before TPE takes over (Optuna's own default is 10)
 Z_MAX = 8.0  # normal draws are kept within mu +- Z_MAX sigma (the spec checks 10 sigma)

@@ -31,36 +31,7 @@ from pathlib import Path
 from ._checks import _parse
 from ._fail import _checked, _clean
 from ._load import load_data
-from ._model import BETAS as BETAS  # its old home
-from ._model import CONTROLLER_TYPES as CONTROLLER_TYPES  # its old home
-from ._model import DEFAULT_MAX_FAILURES as DEFAULT_MAX_FAILURES  # its old home
-from ._model import DEFAULT_MAX_PREEMPTIONS as DEFAULT_MAX_PREEMPTIONS  # its old home
-from ._model import DISTRIBUTIONS as DISTRIBUTIONS  # its old home
-from ._model import GOALS as GOALS  # its old home
-from ._model import GRID_DISTRIBUTIONS as GRID_DISTRIBUTIONS  # its old home
-from ._model import LOG_SPACE as LOG_SPACE  # its old home
-from ._model import LOG_UNIFORMS as LOG_UNIFORMS  # its old home
-from ._model import MAX_COUNT as MAX_COUNT  # its old home
-from ._model import MAX_GRID_RUNS as MAX_GRID_RUNS  # its old home
-from ._model import MAX_GRID_VALUES as MAX_GRID_VALUES  # its old home
-from ._model import MAX_SPEC_BYTES as MAX_SPEC_BYTES  # its old home
-from ._model import METHODS as METHODS  # its old home
-from ._model import METRIC_IGNORED as METRIC_IGNORED  # its old home
-from ._model import METRIC_KEYS as METRIC_KEYS  # its old home
-from ._model import NORMALS as NORMALS  # its old home
-from ._model import PARAM_KEYS as PARAM_KEYS  # its old home
-from ._model import PROBABILITY_TOLERANCE as PROBABILITY_TOLERANCE  # its old home
-from ._model import TOP_KEYS as TOP_KEYS  # its old home
-from ._model import WANDB_CONTROLLER as WANDB_CONTROLLER  # its old home
-from ._model import WANDB_IGNORED as WANDB_IGNORED  # its old home
-from ._model import Goal as Goal  # its old home
-from ._model import Method as Method  # its old home
-from ._model import Metric as Metric  # its old home
-from ._model import ParamSpec as ParamSpec  # its old home
-from ._model import SweepSpec as SweepSpec  # its old home
-from ._model import canonical as canonical  # its old home
-from ._model import leaves as leaves  # its old home
-from ._params import grid_key as grid_key  # its old home
+from ._model import SweepSpec
 
 
 def load_spec(path: str | os.PathLike[str]) -> SweepSpec:

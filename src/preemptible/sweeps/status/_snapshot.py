@@ -37,10 +37,13 @@ import orjson
 
 from ..._errors import ConfigError, StoreError
 from ..._states import QueueState
-from ..spec._spec import GOALS
+from ..spec._model import GOALS
 from ..store._claims import target_reached
+from ..store._connector import _Tx
+from ..store._endings import LEASE_EXPIRED
 from ..store._fields import DECODER, decode_object, field_error
-from ..store._queue import LEASE_EXPIRED, Store, _metric, _Tx
+from ..store._queue import Store
+from ..store._values import _metric
 
 logger = logging.getLogger("preemptible")
 

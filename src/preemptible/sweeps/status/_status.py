@@ -22,28 +22,12 @@ from rich.text import Text
 
 from ..._env import env_float
 from ..._errors import ConfigError, PreemptibleError
-from ..._text import format_age as format_age  # importable from here, as before
 from ..._text import printable
-from ..store._queue import DEFAULT_RETRY_TIMEOUT, open_store
-from ._render import STATE_STYLES as STATE_STYLES  # these: importable from here, as before
-from ._render import UNREADABLE as UNREADABLE
-from ._render import _header_line as _header_line
-from ._render import _hidden_line as _hidden_line
-from ._render import format_params as format_params
-from ._render import render as render
-from ._render import render_sweeps as render_sweeps
-from ._snapshot import MAX_ROWS as MAX_ROWS
-from ._snapshot import STATES as STATES
-from ._snapshot import _dump as _dump
-from ._snapshot import _encode as _encode
-from ._snapshot import snapshot as snapshot
-from ._snapshot import sweeps_snapshot as sweeps_snapshot
-from ._snapshot import table_snapshot as table_snapshot
-from ._snapshot import write_json as write_json
-from ._timeline import ENDING_COLOURS as ENDING_COLOURS
-from ._timeline import PLOT_INSTALL as PLOT_INSTALL
-from ._timeline import plot_timeline as plot_timeline
-from ._timeline import timeline_figure as timeline_figure
+from ..store._connector import DEFAULT_RETRY_TIMEOUT
+from ..store._queue import open_store
+from ._render import render, render_sweeps
+from ._snapshot import MAX_ROWS, _dump, snapshot, sweeps_snapshot, table_snapshot, write_json
+from ._timeline import plot_timeline
 
 
 # -- --watch ----------------------------------------------------------------------------------

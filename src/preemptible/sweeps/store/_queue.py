@@ -60,50 +60,32 @@ from pathlib import Path
 from typing import Any
 
 from ..._env import env_str
-from ..._errors import ConfigError, PreemptibleError
-from ..._errors import DatabaseGone as DatabaseGone  # importable from here, as before
-from ..._errors import LeaseLost as LeaseLost  # importable from here, as before
-from ..._errors import StoreError as StoreError  # importable from here, as before
-from ..._states import Control as Control  # importable from here, as before
+from ..._errors import ConfigError, LeaseLost, PreemptibleError
 from ..._states import Ending, QueueState
-from ..._text import printable as printable  # importable from here, as before
-from ..spec._sample import Observation as Observation  # what ``propose`` reads, as before
 from ._backend import Backend
-from ._claims import Propose as Propose  # its old home
-from ._claims import take
-from ._connector import DEFAULT_RETRY_TIMEOUT as DEFAULT_RETRY_TIMEOUT  # its old home
-from ._connector import MAX_BACKOFF as MAX_BACKOFF  # its old home
-from ._connector import Connector, T, _Health, choose_backend, retry_timeout_of
-from ._connector import _Tx as _Tx  # its old home
-from ._control import CONTROLS as CONTROLS  # its old home
-from ._control import ControlName as ControlName  # its old home
+from ._claims import Propose, take
+from ._connector import Connector, T, _Health, _Tx, choose_backend, retry_timeout_of
 from ._control import ControlStore
-from ._endings import LEASE_EXPIRED as LEASE_EXPIRED  # its old home
-from ._endings import LEASE_MARGIN as LEASE_MARGIN  # its old home
-from ._endings import RELEASED as RELEASED  # its old home
-from ._endings import Local as Local  # its old home
-from ._endings import expire, late, lease_lost, outcome, resume_stopped, settle_run
-from ._endings import recovery_hold as recovery_hold  # its old home
-from ._endings import settle as settle  # its old home
-from ._endings import takeover_margin as takeover_margin  # its old home
+from ._endings import (
+    LEASE_EXPIRED,
+    RELEASED,
+    Local,
+    expire,
+    late,
+    lease_lost,
+    outcome,
+    resume_stopped,
+    settle_run,
+)
 from ._metrics import HistoryStore
-from ._redact import redact_url as redact_url  # importable from here, as before
-from ._rows import AttemptRow as AttemptRow  # its old home
-from ._rows import Claim as Claim  # its old home
-from ._rows import Orders as Orders  # its old home
-from ._rows import RunRow as RunRow  # its old home
-from ._rows import SweepRow as SweepRow  # its old home
-from ._schema import _load_queries as _load_queries  # its old home
-from ._schema import migrate
-from ._schema import migrations as migrations  # its old home
-from ._schema import split_statements as split_statements  # its old home
+from ._rows import Claim, Orders
+from ._schema import _load_queries, migrate
 from ._values import (
     _check_seconds,
     _json,
+    clean_step,
     clean_summary,
 )
-from ._values import _metric as _metric  # its old home
-from ._values import clean_step as clean_step  # its old home
 from ._watch import BeatWatch
 
 logger = logging.getLogger("preemptible")

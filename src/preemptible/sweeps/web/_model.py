@@ -27,7 +27,8 @@ import orjson
 from ..._errors import ConfigError
 from ..._states import QueueState
 from ..status._snapshot import STATES, _metric_of, _object, _run_docs, _Warnings, sweep_head
-from ..store._queue import Store, _Tx
+from ..store._connector import _Tx
+from ..store._queue import Store
 
 MARGIN = 120.0  # seconds: see the module docstring
 PAGE_ROWS = 100  # runs per page of the table

@@ -26,7 +26,8 @@ from ..._states import Ending, QueueState
 from ..._text import format_age, printable
 from ...supervisor._runid import check_run_id
 from ..status._render import UNREADABLE, format_params
-from ..store._queue import LEASE_EXPIRED, Store
+from ..store._endings import LEASE_EXPIRED
+from ..store._queue import Store
 from ..store._rows import AttemptRow
 from ._html import STATE_COLOURS, _e, shell
 from ._svg import Chart, Marker, Series, envelope, render

@@ -67,7 +67,8 @@ from ..._text import printable
 from ...stop._signals import install_handlers, restore_handlers, signal_name
 from ..status._snapshot import _encode
 from ..status._timeline import timeline_figure
-from ..store._queue import DEFAULT_RETRY_TIMEOUT, Store, open_store
+from ..store._connector import DEFAULT_RETRY_TIMEOUT
+from ..store._queue import Store, open_store
 from ._html import parse_query, policy
 from ._model import PAGE_ROWS, SweepModel
 from ._page import best_chart, render_page, sweep_document
