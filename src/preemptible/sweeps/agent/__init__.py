@@ -2,3 +2,7 @@
 its lease and judges it for early termination."""
 
 from __future__ import annotations
+
+from ._agent import Agent, AgentConfig
+
+__all__ = ["Agent", "AgentConfig"]
