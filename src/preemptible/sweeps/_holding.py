@@ -293,8 +293,9 @@ class RunLease:
                 )
                 self._ended.wait(self.heartbeat)
                 continue
-            if stored and store.kind == "sqlite":
-                time.sleep(history.took)  # the file's write lock free for other agents half the time
+            if stored:
+                if store.kind == "sqlite":  # its write lock free for other agents half the time
+                    time.sleep(history.took)
             elif not moved:
                 if ended:
                     return  # every line of the finished attempt is stored
