@@ -45,7 +45,7 @@ from ._connector import T, _Tx
 logger = logging.getLogger("preemptible")
 
 Point = tuple[int, str, float]  # (step, metric name, value)
-SLICE_SECONDS = 0.05  # what one slice of the copy aims to take (module docstring)
+SLICE_SECONDS = 0.1  # what one slice of the copy aims to take (module docstring)
 FIRST_SLICE = 5_000  # points in the first slice; the next ones are sized by how long it took
 MIN_SLICE, MAX_SLICE = 500, 50_000  # points in one slice, at least (but the last) and at most
 

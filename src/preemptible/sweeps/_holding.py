@@ -10,9 +10,11 @@ times in one sweep, once with a SIGKILL during a save). So the copy has a thread
 database connection of its own and writes one bounded slice per transaction. A renewal waits
 for the slice under way at most: the copy takes ``_turn`` for each slice, the heartbeat for
 its writes, and a renewal that waits goes first. On SQLite the copy also pauses after each
-slice as long as the slice took, so that the file's one write lock is free half the time for
-the other agents of the sweep (PostgreSQL locks only the run's row, which no other agent
-writes). Slices between the renewals, in the heartbeat's thread, were the other choice: they
+slice as long as the slice took and at least ``SQLITE_YIELD``, so that the file's one write
+lock is free half the time, in gaps that every other agent's writer waiting in SQLite's busy
+handler (it looks again every 100 ms at most) finds: a copy that took the lock again at once
+would keep them out for its whole length (PostgreSQL locks only the run's row, which no other
+agent writes). Slices between the renewals, in the heartbeat's thread, were the other choice: they
 put the copy's time into the renewal's period and stop the copy while the judge reads, where
 a thread of its own catches up at the store's rate between renewals that come on time
 (``benchmarks/bench_lease_flood.py`` measures both ends).
@@ -51,6 +53,9 @@ logger = logging.getLogger("preemptible")
 MIN_LEASE_HEARTBEATS = 3.0  # a lease lasts at least this many heartbeats
 WARN_AFTER_HEARTBEATS = 2.5  # a run is told to stop once this many renewals in a row are late
 COPY_POLL = 0.5  # seconds between looks at a history file that has nothing new
+# seconds the copy leaves SQLite's write lock free after each slice, at least: the longest
+# sleep of a waiting writer's busy handler (100 ms), so that every waiting writer gets it
+SQLITE_YIELD = 0.1
 
 
 def lease_times(lease: float, heartbeat: float) -> tuple[float, float]:
@@ -294,8 +299,8 @@ class RunLease:
                 self._ended.wait(self.heartbeat)
                 continue
             if stored:
-                if store.kind == "sqlite":  # its write lock free for other agents half the time
-                    time.sleep(history.took)
+                if store.kind == "sqlite":  # the write lock free for the other agents
+                    time.sleep(max(history.took, SQLITE_YIELD))
             elif not moved:
                 if ended:
                     return  # every line of the finished attempt is stored
