@@ -124,17 +124,22 @@ def one(src: Path, url: str, case: str, seconds: float, metrics: int, tmp: Path)
         stderr=subprocess.PIPE,
         text=True,
     )
-    runs = work / ".preemptible" / "runs"
-    deadline = time.monotonic() + 60
-    while not list(runs.glob("*/attempt-1/lease.json")) and time.monotonic() < deadline:
-        time.sleep(0.005)  # the lease file of the run it claimed
-    (lease_file,) = runs.glob("*/attempt-1/lease.json")
-    stop, deadlines = threading.Event(), []
-    watcher = threading.Thread(target=watch, args=(lease_file, stop, deadlines))
-    watcher.start()
-    _, log = agent.communicate(timeout=600)
-    stop.set()
-    watcher.join()
+    try:
+        runs = work / ".preemptible" / "runs"
+        deadline = time.monotonic() + 60
+        while not list(runs.glob("*/attempt-1/lease.json")) and time.monotonic() < deadline:
+            time.sleep(0.005)  # the lease file of the run it claimed
+        (lease_file,) = runs.glob("*/attempt-1/lease.json")
+        stop, deadlines = threading.Event(), []
+        watcher = threading.Thread(target=watch, args=(lease_file, stop, deadlines))
+        watcher.start()
+        _, log = agent.communicate(timeout=600)
+        stop.set()
+        watcher.join()
+    finally:
+        if agent.poll() is None:  # the benchmark failed or was stopped: so does the agent
+            agent.terminate()
+            agent.wait(120)
     ended = next(stamp(ln) for ln in log.splitlines() if re.search(r"attempt 1: [A-Z]+ \(", ln))
     recorded = next(stamp(ln) for ln in log.splitlines() if "attempt 1 ended" in ln)
     assert ended is not None and recorded is not None, log

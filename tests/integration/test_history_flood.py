@@ -31,7 +31,7 @@ def test_a_metric_flood_neither_starves_the_lease_nor_delays_the_record(
         "parameters": {
             "steps": {"value": STEPS},
             "metrics": {"value": METRICS},
-            "hold": {"value": 5.0},
+            "hold": {"value": 6.0},
         },
         "max_failures": 0,
     }
@@ -54,7 +54,8 @@ def test_a_metric_flood_neither_starves_the_lease_nor_delays_the_record(
     assert history["metric_007"][-1] == (STEPS - 1, STEPS - 1 + 0.007, 1)
     ended = json.loads((attempt_dir / "ended.json").read_text())["at"]
     assert attempts[0].ended_at is not None
-    assert attempts[0].ended_at - ended < 3.0, agent.output  # recorded soon after the end
+    to_record = attempts[0].ended_at - ended
+    assert to_record < 3.0, f"recorded {to_record:.1f} s after the end\n{agent.output}"
 
 
 def count_points(path: Path) -> int:

@@ -83,14 +83,13 @@ def test_the_copy_stores_one_bounded_slice_per_transaction_and_catches_up(
 def test_a_slice_is_sized_by_the_time_the_last_one_took(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aim: float, sizes: list[int]
 ) -> None:
-    """Slices that take less than ``SLICE_SECONDS`` grow (twice at most, to ``max_slice``),
-    longer ones shrink (by half at most, to ``MIN_SLICE``)."""
-    monkeypatch.setattr(_history, "SLICE_SECONDS", aim)
+    """Slices that take less than ``aim`` grow (twice at most, to ``max_slice``), longer
+    ones shrink (by half at most, to ``MIN_SLICE``)."""
     monkeypatch.setattr(_history, "FIRST_SLICE", sizes[0])
     run_id, epoch = held_run(store)
     path = tmp_path / "history.jsonl"
     path.write_text(lines(range(sum(sizes) // METRICS)))
-    copy = HistoryCopy(path, run_id, attempt=1, epoch=epoch, max_slice=5_000)
+    copy = HistoryCopy(path, run_id, attempt=1, epoch=epoch, max_slice=5_000, aim=aim)
     copy.read()
     got = []
     while copy.pending:

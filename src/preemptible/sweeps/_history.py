@@ -14,15 +14,16 @@ A run may report far faster than any database stores: 500 metrics a step in a ti
 the file's 64 MiB in seconds, four million points. The copy is therefore cut into slices, each
 one transaction. A transaction holds what the lease's renewal needs (SQLite's one write lock
 for the whole file; on PostgreSQL the run's row, locked by the fence), so a slice bounds how
-long a renewal, or another agent's write, can wait on it. Each slice is sized to take about
-``SLICE_SECONDS`` by the time the previous one took (``MIN_SLICE`` to ``MAX_SLICE`` points): a
-slice's cost is not in proportion to its points, as its points are spread over one index page
-per metric, and the rate a backend reaches differs. Measured on a loaded 2-core machine with
-500 metrics (``benchmarks/bench_lease_flood.py``): SQLite stored 200,000 points a second in
-slices of 10,000 (50 ms), no faster in larger ones (20,000: 100 ms, 50,000: 250 ms);
-PostgreSQL 100,000 a second in slices of 5,000 (50 ms) or 20,000 (200 ms), through
-``add_points`` (one statement of arrays; an INSERT per point reached half that). The old copy
-wrote 20,000 points a transaction, and a heartbeat took up to 4 MiB in a row.
+long a renewal, or another agent's write, can wait on it. Each slice is sized by the time the
+previous one took to take about ``aim`` seconds (``SLICE_SECONDS``, or a quarter of the
+agent's heartbeat when that is less; ``MIN_SLICE`` to ``MAX_SLICE`` points): a slice's cost
+is not in proportion to its points, since its points are spread over one index page per
+metric, and backends differ. Measured on a loaded 2-core machine with 500 metrics, one
+million points: SQLite stored 250,000 points a second in slices of 10,000 (40 ms each) and
+340,000 in slices of 40,000 (110 ms); PostgreSQL 100,000 a second in slices of 5,000 (50 ms)
+or 20,000 (200 ms), through ``add_points`` (one statement of arrays; an INSERT per point
+reached half that, and SQLite's ``json_each`` in one statement was slower than an INSERT per
+point). The old copy wrote 20,000 points a transaction and up to 4 MiB of file in a row.
 
 Points are stored exactly once whatever is retried: the copy moves on in the file only past
 points a committed transaction holds, and a point stored again (a retry of a transaction whose
@@ -45,9 +46,9 @@ from ._connector import T, _Tx
 logger = logging.getLogger("preemptible")
 
 Point = tuple[int, str, float]  # (step, metric name, value)
-SLICE_SECONDS = 0.1  # what one slice of the copy aims to take (module docstring)
+SLICE_SECONDS = 0.2  # what one slice of the copy aims to take, at most (module docstring)
 FIRST_SLICE = 5_000  # points in the first slice; the next ones are sized by how long it took
-MIN_SLICE, MAX_SLICE = 500, 50_000  # points in one slice, at least (but the last) and at most
+MIN_SLICE, MAX_SLICE = 500, 100_000  # points in one slice, at least (but the last) and at most
 
 
 class HistoryStore:
@@ -167,9 +168,10 @@ class HistoryCopy:
         attempt: int,
         epoch: int,
         max_slice: int = MAX_SLICE,
+        aim: float = SLICE_SECONDS,
     ) -> None:
         self.path, self.run_id, self.attempt, self.epoch = path, run_id, attempt, epoch
-        self.max_slice = max_slice
+        self.max_slice, self.aim = max_slice, aim  # points, and seconds, a slice at most
         self.slice = min(FIRST_SLICE, max_slice)  # points in the next transaction
         self.took = 0.0  # seconds the last slice's transaction took
         self.offset = 0  # of the file: the lines before it are read
@@ -202,8 +204,8 @@ class HistoryCopy:
         began = time.monotonic()
         store.add_history(self.run_id, chunk, attempt=self.attempt, epoch=self.epoch)
         self.took = time.monotonic() - began
-        if len(chunk) == self.slice:  # a whole slice: size the next one to take SLICE_SECONDS
-            scale = min(max(SLICE_SECONDS / max(self.took, 1e-6), 0.5), 2.0)
+        if len(chunk) == self.slice:  # a whole slice: size the next one to take ``aim``
+            scale = min(max(self.aim / max(self.took, 1e-6), 0.5), 2.0)
             self.slice = min(max(int(self.slice * scale), MIN_SLICE), self.max_slice)
         self._next += len(chunk)
         self.copied += len(chunk)

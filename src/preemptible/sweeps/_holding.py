@@ -7,17 +7,19 @@ The lease never waits on the history. A run may report millions of points (``_hi
 copied in the heartbeat's thread, they delayed the renewals until the watchdog stopped the
 run for a lease its own agent held (``--heartbeat 0.5 --lease 3`` and 500 metrics a step: four
 times in one sweep, once with a SIGKILL during a save). So the copy has a thread and a
-database connection of its own and writes one bounded slice per transaction. A renewal waits
-for the slice under way at most: the copy takes ``_turn`` for each slice, the heartbeat for
-its writes, and a renewal that waits goes first. On SQLite the copy also pauses after each
-slice as long as the slice took and at least ``SQLITE_YIELD``, so that the file's one write
-lock is free half the time, in gaps that every other agent's writer waiting in SQLite's busy
-handler (it looks again every 100 ms at most) finds: a copy that took the lock again at once
-would keep them out for its whole length (PostgreSQL locks only the run's row, which no other
-agent writes). Slices between the renewals, in the heartbeat's thread, were the other choice: they
-put the copy's time into the renewal's period and stop the copy while the judge reads, where
-a thread of its own catches up at the store's rate between renewals that come on time
-(``benchmarks/bench_lease_flood.py`` measures both ends).
+database connection of its own and writes one bounded slice per transaction (``_history``),
+of at most a quarter of a heartbeat. A renewal waits for the slice under way at most: the
+copy takes ``_turn`` for each slice, the heartbeat for its writes, and a renewal that waits
+goes first. On SQLite the copy then leaves the file's one write lock free for
+``SQLITE_YIELD``, the longest sleep of a writer waiting in SQLite's busy handler, so that the
+other agents of the sweep find it free too: a copy that took the lock again at once would keep
+their renewals out for its whole length, as the old final copy did. (PostgreSQL locks only
+the run's row, which no other agent writes.) Slices between the renewals, in the heartbeat's
+thread, were the other choice; they put the copy's time into the renewal's period and stop
+the copy while the judge reads, where a thread of its own catches up at the store's rate
+between renewals that come on time. Measured with ``benchmarks/bench_lease_flood.py``: the
+worst gap between renewals 0.6 s at a 0.5 s heartbeat, where the old copy left 24 s (SQLite)
+and 104 s (PostgreSQL) without one.
 
 When the attempt ends the copy goes on to the end of the file while the heartbeat keeps
 renewing (it only renews by then: the run is gone, so there is nothing to stop or judge), and
@@ -45,7 +47,7 @@ from .._states import Control
 from ..checkpoint._store import CheckpointStore
 from ..notices._lease import write_lease
 from ._early import Judge, Stop, said
-from ._history import HistoryCopy
+from ._history import SLICE_SECONDS, HistoryCopy
 from ._store import Claim, Store, clean_step, takeover_margin
 
 logger = logging.getLogger("preemptible")
@@ -53,8 +55,8 @@ logger = logging.getLogger("preemptible")
 MIN_LEASE_HEARTBEATS = 3.0  # a lease lasts at least this many heartbeats
 WARN_AFTER_HEARTBEATS = 2.5  # a run is told to stop once this many renewals in a row are late
 COPY_POLL = 0.5  # seconds between looks at a history file that has nothing new
-# seconds the copy leaves SQLite's write lock free after each slice, at least: the longest
-# sleep of a waiting writer's busy handler (100 ms), so that every waiting writer gets it
+# seconds the copy leaves SQLite's write lock free after each slice: the longest sleep of a
+# writer waiting in SQLite's busy handler (100 ms), so that every waiting writer gets it
 SQLITE_YIELD = 0.1
 
 
@@ -115,7 +117,11 @@ class RunLease:
         self._copy_store: Store | None = None
         self._warned_file = False
         self.history = HistoryCopy(
-            attempt_dir / HISTORY_NAME, claim.run_id, attempt=claim.attempt, epoch=claim.epoch
+            attempt_dir / HISTORY_NAME,
+            claim.run_id,
+            attempt=claim.attempt,
+            epoch=claim.epoch,
+            aim=min(SLICE_SECONDS, heartbeat / 4),  # a renewal may wait for one slice
         )
         self._beat = threading.Thread(target=self._beat_loop, name="preemptible-lease", daemon=True)
         self._copier = threading.Thread(
@@ -262,9 +268,9 @@ class RunLease:
                     return
 
     def _copy_loop(self) -> None:
-        """Copy the history a slice at a time, pausing after each as long as it took; look
-        at the file every ``COPY_POLL`` seconds when it has nothing new; once the attempt
-        ended, copy to the file's end and return (module docstring)."""
+        """Copy the history a slice at a time (on SQLite with a pause after each); look at
+        the file every ``COPY_POLL`` seconds when it has nothing new; once the attempt ended,
+        copy to the file's end and return (module docstring)."""
         store = self._copy_store
         assert store is not None
         history, claim = self.history, self.claim
@@ -300,7 +306,7 @@ class RunLease:
                 continue
             if stored:
                 if store.kind == "sqlite":  # the write lock free for the other agents
-                    time.sleep(max(history.took, SQLITE_YIELD))
+                    time.sleep(SQLITE_YIELD)
             elif not moved:
                 if ended:
                     return  # every line of the finished attempt is stored
