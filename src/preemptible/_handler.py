@@ -60,8 +60,10 @@ class PreemptionCheckpointHandler:
     ``torch.distributed.checkpoint`` into one directory that is committed as a whole
     (``async_save=True``: through DCP's ``async_save``, in the background).
 
-    When a run that resumed (or saved) reaches its last step, that step is committed too, so
-    that running the same command again trains nothing.
+    When ``steps()`` reaches its last step, that step is committed unless a checkpoint of it
+    exists: a stop that lands after the loop (the program writing its results, an export,
+    with the handler closed) ends the attempt as preempted, and the next attempt, like running
+    the same command again, trains no step and runs the code after the loop again.
     """
 
     def __init__(
@@ -176,7 +178,8 @@ class PreemptionCheckpointHandler:
         """Yield step numbers from the resumed step up to ``total - 1``.
 
         Between two steps it saves periodically and acts on stop requests; at the end it
-        closes the handler (restores the signal handlers).
+        commits the last step (unless a checkpoint of it exists) and closes the handler
+        (restores the signal handlers).
         """
         if isinstance(total, bool) or not isinstance(total, int) or total < 0:
             raise ConfigError(f"total={total!r} is not valid; use an integer >= 0")
@@ -193,7 +196,7 @@ class PreemptionCheckpointHandler:
                 if session.at_boundary(step=session.step + 1, total=total):
                     return
             if session.step == total:
-                session.finished()
+                session.finished(always=True)  # a stop after the loop retrains nothing
         except Exception:
             session.failed()
             raise

@@ -8,6 +8,8 @@ A run of ``preemptible run`` (or of ``preemptible agent``) lives in ``HOME/runs/
     params.json         a sweep run's parameters (written by the agent)
     checkpoints/        the default checkpoint directory
     attempt-N/          one per attempt, the attempt's PREEMPTIBLE_RUN_DIR:
+        supervisor.json the supervisor that made it (pid, start), written before the job
+                        starts: a run nested in the attempt proves it is (``supervisor/_parent.py``)
         record.json     what the attempt tells its supervisor (``_run.py``)
         summary.json    the latest values it reported (``_report.py``)
         history.jsonl   every point it reported, by step (``_report.py``)
@@ -37,6 +39,7 @@ HEARTBEAT_NAME = "heartbeat.json"
 LOCK_NAME = "supervisor.lock"
 PARAMS_NAME = "params.json"
 LEASE_NAME = "lease.json"
+OWNER_NAME = "supervisor.json"  # in an attempt's directory: the supervisor that made it
 ENDING_NAME = "ending.json"  # an agent's ending of the attempt, where it is not the supervisor's
 CHECKPOINTS_NAME = "checkpoints"
 ATTEMPT_PREFIX = "attempt-"

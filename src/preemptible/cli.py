@@ -134,10 +134,11 @@ def run(
 
     \b
       0           FINISHED   the job exited 0 and did not stop early
-      128+signum  PREEMPTED  stopped by a signal or notice: 143 TERM, 130 INT, 138 USR1
+      128+signum  PREEMPTED  stopped by a signal or notice: 143 TERM, 130 INT, 138 USR1 (a
+                             signal passed on is a stop wherever it lands: start-up too)
       job's code  FAILED     the job exited non-zero on its own
-      130         KILLED     Ctrl+C (SIGINT) that the job did not handle
-      128+signum  CRASHED    died by a signal without saving (137: SIGKILL)
+      130         KILLED     Ctrl+C (SIGINT) to the job alone, that it did not handle
+      128+signum  CRASHED    died by a signal nobody passed on (137: SIGKILL, OOM killer)
       2           bad usage, or another supervisor runs this run
     """
     from .supervisor import Supervisor, SupervisorConfig
@@ -146,9 +147,11 @@ def run(
     if argv and argv[0] == "--":
         argv = argv[1:]
     try:
+        source = click.get_current_context().get_parameter_source("checkpoint_dir")
         config = SupervisorConfig(
             command=argv,
             checkpoint_dir=checkpoint_dir,
+            checkpoint_dir_from_env=source is click.core.ParameterSource.ENVIRONMENT,
             max_failures=max_failures,
             max_preemptions=max_preemptions,
             term_timeout=term_timeout,

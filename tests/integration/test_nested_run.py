@@ -99,7 +99,8 @@ def test_a_nested_run_is_preempted_and_resumed_at_both_levels(
 
 
 def test_a_parent_run_id_is_never_a_path(tmp_path: Path, spawn: Callable[..., Child]) -> None:
-    """PREEMPTIBLE_RUN_ID is the parent's, not this run's: a hostile one is only hashed."""
+    """PREEMPTIBLE_RUN_ID is the parent's, not this run's: a hostile one names no directory,
+    and a directory that no supervisor made for this process is not written in."""
     parent = tmp_path / "parent" / "attempt-1"
     parent.mkdir(parents=True)
     env = {"PREEMPTIBLE_RUN_ID": "../../x", "PREEMPTIBLE_RUN_DIR": str(parent)}
@@ -108,8 +109,52 @@ def test_a_parent_run_id_is_never_a_path(tmp_path: Path, spawn: Callable[..., Ch
     [(name, _)] = run_dirs(tmp_path).items()
     assert re.fullmatch(r"python-[0-9a-f]{8}", name), name
     assert sorted(p.name for p in tmp_path.iterdir()) == [".preemptible", "parent"]
-    record = json.loads((parent / "record.json").read_text())  # what the parent is told
-    assert record["nested_run"] == name
+    assert list(parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("other", ["ended", "running"])
+def test_a_leftover_attempt_environment_never_writes_into_that_run(
+    tmp_path: Path, spawn: Callable[..., Child], other: str
+) -> None:
+    """A shell that kept an attempt's variables (run A's id, attempt, PREEMPTIBLE_RUN_DIR and
+    checkpoint directory) starts ``preemptible run``: a run of its own, said in one line, with
+    checkpoints of its own; A's record.json and checkpoints stay byte for byte as they were,
+    whether A has ended or still runs (its supervisor alive, but no ancestor of this one).
+    It used to count as nested in A and replace A's record with its own."""
+    a_home, b_home = tmp_path / "a", tmp_path / "b"
+    a_home.mkdir()
+    b_home.mkdir()
+    steps = "3" if other == "ended" else "100000"
+    a = supervise(spawn, a_home, "--", *python_args("light_train.py", "--steps", steps))
+    if other == "ended":
+        assert a.wait(60) == 0, a.output
+    else:
+        a.wait_line(lambda line: line == "step 2", 60)
+    [(a_id, a_run)] = run_dirs(a_home).items()
+    attempt = (a_run / "attempt-1").resolve()
+    kept = [attempt / "record.json", *sorted((a_run / "checkpoints").iterdir())]
+    before = {p: p.read_bytes() for p in kept}
+    assert len(before) >= 2, before
+    env = {
+        "PREEMPTIBLE_RUN_ID": a_id,
+        "PREEMPTIBLE_ATTEMPT": "1",
+        "PREEMPTIBLE_RUN_DIR": str(attempt),
+        "PREEMPTIBLE_CHECKPOINT_DIR": str((a_run / "checkpoints").resolve()),
+    }
+    b = supervise(spawn, b_home, "--", *python_args("light_train.py", "--steps", "3"), env=env)
+    code = b.wait(60)
+    assert {p: p.read_bytes() for p in kept} == before
+    assert code == 0, b.output
+    assert f"PREEMPTIBLE_RUN_DIR={attempt} is not an attempt this process is part of" in b.output
+    [(b_id, b_run)] = run_dirs(b_home).items()
+    assert b_id != a_id and [a["state"] for a in journal(b_run)] == ["FINISHED"]
+    record = json.loads((b_run / "attempt-1" / "record.json").read_text())
+    assert "resumed 0" in b.lines  # not from A's checkpoints: B has its own
+    assert record["checkpoint_dir"] == str(b_run.resolve() / "checkpoints")
+    if other == "running":
+        assert a.proc.poll() is None, a.output  # A trained on meanwhile
+        a.signal(signal.SIGTERM)
+        assert a.wait(60) == 143, a.output
 
 
 def test_a_nested_run_under_an_agent(tmp_path: Path, spawn: Callable[..., Child]) -> None:

@@ -295,7 +295,7 @@ def test_a_stop_after_training_finished_says_the_training_is_committed(
     sup.signal(signal.SIGTERM)
     assert sup.wait(60) == 143, sup.output
     assert re.search(
-        r"attempt 1: CRASHED \(killed by SIGTERM\) after [\d.]+ s, pid \d+; its training had "
+        r"attempt 1: PREEMPTED \(killed by SIGTERM\) after [\d.]+ s, pid \d+; its training had "
         r"finished at step 20, checkpoint step-20\.ckpt",
         sup.output,
     ), sup.output

@@ -37,7 +37,7 @@ def test_escalation_comes_before_slurms_kill(tmp_path: Path, spawn) -> None:
     )  # a log line may land before its "\n"
     sent = time.monotonic()
     sup.signal(signal.SIGTERM)
-    assert sup.wait(30) == 137, sup.output
+    assert sup.wait(30) == 143, sup.output  # PREEMPTED: its own SIGKILL after the stop
     assert 2.9 < time.monotonic() - sent < 4.5, sup.output
     assert (
         "SIGKILL in 3 s if it has not exited (2 s before SLURM's own SIGKILL: KillWait=5 s, "

@@ -13,6 +13,7 @@ holder's process, as an agent on another machine cannot, and must go by the leas
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from preemptible.sweeps._store import LEASE_EXPIRED, LEASE_MARGIN, open_store
+from preemptible.sweeps._store import LEASE_MARGIN, open_store
 from tests.conftest import ROOT, SCRIPTS, Child, process_state, wait_for
 from tests.scripts.lease_train import expected
 from tests.support.postgres import PgServer
@@ -36,13 +37,14 @@ from tests.support.sweeps import cli, create
 pytestmark = pytest.mark.timeout(180)
 
 TRAIN = str(SCRIPTS / "lease_train.py")
+PLAIN = str(SCRIPTS / "plain_steps.py")  # no handler: nothing of its own stops it
 FAKE_CLOCK = SCRIPTS / "fakeclock"
 
 
-def spec(tmp_path: Path, steps: list[int] | int, sleep: float = 0.25) -> Path:
+def spec(tmp_path: Path, steps: list[int] | int, sleep: float = 0.25, program: str = TRAIN) -> Path:
     values = steps if isinstance(steps, list) else [steps]
     doc = {
-        "program": TRAIN,
+        "program": program,
         "method": "grid",
         "parameters": {
             "steps": {"values": values},
@@ -78,6 +80,11 @@ def other_host() -> tuple[str, ...]:
     if unshare is None or subprocess.run(probe, capture_output=True, timeout=30).returncode:
         pytest.skip("needs unshare --pid --mount-proc (root, or user namespaces) for another host")
     return (unshare, "--pid", "--fork", "--mount-proc", "--kill-child")
+
+
+def python_path() -> list[str]:
+    """This process's PYTHONPATH: a child given one of its own keeps the code under test."""
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
 def step_log(tmp_path: Path) -> dict[str, dict[int, list[tuple[float, int]]]]:
@@ -201,7 +208,8 @@ def test_an_agent_on_another_host_takes_over_only_after_the_stopped_holder_s_run
     own (it cannot see A's processes, as on another machine). A is stopped mid-run; its run
     stops itself before the lease ends; B takes the run over only a margin after the lease
     ended, resumes from the shared checkpoints, and finishes it exactly. A, continued after
-    that, finds its lease taken: its result is not recorded, and nothing ran twice at once."""
+    that, finds its lease taken: its result goes on its attempt only, marked late (PREEMPTED,
+    as it really ended, not "CRASHED, lost"), and nothing ran twice at once."""
     prefix = other_host()
     sweep = create(spawn, tmp_path, store_url, spec(tmp_path, 40))
     run_id = f"{sweep}-0"
@@ -218,19 +226,76 @@ def test_an_agent_on_another_host_takes_over_only_after_the_stopped_holder_s_run
     assert b.wait(90) == 0, b.output
     pause.close()
     assert a.wait(60) == 0, a.output
-    assert "not recorded here" in a.output
+    assert "recorded on the attempt as a late result" in a.output
     run, attempts = outcome(store_url, run_id)
     assert (run.state, run.attempt) == ("FINISHED", 2)
-    assert [(x.ending, x.closed_by) for x in attempts] == [
-        ("CRASHED", LEASE_EXPIRED),
-        ("FINISHED", attempts[1].agent),
+    assert [(x.ending, x.closed_by, x.late) for x in attempts] == [
+        ("PREEMPTED", attempts[0].agent, True),
+        ("FINISHED", attempts[1].agent, False),
     ]
+    assert attempts[0].exit_code is not None
     lost = attempts[0]
     assert lost.ended_at is not None
     assert attempts[1].started_at >= lost.started_at + 4.0  # not before the lease ran out
     assert int(json.loads((shared.parent / "final.json").read_text())["x"]) == expected(40)
     assert_never_two_at_once(tmp_path)
     assert "resuming from" in b.output and "CheckpointLockError" not in a.output + b.output
+
+
+@contextlib.contextmanager
+def frozen(child: Child) -> Iterator[None]:
+    """``child`` (an agent alone) stopped by SIGSTOP, as a frozen VM or a paused container
+    stops it: no handler of its own runs, its supervisor (a thread of it) is stopped too."""
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+
+
+@pytest.mark.waits
+@pytest.mark.parametrize(
+    ("shared_home", "ctrl_z"), [(False, False), (True, True)], ids=["own-homes", "shared-home"]
+)
+def test_a_frozen_agent_s_plain_program_is_fenced_before_another_pid_namespace_takes_it_over(
+    tmp_path: Path, spawn: Callable[..., Child], shared_home: bool, ctrl_z: bool
+) -> None:
+    """Agent A is frozen (SIGSTOP; with the shared home, Ctrl+Z: it stops itself) while its
+    run, a plain script with no handler, trains; agent B runs in a pid namespace of its own
+    (it cannot see A's processes, as on another host).
+    A's guardian stops the script by the lease before B may take the run over: the two never
+    run at once. With a shared --home, B waits for A's supervisor (it cannot tell whether that
+    pid lives) instead of calling it gone. A, continued, records its attempt as it ended
+    (PREEMPTED by the fence, late); the run is FINISHED once, by one attempt that ran to its
+    end."""
+    prefix = other_host()
+    db = f"sqlite://{tmp_path}/q.db"
+    sweep = create(spawn, tmp_path, db, spec(tmp_path, 36, sleep=0.2, program=PLAIN))
+    run_id = f"{sweep}-0"
+    home_a = tmp_path / "ha"
+    home_b = home_a if shared_home else tmp_path / "hb"
+    a = agent(spawn, tmp_path, db, sweep, "--home", str(home_a))
+    a.wait_line(lambda line: line == "step 2", timeout=60)
+    halt = contextlib.contextmanager(stopped) if ctrl_z else frozen
+    with halt(a):
+        b = agent(spawn, tmp_path, db, sweep, "--home", str(home_b), prefix=prefix)
+        if shared_home:  # A's supervisor holds the run's lock while it is frozen
+            b.wait_line(lambda line: "supervisor holds" in line or "supervised by" in line, 60)
+        else:
+            b.wait_line(lambda line: line == "step 3", timeout=60)
+    assert a.wait(60) == 0, a.output
+    assert b.wait(90) == 0, b.output
+    assert "is gone" not in b.output
+    assert_never_two_at_once(tmp_path)
+    run, attempts = outcome(db, run_id)
+    assert run.state == "FINISHED", attempts
+    first = attempts[0]
+    assert (first.ending, first.late, first.closed_by) == ("PREEMPTED", True, first.agent)
+    assert [x.ending for x in attempts[1:]] == ["FINISHED"]
+    assert "the guardian stops it: SIGTERM" in a.output
+    ran = step_log(tmp_path)[run_id]
+    assert sorted(max(s for _, s in steps) for steps in ran.values())[-1] == 35
+    assert sum(max(s for _, s in steps) == 35 for steps in ran.values()) == 1
 
 
 # -- an outage longer than the lease -----------------------------------------------------------
@@ -297,7 +362,7 @@ def test_a_step_of_the_host_s_wall_clock_neither_stops_nor_doubles_a_run(
     offset.write_text("0")
     env = {
         "FAKE_CLOCK_OFFSET_FILE": str(offset),
-        "PYTHONPATH": os.pathsep.join([str(FAKE_CLOCK), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(FAKE_CLOCK), *python_path(), str(ROOT)]),
     }
     sweep = create(spawn, tmp_path, store_url, spec(tmp_path, 24))
     run_id = f"{sweep}-0"
@@ -315,6 +380,36 @@ def test_a_step_of_the_host_s_wall_clock_neither_stops_nor_doubles_a_run(
     assert [x.ending for x in attempts] == ["FINISHED"]
     assert final_x(tmp_path / ".preemptible", run_id) == expected(24)
     assert "lease" not in "".join(line for line in a.lines if "notice" in line)
+
+
+@pytest.mark.waits
+def test_an_agent_whose_wall_clock_runs_ahead_takes_no_healthy_run_over_on_sqlite(
+    tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    """Agent B's wall clock runs 600 s ahead of agent A's (an injected clock for B alone;
+    libfaketime breaks Python's sleep here: ``tests/scripts/fakeclock``), and B is on "another
+    host" (a pid namespace of its own: it cannot see A alive). On SQLite each process's own
+    wall clock is the database's "now", so A's healthy lease looks 600 s expired to B; B must
+    go by A's renewals on its own clock instead and take nothing over: FINISHED after one
+    attempt, no preemption, A's run never killed."""
+    prefix = other_host()
+    offset = tmp_path / "clock-offset"
+    offset.write_text("600")
+    paths = [str(FAKE_CLOCK), *python_path(), str(ROOT)]
+    env = {"FAKE_CLOCK_OFFSET_FILE": str(offset), "PYTHONPATH": os.pathsep.join(paths)}
+    db = f"sqlite://{tmp_path}/q.db"
+    sweep = create(spawn, tmp_path, db, spec(tmp_path, 30, sleep=0.2))
+    run_id = f"{sweep}-0"
+    a = agent(spawn, tmp_path, db, sweep, "--home", str(tmp_path / "ha"))
+    a.wait_line(lambda line: line == "step 1", timeout=60)
+    b = agent(spawn, tmp_path, db, sweep, "--home", str(tmp_path / "hb"), prefix=prefix, env=env)
+    assert a.wait(60) == 0, a.output
+    assert b.wait(60) == 0, b.output
+    assert "lost its agent" not in b.output and "took the run over" not in a.output
+    run, attempts = outcome(db, run_id)
+    assert (run.state, run.preemptions, run.failures) == ("FINISHED", 0, 0)
+    assert [(x.ending, x.exit_code) for x in attempts] == [("FINISHED", 0)]
+    assert final_x(tmp_path / "ha", run_id) == expected(30)
 
 
 # -- the SQLite file deleted under running agents ----------------------------------------------

@@ -36,6 +36,7 @@ from preemptible.sweeps._store import (
     recovery_hold,
 )
 from tests.conftest import ROOT, Child, wait_for
+from tests.integration.sweep_claimer import expire_twice
 from tests.support.postgres import PgServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -564,7 +565,7 @@ def test_racing_expirers_in_threads_requeue_each_run_once(store_url: str, store:
 
     def expirer(s: Store) -> None:
         barrier.wait(timeout=30)
-        results.append(s.expire_leases())
+        results.append(expire_twice(s))
 
     threads = [threading.Thread(target=expirer, args=(s,)) for s in stores]
     for t in threads:
@@ -702,9 +703,9 @@ def raw_execute(url: str, sql: str) -> None:
 
 def test_migrations_run_once_and_refuse_a_newer_schema(store_url: str, store: Store) -> None:
     sweep = new_sweep(store)
-    assert store.schema_versions() == [1, 2, 3, 4]
+    assert store.schema_versions() == [1, 2, 3, 4, 5]
     with open_store(store_url) as again:  # every migration is there: nothing is applied
-        assert again.schema_versions() == [1, 2, 3, 4]
+        assert again.schema_versions() == [1, 2, 3, 4, 5]
         assert again.sweep(sweep).id == sweep
     raw_execute(store_url, "INSERT INTO preemptible_schema VALUES (99, 0)")
     with pytest.raises(StoreError, match=r"schema version 99; .* upgrade preemptible"):
@@ -723,7 +724,7 @@ def test_agents_opening_a_new_database_together_migrate_it_once(
         assert child.wait(60) == 0, child.output
         assert child.lines[-1] == "opened"
     with open_store(store_url) as s:
-        assert s.schema_versions() == [1, 2, 3, 4]
+        assert s.schema_versions() == [1, 2, 3, 4, 5]
 
 
 # -- URLs and passwords -----------------------------------------------------------------------
@@ -783,6 +784,36 @@ def test_bad_urls_are_refused_in_one_line_without_the_password(tmp_path: Path) -
         StoreError, match=re.escape(f"cannot use the sweep database sqlite://{unwritable}/x/")
     ):
         open_store(f"sqlite://{unwritable}/x/sweeps.db")
+
+
+def test_a_server_out_of_connection_slots_is_waited_for(
+    pg_server: PgServer, pg_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLSTATE 53300 (too many connections; here a role allowed one) is retried with backoff,
+    said once with its cause, and the store opens once the slot is free."""
+    import psycopg
+
+    with contextlib.suppress(Exception):
+        pg_server.admin("CREATE ROLE preemptible_one LOGIN CONNECTION LIMIT 1")
+    pg_server.admin(f'ALTER DATABASE "{pg_database}" OWNER TO preemptible_one')
+    url = pg_server.database_url(pg_database).replace("postgres@", "preemptible_one@", 1)
+    caplog.set_level(logging.INFO, logger="preemptible")
+    opened: list[object] = []
+
+    def open_it() -> None:
+        with open_store(url, retry_timeout=30) as store:
+            opened.append(store.schema_versions())
+
+    holder = psycopg.connect(url, autocommit=True, connect_timeout=30)
+    thread = threading.Thread(target=open_it, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: "is out of connection slots" in caplog.text, 15, "the warning")
+    finally:
+        holder.close()
+    thread.join(60)
+    assert opened, caplog.text
+    assert caplog.text.count("out of connection slots") == 1 and "answers again" in caplog.text
 
 
 def test_a_driver_message_keeps_its_words_whatever_the_password(

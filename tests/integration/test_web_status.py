@@ -13,6 +13,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -71,10 +72,13 @@ class Served:
 
 
 @contextlib.contextmanager
-def _serve(url: str, sweep: str, *extra: str) -> Iterator[Served]:
+def _serve(url: str, sweep: str, *extra: str, argv: list[str] | None = None) -> Iterator[Served]:
+    """The CLI serving ``sweep`` (or ``argv``, a process that prints the same address line)."""
     env = {**os.environ, "PYTHONPATH": str(SRC)}
+    if argv is None:
+        argv = [sys.executable, "-m", "preemptible", "status", sweep, "--db", url, "--serve"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "preemptible", "status", sweep, "--db", url, "--serve", *extra],
+        [*argv, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -237,6 +241,79 @@ def test_unknown_sweep_is_one_line(store: tuple[Store, str]) -> None:
         env={**os.environ, "PYTHONPATH": str(SRC)},
     )
     assert done.returncode == 2 and "no sweep 'nope'" in done.stderr
+
+
+SERVE_SHORT = """
+import sys
+from preemptible.sweeps._web import serve_status
+serve_status(sys.argv[1], sys.argv[2], port=0, max_connections=8, idle_timeout=2.0)
+"""
+
+
+def _threads(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+
+
+def test_half_sent_requests_are_bounded_and_time_out(store: tuple[Store, str]) -> None:
+    """60 connections that never finish their request: at most 8 are served at once (a
+    thread each), the others are answered 503 at once, as is a normal request while all 8 are
+    held; each held one is closed after the idle timeout (2 s here), also the one that trickles
+    a byte every 0.2 s; then a normal request is served. Before, each kept a thread for good."""
+    s, url = store
+    sweep, _ = _sweep(s)
+    argv = [sys.executable, "-c", SERVE_SHORT, url, sweep]
+    with _serve(url, sweep, argv=argv) as served:
+        pid = served.proc.pid
+        address = urllib.parse.urlsplit(served.url)
+        host, port = address.hostname, address.port
+        assert host is not None and port is not None
+        baseline = _threads(pid)
+        partial = f"GET / HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n".encode()  # no blank line
+        socks: list[socket.socket] = []
+        opened: list[float] = []
+        try:
+            for _ in range(60):
+                sock = socket.create_connection((host, port), timeout=10)
+                opened.append(time.monotonic())
+                sock.sendall(partial)
+                sock.setblocking(False)
+                socks.append(sock)
+            answers: dict[int, bytes] = {}
+            lasted: dict[int, float] = {}  # seconds from connecting to its end
+            asked = False
+            deadline = time.monotonic() + 30
+            while len(lasted) < len(socks) and time.monotonic() < deadline:
+                assert _threads(pid) <= baseline + 8, f"{_threads(pid)} threads"
+                for i, sock in enumerate(socks):
+                    if i in lasted:
+                        continue
+                    try:
+                        data = sock.recv(4096)
+                    except BlockingIOError:
+                        if i == 0:  # the first, served: it trickles a header that never ends
+                            with contextlib.suppress(OSError):
+                                sock.send(b"X")
+                        continue
+                    if data:
+                        answers[i] = answers.get(i, b"") + data
+                    else:
+                        lasted[i] = time.monotonic() - opened[i]
+                if answers and not asked:  # all slots held: still an answer, at once
+                    asked = True
+                    status, _, body = served.get("/api/sweep")
+                    assert status == 503 and "too many open connections" in body, body
+                time.sleep(0.2)  # the trickler's pace; the loop's deadline bounds it
+            assert len(lasted) == 60, f"{60 - len(lasted)} connections still open"
+            refused = [i for i, a in answers.items() if a.startswith(b"HTTP/1.0 503 ")]
+            held = [i for i in range(60) if i not in answers]
+            assert refused and len(refused) + len(held) == 60 and 0 in held, (refused, held)
+            assert all(1.5 <= lasted[i] < 15 for i in held), lasted  # closed after the 2 s
+            status, _, _ = served.get("/api/sweep")
+            assert status == 200
+        finally:
+            for sock in socks:
+                sock.close()
 
 
 def _row(run_id: str) -> str:

@@ -81,6 +81,7 @@ class FakeScontrol:
         (self.dir / "partition").write_text(
             f"PartitionName={partition} GraceTime={grace_time} PreemptMode={preempt_mode}\n"
         )
+        (self.dir / "other").write_text("")  # `scontrol requeue` says nothing when it works
 
     @property
     def calls(self) -> list[str]:

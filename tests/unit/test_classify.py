@@ -60,14 +60,15 @@ def test_a_stop_whose_save_raised_is_failed(forwarded: int | None) -> None:
     the job's own exit code, as its tracker says; a second signal or a kill is not that."""
     record = {**RECORDS["stopping"], "state": "save_failed"}
     ending = Ending(exit_code=1)
-    assert classify(ending, record, first_signal_at=9.0, forwarded=forwarded) is X
+    stops = () if forwarded is None else {forwarded}
+    assert classify(ending, record, first_signal_at=9.0, stops=stops) is X
     assert exit_code_for(X, ending, record, forwarded) == 1
     marked_at_start = {**record, "preempting_at": 1.0}
-    assert classify(ending, marked_at_start, forwarded=forwarded) is X
+    assert classify(ending, marked_at_start, stops=stops) is X
     # killed while it failed: the ending decides, as in the table
     assert classify(Ending(signal=signal.SIGKILL), record, first_signal_at=9.0) is C
     # cut short by a second signal, the record still says "stopping": PREEMPTED
-    assert classify(ending, {**record, "state": "stopping"}, forwarded=forwarded) is P
+    assert classify(ending, {**record, "state": "stopping"}, stops=stops) is P
 
 
 def test_mark_after_the_supervisors_signal_is_not_a_mark_at_start() -> None:
@@ -76,20 +77,56 @@ def test_mark_after_the_supervisors_signal_is_not_a_mark_at_start() -> None:
     assert classify(Ending(signal=signal.SIGKILL), record, first_signal_at=21.0) is P
 
 
-@pytest.mark.parametrize(
-    ("forwarded", "state", "code"),
-    [(signal.SIGTERM, C, 143), (signal.SIGINT, K, 130), (signal.SIGUSR1, C, 138), (None, X, 1)],
-)
-def test_an_exit_after_a_forwarded_stop_is_never_failed(
-    forwarded: int | None, state: RunState, code: int
+STOPS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGUSR2]
+
+
+@pytest.mark.parametrize("stop", STOPS, ids=lambda s: signal.Signals(s).name)
+@pytest.mark.parametrize("record", ["none", "finished", "stopping"])
+def test_an_attempt_a_stop_ended_is_preempted_wherever_the_stop_landed(
+    stop: int, record: str
 ) -> None:
-    ending = Ending(exit_code=1)  # a program that exits 1 on SIGTERM / Ctrl+C
-    assert classify(ending, {}, forwarded=forwarded) is state
-    assert exit_code_for(state, ending, {}, forwarded) == code
-    # with a mark it is PREEMPTED, as without the forwarded stop
-    assert classify(ending, RECORDS["stopping"], forwarded=forwarded) is P
-    # and an exit 0 is still FINISHED: the job saved and ended on its own terms
-    assert classify(Ending(exit_code=0), {}, forwarded=forwarded) is F
+    """The supervisor passed ``stop`` on (or was asked for it): a death by it, any non-zero
+    exit, or the supervisor's own SIGKILL is PREEMPTED, with no record (start-up, no handler),
+    a finished one (after the loop) or a stop under way (during its save)."""
+    rec = {
+        "none": {},
+        "finished": {"state": "finished", "step": 20},
+        "stopping": {**RECORDS["stopping"], "state": "stopping", "signum": stop},
+    }[record]
+    for ending in (Ending(signal=stop), Ending(exit_code=1), Ending(exit_code=128 + stop)):
+        state = classify(ending, rec, first_signal_at=10.0, stops={stop})
+        assert state is P, ending
+        assert exit_code_for(state, ending, rec, stop) == 128 + stop
+    killed = Ending(signal=signal.SIGKILL)  # the escalation, a term timeout after the stop
+    assert classify(killed, rec, first_signal_at=10.0, stops={stop}, killed=True) is P
+    assert exit_code_for(P, killed, rec, stop) == 128 + stop
+    # an exit 0 is FINISHED: the job ended on its own terms (PREEMPTED if it stopped early)
+    finished = classify(Ending(exit_code=0), rec, stops={stop})
+    assert finished is (P if record == "stopping" else F)
+
+
+@pytest.mark.parametrize("record", ["none", "stopping"])
+def test_a_signal_nobody_passed_on_is_what_it_was(record: str) -> None:
+    """A death the supervisor's stop did not cause: the OOM killer's SIGKILL during the stop
+    (the supervisor sent none), a segfault, a lost attempt; no stop at all: as before."""
+    rec = RECORDS[record]
+    oom = Ending(signal=signal.SIGKILL)
+    assert classify(oom, rec, first_signal_at=9.0, stops={signal.SIGTERM}) is C
+    segv = classify(Ending(signal=signal.SIGSEGV), rec, first_signal_at=9.0, stops={15})
+    assert segv is (C if record == "none" else P)  # a stop under way: the marks decide
+    assert classify(Ending(lost=True), rec, first_signal_at=9.0, stops={15}, killed=True) is C
+    if record == "none":
+        assert classify(Ending(signal=signal.SIGTERM), rec) is C
+        assert classify(Ending(signal=signal.SIGINT), rec) is K
+        assert classify(Ending(exit_code=1), rec) is X
+
+
+def test_cancel_now_and_a_lost_lease_are_a_sigkill_asked_for() -> None:
+    """``stop_job(SIGKILL)``: the attempt is PREEMPTED, its code 137; the queue makes a
+    cancelled sweep's run CANCELLED whatever the attempt's state (``sweeps/_endings.py``)."""
+    ending = Ending(signal=signal.SIGKILL)
+    state = classify(ending, {}, first_signal_at=1.0, stops={signal.SIGKILL}, killed=True)
+    assert state is P and exit_code_for(state, ending, {}, signal.SIGKILL) == 137
 
 
 def test_exit_codes() -> None:

@@ -215,20 +215,27 @@ def test_the_migration_keeps_every_run_attempt_index_and_foreign_key(
     with open_store(db) as old:
         assert old.schema_versions() == [1, 2, 3]
         sweep = _sweep(old)
-        c = old.claim(sweep, agent="a", host="h", lease=60, propose=None)
-        assert c is not None
-        old.add_history(c.run_id, [(1, "loss", 0.7), (2, "loss", 0.5)], attempt=1, epoch=c.epoch)
-        old.finish(
-            c.run_id,
-            agent="a",
-            attempt=c.attempt,
-            epoch=c.epoch,
-            ending=Ending.FINISHED,
-            exit_code=0,
-            duration=1.0,
-            checkpoint_step=3,
-            summary={"loss": 0.5},
+        run_id = f"{sweep}-0"
+    # an attempt that ran and finished, as version 3 stored it (today's claim and finish use
+    # columns of later versions)
+    with contextlib.closing(sqlite3.connect(db[len("sqlite:///") :])) as conn, conn:
+        conn.execute(
+            "UPDATE preemptible_runs SET state = 'FINISHED', attempt = 1, lease_epoch = 1, "
+            "summary = '{\"loss\": 0.5}' WHERE id = ?",
+            (run_id,),
         )
+        conn.execute(
+            "INSERT INTO preemptible_attempts (run_id, number, agent, host, started_at, "
+            "ended_at, ending, exit_code, duration, checkpoint_step, outcome, closed_by, epoch) "
+            "VALUES (?, 1, 'a', 'h', 1, 2, 'FINISHED', 0, 1.0, 3, 'FINISHED', 'a', 1)",
+            (run_id,),
+        )
+        conn.executemany(
+            "INSERT INTO preemptible_history (run_id, name, step, value, attempt) "
+            "VALUES (?, 'loss', ?, ?, 1)",
+            [(run_id, 1, 0.7), (run_id, 2, 0.5)],
+        )
+    c = run_id
     path = db[len("sqlite:///") :]
     columns = "id, state, summary, lease_epoch, checkpoint_dir, queued_at"
     with contextlib.closing(sqlite3.connect(path)) as conn:
@@ -238,9 +245,9 @@ def test_the_migration_keeps_every_run_attempt_index_and_foreign_key(
     with open_store(db) as new:
         assert new.schema_versions() == [v for v, _ in everything("sqlite")]
         assert [r.state for r in new.runs(sweep)] == [QueueState.FINISHED, QueueState.PENDING]
-        assert [a.checkpoint_step for a in new.attempts(c.run_id)] == [3]
+        assert [a.checkpoint_step for a in new.attempts(c)] == [3]
         assert not any(r.early_exempt for r in new.runs(sweep))
-        assert new.histories(sweep, "loss") == {c.run_id: [(1, 0.7), (2, 0.5)]}
+        assert new.histories(sweep, "loss") == {c: [(1, 0.7), (2, 0.5)]}
     conn = sqlite3.connect(path)
     try:
         after = conn.execute(f"SELECT {columns} FROM preemptible_runs ORDER BY id").fetchall()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -17,8 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from preemptible.notices._lease import write_lease
 from preemptible.notices._supervised import SupervisorGone, for_this_attempt
 from preemptible.supervisor._guard import (
+    FENCE_NAME,
+    NOTICE_SLACK,
+    Fence,
     Tracker,
     kill_tree,
     marked,
@@ -165,3 +170,42 @@ def test_a_guardian_that_cannot_run_is_replaced_a_few_times_then_given_up(
     finally:
         group.kill_all()
         group.proc.wait(10)
+
+
+# -- the lease fence ----------------------------------------------------------------------------
+def test_the_fence_follows_the_lease_file_and_renewals_move_it(tmp_path: Path) -> None:
+    """SIGTERM a poll of the program's own notice after the self-stop point, SIGKILL at the
+    deadline or a term timeout after the SIGTERM; a renewal (the file rewritten) moves both; a
+    garbled file keeps the deadline last read; a guardian that replaces one that sent the
+    SIGTERM sends no second one."""
+    lease = tmp_path / "lease.json"
+    now = time.monotonic()
+    keys = {"run_id": "r", "attempt": 1, "epoch": 1, "margin": 2.0}
+    write_lease(lease, deadline=now + 8.0, warn=4.0, **keys)
+    fence = Fence(lease, term_timeout=30.0, run="r")
+    fence.read()
+    assert fence.due(now) is None
+    assert fence.due(now + 4.0) is None  # the self-stop point: the program's own notice
+    assert fence.due(now + 4.0 + NOTICE_SLACK) == signal.SIGTERM
+    assert fence.due(now + 8.0) == signal.SIGKILL
+    write_lease(lease, deadline=now + 18.0, warn=4.0, **keys)  # renewed
+    fence.read()
+    assert fence.due(now + 8.0) is None
+    lease.write_text("{not json")
+    fence.read()
+    assert fence.due(now + 18.0) == signal.SIGKILL
+    fence.termed(now + 15.5, sent=True)
+    assert fence.due(now + 16.0) is None
+    assert json.loads((tmp_path / FENCE_NAME).read_text())["term_monotonic"] == now + 15.5
+    again = Fence(lease, term_timeout=1.0, run="r")  # a replaced guardian
+    write_lease(lease, deadline=now + 18.0, warn=4.0, **keys)
+    again.read()
+    assert again.due(now + 16.0) is None  # no second SIGTERM
+    assert again.due(now + 16.6) == signal.SIGKILL  # a term timeout after the first one
+
+
+def test_the_fence_sends_no_sigterm_to_a_program_that_is_stopping(tmp_path: Path) -> None:
+    fence = Fence(tmp_path / "lease.json", term_timeout=30.0)
+    assert not fence.stopping()
+    (tmp_path / "record.json").write_text(json.dumps({"state": "stopping", "reason": "lease"}))
+    assert fence.stopping()

@@ -599,3 +599,28 @@ def test_a_save_at_the_resumed_step_after_training_warns_once(tmp_path: Path, ca
         again.save()
     again.close()
     assert caplog.text.count("the step this run resumed from") == 1
+
+
+def test_steps_commits_the_last_step_of_a_run_that_never_saved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stop after the loop (results being written, an export) finds the handler gone and
+    ends the attempt: the last step is committed as the loop ends, or the next attempt would
+    train every step again. A commit that fails is said, and the run still finishes."""
+    h = PreemptionCheckpointHandler(tmp_path / "a", model_state())
+    assert list(h.steps(3)) == [0, 1, 2]
+    assert [c.step for c in h.store.committed()] == [3]
+    assert list(PreemptionCheckpointHandler(tmp_path / "a", model_state()).steps(3)) == []
+    nothing = PreemptionCheckpointHandler(tmp_path / "b", model_state())
+    assert list(nothing.steps(0)) == [] and nothing.store.committed() == []  # nothing trained
+
+    def full(path: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    config = TerminationConfig(save_fn=full)
+    broken = PreemptionCheckpointHandler(tmp_path / "c", None, termination_config=config)
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        assert list(broken.steps(2)) == [0, 1]
+    assert "the last step (2) could not be committed" in caplog.text
+    assert broken.store.committed() == []
+    assert_restored()

@@ -243,6 +243,19 @@ def test_every_part_stops_on_the_same_signals() -> None:
     assert tuple(_guard.IGNORED) == _signals.STOP_SIGNALS
 
 
+def test_the_guardian_spells_out_the_names_it_shares_with_the_library() -> None:
+    """The guardian reads the lease file and the run record beside it as a script of its own
+    (the standard library only): its names and states are the library's, and it waits a
+    poll of the program's own lease notice longer than that poll."""
+    from preemptible import _paths, _states
+    from preemptible.stop._termination import TerminationConfig
+    from preemptible.supervisor import _guard
+
+    assert _guard.RECORD_NAME == _paths.RECORD_NAME
+    assert set(_guard.STOPPING_STATES) == {str(s) for s in _states.STOPPED_EARLY}
+    assert TerminationConfig().poll_interval < _guard.NOTICE_SLACK
+
+
 def test_no_module_but_the_signal_helpers_installs_a_stop_signal_handler_in_a_loop() -> None:
     """``signal.signal`` is called in ``stop/_signals.py``, the latch (its handler put back
     where someone replaced it, and a forked child's ignore), the supervisor's SIGCHLD

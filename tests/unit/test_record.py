@@ -41,12 +41,20 @@ stops = st.none() | st.sampled_from([int(s) for s in signal.valid_signals() if 0
 
 
 @settings(max_examples=200, deadline=None)
-@given(raw=records, ending=endings, first_at=times, forwarded=stops, stop=stops)
+@given(
+    raw=records, ending=endings, first_at=times, forwarded=stops, stop=stops, killed=st.booleans()
+)
 def test_any_record_classifies_without_error_and_only_finished_exits_0(
-    raw: Any, ending: Ending, first_at: float | None, forwarded: int | None, stop: int | None
+    raw: Any,
+    ending: Ending,
+    first_at: float | None,
+    forwarded: int | None,
+    stop: int | None,
+    killed: bool,
 ) -> None:
     record = RunRecord.from_json(raw)
-    state = classify(ending, record, first_signal_at=first_at, forwarded=forwarded)
+    received = () if forwarded is None else {forwarded}
+    state = classify(ending, record, first_signal_at=first_at, stops=received, killed=killed)
     code = exit_code_for(state, ending, record, stop)
     assert 0 <= code <= 255
     assert (code == 0) == (state is RunState.FINISHED)
@@ -56,7 +64,8 @@ def test_any_record_classifies_without_error_and_only_finished_exits_0(
         assert code != 0
     # the supervisor passes the raw record straight in: the same answer
     if isinstance(raw, dict):
-        assert classify(ending, raw, first_signal_at=first_at, forwarded=forwarded) is state
+        again = classify(ending, raw, first_signal_at=first_at, stops=received, killed=killed)
+        assert again is state
 
 
 @pytest.mark.parametrize(

@@ -357,12 +357,42 @@ def test_lock_is_not_inherited_by_exec(tmp_path: Path, spawn) -> None:
     child.kill()
 
 
-def test_lock_where_no_lock_file_can_be_made_warns(tmp_path: Path, caplog) -> None:
-    (tmp_path / LOCK_NAME).mkdir()  # open(O_RDWR) fails with EISDIR, like EROFS would
-    store = CheckpointStore(tmp_path)
+def test_lock_in_a_directory_that_takes_no_files_warns(caplog) -> None:
+    # /proc/self exists, but nothing can be created in it, even by root: no checkpoint of ours
+    # can land there either, so running unlocked mixes nothing (a read-only mount is the same)
+    store = CheckpointStore("/proc/self")
     with caplog.at_level(logging.WARNING, logger="preemptible"):
         assert store.lock() is False
-    assert "cannot lock checkpoint directory" in caplog.text and not store.locked
+    assert "cannot lock checkpoint directory /proc/self" in caplog.text and not store.locked
+
+
+@pytest.mark.parametrize("kind", ["symlink to /dev/null", "FIFO", "directory", "hard link"])
+def test_a_lock_file_that_is_not_ours_refuses_to_lock(tmp_path: Path, kind: str) -> None:
+    """Fail closed: each of these used to warn and train unlocked, so two runs wrote one
+    directory at once (a symlink to /dev/null "locks" nothing)."""
+    path = tmp_path / LOCK_NAME
+    what = {
+        "symlink to /dev/null": "a symbolic link (to /dev/null)",
+        "FIFO": "a FIFO",
+        "directory": "a directory",
+        "hard link": "a file with 2 names (a hard link)",
+    }[kind]
+    if kind == "symlink to /dev/null":
+        path.symlink_to("/dev/null")
+    elif kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        (tmp_path / "other").write_text("")
+        os.link(tmp_path / "other", path)
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(CheckpointLockError) as info:
+        store.lock()
+    message = str(info.value)
+    assert "\n" not in message and info.value.path == tmp_path
+    assert f"{path} is {what}; remove it" in message, message
+    assert not store.locked
 
 
 # -- temporaries on a shared file system ---------------------------------------------------

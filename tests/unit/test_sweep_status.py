@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.text import Text
 
 from preemptible import ConfigError
-from preemptible.sweeps import _store_sqlite
+from preemptible.sweeps import _store_sqlite, _watch
 from preemptible.sweeps._status import (
     format_age,
     format_params,
@@ -55,7 +55,7 @@ SPEC: dict[str, Any] = {
 
 class Clock:
     """Stands in for the ``time`` module of the SQLite backend: its ``time()`` is the
-    database clock."""
+    database clock; and of the agent's watch of the leases (``_watch``): ``monotonic()``."""
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -63,11 +63,14 @@ class Clock:
     def time(self) -> float:
         return self.now
 
+    monotonic = time
+
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock(1000.0)
     monkeypatch.setattr(_store_sqlite, "time", fake)
+    monkeypatch.setattr(_watch, "time", fake)
     return fake
 
 
@@ -127,6 +130,8 @@ def busy_sweep(store: Store, clock: Clock) -> str:
     clock.now = 1260.0
     c3b = claim(store, sweep, "a6", "h6", lease=10)
     assert (c3b.index, c3b.attempt) == (3, 2)
+    clock.now = 1265.0
+    assert store.expire_leases() == []  # its renewals are watched from here (``_watch``)
     clock.now = 1300.0
     assert store.expire_leases() == [c3b.run_id]  # its agent vanished
     clock.now = 1310.0
@@ -163,6 +168,7 @@ def attempt(
         "ended_at": end,
         "ending": ending,
         "lost": lost,
+        "late": False,
         "exit_code": code,
         "duration": duration,
         "checkpoint_step": step,

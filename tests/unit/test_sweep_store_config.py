@@ -116,7 +116,7 @@ def test_sql_files_define_the_same_queries_for_both_backends() -> None:
     assert (
         [v for v, _ in migrations("sqlite")]
         == [v for v, _ in migrations("postgres")]
-        == [1, 2, 3, 4]
+        == [1, 2, 3, 4, 5]
     )
 
 

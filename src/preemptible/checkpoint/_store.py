@@ -42,7 +42,7 @@ from .._files import (
     pid_alive,
     remove_path,
 )
-from .._paths import MAX_STEP
+from .._paths import MAX_STEP, file_kind
 
 logger = logging.getLogger("preemptible")
 
@@ -109,6 +109,23 @@ def _describe_holder(fd: int) -> str:
     except (OSError, ValueError):
         return "held by another process"
     return f"held by pid {pid} on host {host}"
+
+
+def _what_is(path: Path, exc: OSError) -> str:
+    """What stands at ``path`` instead of a lock file we can open, for one line."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return f"not a file we can open ({exc.strerror or exc})"
+    if stat.S_ISLNK(st.st_mode):
+        with contextlib.suppress(OSError):
+            return f"a symbolic link (to {os.readlink(path)})"
+        return "a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return file_kind(st.st_mode)
+    if st.st_nlink != 1:
+        return f"a file with {st.st_nlink} names (a hard link)"
+    return f"a file this process cannot open ({exc.strerror or exc})"
 
 
 class CheckpointStore:
@@ -388,8 +405,16 @@ class CheckpointStore:
 
         An advisory ``flock`` on ``.preemptible.lock``: released by the kernel when the process
         ends, however it ends. Raises ``CheckpointLockError`` when another process, or another
-        store in this process, holds it. Where no lock can be taken (a read-only directory, a
-        file system without locks) it warns and returns False: the run can still resume.
+        store in this process, holds it.
+
+        The lock fails closed: when ``.preemptible.lock`` is there but is not a regular file of
+        ours (a symbolic link, say to /dev/null, a FIFO, a device, a directory, a file with
+        other names, one we may not open) or cannot be ``flock``ed (a file system without
+        locks), it raises ``CheckpointLockError`` too, since two runs could otherwise write here
+        at once. The one case that only warns and returns False is a directory in which this
+        process can create nothing (a read-only mount, a directory it may not write in): no
+        checkpoint of ours can land there either, so nothing can mix, and resuming from it
+        still works.
         """
         if self._lock_fd is not None:
             return True
@@ -397,13 +422,15 @@ class CheckpointStore:
         try:
             fd = open_in_place(path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
-            logger.warning(
-                "preemptible: cannot lock checkpoint directory %s (%s); make sure no other "
-                "run writes to it",
-                self.directory,
-                exc.strerror or exc,
-            )
-            return False
+            if exc.errno == errno.EROFS or not os.path.lexists(path):
+                logger.warning(
+                    "preemptible: cannot lock checkpoint directory %s (%s): it takes no new "
+                    "files, so no checkpoint can be saved there; resuming from it still works",
+                    self.directory,
+                    exc.strerror or exc,
+                )
+                return False
+            raise self._unusable(path, _what_is(path, exc)) from exc
         locked = False
         try:
             st = os.fstat(fd)
@@ -420,13 +447,13 @@ class CheckpointStore:
                 except OSError as exc:
                     if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
                         raise self._in_use(_describe_holder(fd)) from None
-                    logger.warning(
-                        "preemptible: cannot lock checkpoint directory %s (%s); make sure no "
-                        "other run writes to it",
+                    raise CheckpointLockError(
+                        f"cannot lock checkpoint directory {self.directory}: flock on {path} "
+                        f"failed ({exc.strerror or exc}); keep checkpoints on a file system "
+                        "with locks (a local disk, NFS with its lock service) so that two runs "
+                        "cannot write there at once",
                         self.directory,
-                        exc.strerror or exc,
-                    )
-                    return False
+                    ) from exc
                 _locked_here.add(key)
                 locked = True
             os.ftruncate(fd, 0)
@@ -454,6 +481,13 @@ class CheckpointStore:
         return CheckpointLockError(
             f"checkpoint directory {self.directory} is in use ({holder}); two runs writing to "
             "one directory would mix their checkpoints",
+            self.directory,
+        )
+
+    def _unusable(self, path: Path, what: str) -> CheckpointLockError:
+        return CheckpointLockError(
+            f"cannot lock checkpoint directory {self.directory}: {path} is {what}; remove it "
+            "(the lock is a regular file that preemptible creates) and start again",
             self.directory,
         )
 

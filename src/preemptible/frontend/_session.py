@@ -24,6 +24,7 @@ insurance checkpoint, the stop's save, record and exit) is ``_stopping.py``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -44,6 +45,8 @@ from ._periodic import Periodic
 from ._phase import _END, _STEP, Phase
 from ._saves import Saves
 from ._stopping import Stopping
+
+logger = logging.getLogger("preemptible")
 
 
 class StopSession(Stopping):
@@ -332,18 +335,30 @@ class StopSession(Stopping):
         context: Any = None,
         tell_tracker: bool = True,
         commit: bool = True,
+        always: bool = False,
     ) -> None:
         """Training ended without a stop: record it, tell the tracker (``tell_tracker=False``:
         the program goes on with the tracker's run). When this run resumed or saved before its
         end, the end is committed too, so that running the same command again trains nothing
         (collective under torch.distributed); ``commit=False``: the framework saves by itself
-        (``StagedSaver``), its own checkpoints are what a rerun resumes."""
+        (``StagedSaver``), its own checkpoints are what a rerun resumes.
+
+        ``always``: commit the end even when this run never saved (the plain handler's
+        ``steps()``). A stop that lands after the loop (the program writing its results, an
+        export) finds no handler left to act on it and ends the attempt, which the supervisor
+        classes PREEMPTED: the next attempt must find the last step committed, or it trains
+        every step again. It is taken here, at the loop's last boundary, because only here is
+        the state the last step's: the code after the loop may change it (an export that
+        quantizes the model), and a stop's save in a thread would race it. This commit is
+        insurance: when it fails, the run says so and goes on (its training is done)."""
         pos = self._where(step, position)
         if self.stopped:
             return
         started, resumed_at = self.saves.started, self.saves.resumed_at
         if commit and started is not None and started < pos:
             self._save(context)
+        elif commit and always and started is None and pos > 0:
+            self._commit_end(context)
         elif resumed_at is not None and pos == resumed_at:
             announce(
                 "preemptible: %s is of a finished run; nothing left to train", self.resume_path
@@ -353,6 +368,20 @@ class StopSession(Stopping):
             _run.update_record(state=RecordState.FINISHED, step=self.step)
         if tell_tracker:
             self.controller.tell_tracker("finished")
+
+    def _commit_end(self, context: Any) -> None:
+        """``finished(always=True)``'s commit of a run that never saved: insurance for a stop
+        after the loop; a failure is said, not raised (the training itself is done)."""
+        try:
+            self._save(context)
+        except Exception as exc:
+            logger.warning(
+                "preemptible: the last step (%d) could not be committed: %s: %s; a stop after "
+                "the loop would make the next attempt train again",
+                self.step,
+                type(exc).__name__,
+                exc,
+            )
 
     def failed(self) -> None:
         """Training raised: the tracker is told (once)."""

@@ -9,6 +9,9 @@ it renews the lease it writes the lease's end into a file, ``PREEMPTIBLE_LEASE_F
 attempt's ``lease.json``), and the training process watches that file as one more source of
 platform notices: ``warn_s`` seconds before the deadline it gets a stop Notice with that
 deadline, and the grace policy trains on, saves and exits in time, as for a spot VM's notice.
+A program that does not watch it (a plain script) is stopped by the attempt's guardian, which
+reads the same file (``supervisor/_guard.py``, ``Fence``): SIGTERM a moment after the warning,
+SIGKILL at the deadline.
 
 Clocks: the agent measures the deadline on CLOCK_MONOTONIC (``time.monotonic``), which every
 process of one boot shares and which never steps (a wall clock set back or forward by NTP or

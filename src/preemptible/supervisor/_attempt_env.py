@@ -84,14 +84,12 @@ def attempt_environment(
     return env
 
 
-def tell_parent(run_id: str, last_attempt_dir: Path, files: RunFiles) -> None:
+def tell_parent(run_id: str, last_attempt_dir: Path, parent_dir: Path, files: RunFiles) -> None:
     """A nested run ends: its last attempt's record becomes the record of the parent's
-    attempt (``PREEMPTIBLE_RUN_DIR``), so that the parent classifies what really happened
-    (a preemption, not a bare exit code) and resumes from the same checkpoints."""
+    attempt ``parent_dir`` (proven ours: ``_parent.py``), so that the parent classifies what
+    really happened (a preemption, not a bare exit code) and resumes from the same
+    checkpoints."""
     record = {k: v for k, v in read_record(last_attempt_dir).items() if k in PASSED_UP}
-    parent_dir = current_run().run_dir
-    if parent_dir is None or not parent_dir.is_absolute() or not parent_dir.is_dir():
-        return
     record.update(nested_run=run_id, pid=os.getpid(), updated_at=time.time())
     path = parent_dir / RECORD_NAME
     try:

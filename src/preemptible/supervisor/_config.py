@@ -16,6 +16,8 @@ MAX_RESTART_DELAY = 86400.0  # a day: longer is a typo, and select() refuses hug
 class SupervisorConfig:
     command: list[str]
     checkpoint_dir: Path | None = None
+    # it came from PREEMPTIBLE_CHECKPOINT_DIR: a parent run's, unused when not nested in it
+    checkpoint_dir_from_env: bool = False
     max_failures: int = 0
     max_preemptions: int | None = None  # None: unlimited
     term_timeout: float | None = None  # None: from the platform, else DEFAULT_TERM_TIMEOUT
@@ -33,6 +35,9 @@ class SupervisorConfig:
     min_uptime: float = 10.0
     linger: float = 5.0  # for what the job leaves running: see the module docstring
     extra_env: dict[str, str] = field(default_factory=dict)  # for every attempt (an agent's)
+    # an agent's lease file (``lease.json``): the attempt's guardian stops the attempt by it
+    # when the agent stops renewing it (``_guard.Fence``)
+    lease_file: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.command:

@@ -67,7 +67,8 @@ def escalate(
     if plan.kill_at is not None and now >= plan.kill_at:
         logger.error(
             "preemptible: the job is still running %.0f s after the stop signal; "
-            "sending SIGKILL to all of its processes",
+            "sending SIGKILL to all of its processes (a stopped attempt: PREEMPTED, the next "
+            "one resumes from the newest checkpoint)",
             plan.timeout,
         )
         group.kill_all()

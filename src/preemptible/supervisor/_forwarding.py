@@ -54,6 +54,7 @@ class Forwarder:
         self.requested: list[Received] = []  # of those, the stops asked for by request()
         self.group: ProcessGroup | None = None
         self._pending: list[int] = []
+        self._pending_from: int | None = None  # index in ``signals`` of the first pending
         self._last_forward: tuple[int, float] | None = None  # (signum, monotonic time)
         self._logged = 0
         self._wake_r = self._wake_w = -1
@@ -78,7 +79,20 @@ class Forwarder:
         if group is not None:
             group.signal(signum)  # the whole group: a trainer under bash -c or torchrun too
         else:
+            if self._pending_from is None:
+                self._pending_from = len(self.signals) - 1  # the one just recorded
             self._pending.append(signum)  # the attempt is starting; passed on once it has
+
+    def receive(self, signum: int) -> None:
+        """``signum`` reached the process before these handlers were installed (an agent's
+        own handler hands it over): as if it had come a moment later."""
+        self._on_signal(signum, None)
+
+    @property
+    def waiting_from(self) -> int:
+        """Where the next attempt's signals begin in ``signals``: the first one still waiting
+        to be passed on to it (it arrived while the attempt was being prepared), else the end."""
+        return len(self.signals) if self._pending_from is None else self._pending_from
 
     def request(self, signum: int) -> None:
         """A stop as a received ``signum`` would be, from another thread (listed in
@@ -96,6 +110,7 @@ class Forwarder:
         self.group = group
         while self._pending:
             group.signal(self._pending.pop(0))
+        self._pending_from = None
 
     def log_since(self, first: int) -> None:
         """Log, outside the handler, the signals after the attempt's first one (``first``,

@@ -25,6 +25,32 @@ children, their process groups, processes whose environment names this attempt's
 ``PREEMPTIBLE_ATTEMPT_TOKEN``) is SIGKILLed. Signals go through a pidfd after the start time was
 checked, so even that check cannot race with pid reuse.
 
+The guardian also fences an agent's attempt by its lease (``Fence``), when it is given the
+attempt's ``lease.json`` (``notices/_lease.py``): a sweep agent renews its lease from a thread
+of its own process, and its supervisor runs in that process too, so a SIGSTOP of the agent (a
+frozen VM, a paused container's agent, Ctrl+Z: ``sweeps/_pause.py`` stops the agent alone)
+stops both, while its job, in a session of its own, trains on. A program with a handler
+watches the lease file itself and stops in time; a plain script does not, and an agent on
+another host (which cannot see these pids) would take the run over after the lease and run it
+a second time at once. The guardian is the one process of the attempt that is neither the job
+nor the agent: a session of its own (no terminal's Ctrl+Z or group signal reaches it), no
+thread of the agent's, the standard library only, and it already knows every process of the
+attempt. It reads the deadline the agent wrote at its last renewal (CLOCK_MONOTONIC, which
+every process of one boot shares, and the guardian is always on the agent's host) and, unless
+a renewal moves it on: SIGTERM to the job's group at the lease's self-stop point (``warn_s``
+before the deadline, when the handler's own notice comes too; a poll of that notice later,
+and none when the run record says the program is already stopping, so that a program that
+watches the lease stops by its own notice, as before), SIGKILL to every process of the attempt
+at the deadline or a term timeout after the SIGTERM, whichever comes first. The
+deadline is ``LEASE_MARGIN`` of the lease before another agent may take the run over
+(``sweeps/_endings.py``), so the attempt is gone before that, whether or not anyone runs on
+the agent's side. It writes ``fence.json`` beside the lease file when it acts, so that the
+agent, continued, knows its attempt was stopped for its lease, and a replaced guardian does
+not send a second SIGTERM (a handler's second signal is a hard exit). A normal renewal
+rewrites the file with a later deadline before the earlier one comes: it never fires. The
+agent's watchdog thread (``sweeps/_holding.py``) leaves the signals to the guardian while one
+fences, and sends them itself otherwise.
+
 This module imports the standard library only: the supervisor runs it as a plain script
 (``python -I -S _guard.py CONFIG``), which is tracking within ~20 ms of its start where
 ``import preemptible`` would take ~300 ms.
@@ -367,31 +393,225 @@ def cgroup_remove(path: Path) -> bool:
 IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
+FENCE_NAME = "fence.json"  # beside the lease file: the guardian stopped the attempt for it
+RECORD_NAME = "record.json"  # beside it too: the training process's run record (``_paths``)
+STOPPING_STATES = ("stopping", "stopped")  # the record's states of a stop under way (_states)
+LEASE_MAX_BYTES = 1 << 14
+LEASE_POLL = 0.1  # seconds between two looks at the lease file, at most
+NOTICE_SLACK = 1.5  # a program watching the lease polls it every second (its poll_interval)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if number == number and abs(number) != float("inf") else None
+
+
+def _say(text: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"preemptible: {text}\n")
+        sys.stderr.flush()
+
+
+class Fence:
+    """The attempt's lease, as its agent last wrote it, and what the guardian must do about
+    it (module docstring). A file that cannot be read (being replaced, garbled) keeps the
+    deadline last read: only a renewal moves it."""
+
+    def __init__(self, lease: Path, term_timeout: float, run: str = "") -> None:
+        self.lease = lease
+        self.record = lease.with_name(FENCE_NAME)
+        self.term_timeout = term_timeout
+        self.run = run
+        self.boot = _boot_id()
+        self.deadline: float | None = None
+        self.warn = 0.0
+        self.termed_at: float | None = None
+        self.killed = False
+        self._seen: tuple[int, int, int] | None = None
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            earlier = json.loads(self.record.read_text(encoding="utf-8"))  # a guardian before me
+            if earlier.get("boot_id") == self.boot:
+                self.termed_at = _finite(earlier.get("term_monotonic"))
+
+    def read(self) -> None:
+        try:
+            st = os.stat(self.lease)
+        except OSError:
+            return
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key == self._seen:
+            return
+        try:
+            with open(self.lease, "rb") as fh:
+                doc = json.loads(fh.read(LEASE_MAX_BYTES))
+        except (OSError, ValueError, RecursionError):
+            return
+        if not isinstance(doc, dict) or doc.get("boot_id") != self.boot or not self.boot:
+            return  # not a lease of this boot: its monotonic deadline means nothing here
+        deadline, warn = _finite(doc.get("deadline_monotonic")), _finite(doc.get("warn_s"))
+        if deadline is None or warn is None:
+            return
+        self._seen = key
+        self.deadline, self.warn = deadline, max(warn, 0.0)
+
+    def due(self, now: float) -> int | None:
+        """The signal to send now, if any."""
+        if self.deadline is None or self.killed:
+            return None
+        if now >= self.deadline or (
+            self.termed_at is not None and now >= self.termed_at + self.term_timeout
+        ):
+            return signal.SIGKILL
+        if self.termed_at is None and now >= self.term_point:
+            return signal.SIGTERM
+        return None
+
+    @property
+    def term_point(self) -> float:
+        """When the SIGTERM is due: the lease's self-stop point, when the program's own notice
+        comes (``notices/_lease.py``), and a poll of that notice later, so that a program that
+        watches the lease stops by it as it always has: its own stop, which knows the
+        deadline, comes first. A quarter of the warning at least is left before the SIGKILL
+        at the deadline."""
+        assert self.deadline is not None
+        return self.deadline - self.warn + min(NOTICE_SLACK, 0.75 * self.warn)
+
+    def stopping(self) -> bool:
+        """Whether the program already stops (its handler wrote so in its run record)."""
+        try:
+            with open(self.lease.with_name(RECORD_NAME), "rb") as fh:
+                doc = json.loads(fh.read(LEASE_MAX_BYTES))
+        except (OSError, ValueError, RecursionError):
+            return False
+        return isinstance(doc, dict) and doc.get("state") in STOPPING_STATES
+
+    def wait(self, now: float) -> float:
+        """Seconds until the next look."""
+        if self.deadline is None or self.killed:
+            return LEASE_POLL
+        points = [self.deadline, self.term_point]
+        if self.termed_at is not None:
+            points.append(self.termed_at + self.term_timeout)
+        ahead = [p - now for p in points if p > now]
+        return max(min([LEASE_POLL, *ahead]), 0.0)
+
+    def termed(self, now: float, *, sent: bool) -> None:
+        self.termed_at = now
+        left = min((self.deadline or now) - now, self.term_timeout)
+        how = (
+            "the guardian stops it: SIGTERM"
+            if sent
+            else "its program is stopping by itself (it watches the lease); the guardian sends"
+        )
+        _say(
+            f"run {self.run}: its agent has not renewed the lease for this attempt (the agent "
+            f"is stopped, or cannot reach the database); {how}, SIGKILL in {left:.1f} s if it "
+            "is not gone by then, before another agent may take the run over"
+        )
+        self._write(now)
+
+    def kill(self, now: float) -> None:
+        self.killed = True
+        _say(
+            f"run {self.run}: the lease for this attempt ran out unrenewed; the guardian "
+            "kills what is left of it (SIGKILL), before another agent may take the run over"
+        )
+        self._write(now)
+
+    def _write(self, now: float) -> None:
+        doc = {
+            "boot_id": self.boot,
+            "term_monotonic": self.termed_at,
+            "killed": self.killed,
+            "at_monotonic": now,
+            "deadline_monotonic": self.deadline,
+        }
+        with contextlib.suppress(OSError):
+            fd = os.open(self.record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, (json.dumps(doc) + "\n").encode())
+            finally:
+                os.close(fd)
+
+
 # -- the guardian -------------------------------------------------------------------------------
+def _kill_attempt(
+    config: dict[str, object], tracker: Tracker | None, cgroup: Path | None, job: int
+) -> None:
+    marker = config.get("marker")
+    protect = [int(p) for p in config.get("protect", [])]  # type: ignore[attr-defined]
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if job > 1 and job not in protect:
+            os.killpg(job, signal.SIGKILL)  # the job's own group, in case tracking lagged
+    if cgroup is not None:
+        cgroup_kill(cgroup)
+    kill_tree(
+        tracker,
+        markers=[marker.encode("utf-8", "surrogateescape")] if isinstance(marker, str) else [],
+        protect=protect,
+    )
+
+
 def main(argv: list[str]) -> int:
     """``_guard.py CONFIG``: CONFIG is JSON with ``supervisor`` and ``job`` (pids), ``spare``
     (pids never to touch), ``protect`` (process groups never to signal as a whole),
-    ``marker`` (the attempt's environment entry) and ``cgroup`` (a path, or null)."""
+    ``marker`` (the attempt's environment entry), ``cgroup`` (a path, or null), and for an
+    agent's attempt ``lease`` (its lease file, or null), ``term_timeout`` and ``run``."""
     config = json.loads(argv[1])
     for sig in IGNORED:
         signal.signal(sig, signal.SIG_IGN)  # a group signal or a terminal's Ctrl+C is not for us
     cgroup = Path(config["cgroup"]) if config.get("cgroup") else None
+    job = int(config["job"])
     tracker = None
     if cgroup is None:
         tracker = Tracker(
             supervisor=int(config["supervisor"]),
-            job=int(config["job"]),
+            job=job,
             spare=[int(p) for p in config.get("spare", [])],
+        )
+    fence = None
+    if config.get("lease"):
+        fence = Fence(
+            Path(config["lease"]), float(config.get("term_timeout") or 0.0), str(config.get("run"))
         )
     interval = POLL_INTERVAL
     data = b""
     while True:
+        timeout: float | None = None
         if tracker is not None:
             started = time.monotonic()
             tracker.poll()
             cost = time.monotonic() - started
             interval = max(POLL_INTERVAL, cost / MAX_POLL_SHARE)
-            ready, _, _ = select.select([0], [], [], interval)
+            timeout = interval
+        if fence is not None:
+            now = time.monotonic()
+            fence.read()
+            due = fence.due(now)
+            if due == signal.SIGTERM:
+                send = not fence.stopping()  # a second signal would be a handler's hard exit
+                fence.termed(now, sent=send)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    protect = [int(p) for p in config.get("protect", [])]
+                    if send and job > 1 and job not in protect:
+                        os.killpg(job, signal.SIGTERM)
+            elif due == signal.SIGKILL:
+                fence.kill(now)
+                _kill_attempt(config, tracker, cgroup, job)
+            wait = fence.wait(time.monotonic())
+            timeout = wait if timeout is None else min(timeout, wait)
+        if timeout is not None:
+            ready, _, _ = select.select([0], [], [], timeout)
             if not ready:
                 continue
         chunk = os.read(0, 4096)
@@ -401,18 +621,7 @@ def main(argv: list[str]) -> int:
     if b"done" in data.split(b"\n"):
         return 0
     # the supervisor is gone without a word: nothing of its attempt may outlive it
-    marker = config.get("marker")
-    job = int(config["job"])
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if job > 1 and job not in (int(p) for p in config.get("protect", [])):
-            os.killpg(job, signal.SIGKILL)  # the job's own group, in case tracking lagged
-    if cgroup is not None:
-        cgroup_kill(cgroup)
-    kill_tree(
-        tracker,
-        markers=[marker.encode("utf-8", "surrogateescape")] if marker else [],
-        protect=[int(p) for p in config.get("protect", [])],
-    )
+    _kill_attempt(config, tracker, cgroup, job)
     return 0
 
 

@@ -40,6 +40,7 @@ class Attempt:
     exit_code: int
     duration: float
     signals: list[Received] = field(default_factory=list)
+    killed: bool = False  # the supervisor SIGKILLed it (its escalation, or a SIGKILL asked for)
     exit_seconds: float | None = None  # from the final commit to the last process reaped
 
     def as_json(self) -> dict[str, Any]:
@@ -52,6 +53,7 @@ class Attempt:
             "duration_s": round(self.duration, 3),
             "signals": [signal_name(s.signum) for s in self.signals],
             "forwarded": [s.forwarded for s in self.signals],
+            **({"killed": True} if self.killed else {}),
             "ended_at": time.time(),
             **({} if self.exit_seconds is None else {"exit_s": round(self.exit_seconds, 3)}),
         }

@@ -1,8 +1,18 @@
-"""The run's lock: ``supervisor.lock``, held (``flock``) by the run's one supervisor."""
+"""The run's lock: ``supervisor.lock``, held (``flock``) by the run's one supervisor.
+
+The file names its holder: its pid on the first line (for messages), and on the second
+``boot_id/pid_namespace/pid/start_ticks``. A supervisor that finds the lock held waits for the
+guardian of a holder that is *provably* gone (same boot, same pid namespace, no such process
+any more): it is stopping that attempt's processes. A holder it cannot see (another pid
+namespace: another container or host on a shared ``--home``; another boot; a file of an older
+version that names no namespace) is not gone for all it knows: the run is locked, at once, and
+the caller waits (a sweep's run stays in the queue; the lease decides, and the holder's own
+guardian stops its attempt by the lease, ``_guard.Fence``)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -12,6 +22,7 @@ from pathlib import Path
 from .._errors import PreemptibleError, RunLockedError
 from .._files import open_in_place
 from .._paths import LOCK_NAME
+from ..notices._lease import boot_id
 from ._guard import read_proc
 
 logger = logging.getLogger("preemptible")
@@ -30,8 +41,8 @@ def _take_lock(fd: int, run_id: str) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            if not _decimal(holder) or _alive(int(holder)) or time.monotonic() >= deadline:
+            holder = _holder(fd)
+            if not _gone(holder) or time.monotonic() >= deadline:
                 raise
             if not told:
                 told = True
@@ -39,15 +50,44 @@ def _take_lock(fd: int, run_id: str) -> None:
                     "preemptible: run %s: its last supervisor (pid %s) is gone; waiting for its "
                     "guardian to stop that attempt's processes",
                     run_id,
-                    holder,
+                    holder.split("\n", 1)[0],
                 )
             time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie is not: its parent has just not collected it yet)."""
-    proc = read_proc(pid)
-    return proc is not None and not proc.zombie
+def _holder(fd: int) -> str:
+    return os.pread(fd, 256, 0).decode("ascii", "replace").strip()
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return ""
+
+
+def identity() -> str:
+    """What the lock file says of this process: ``pid`` and ``boot/namespace/pid/start``."""
+    me = read_proc(os.getpid())
+    start = me.start if me is not None else ""
+    return f"{os.getpid()}\n{boot_id()}/{_pid_namespace()}/{os.getpid()}/{start}\n"
+
+
+def _gone(holder: str) -> bool:
+    """Whether the holder the lock file names is provably gone: on this boot and in this pid
+    namespace, and no process of its pid and start time runs (a zombie does not). Anything
+    that cannot be told from here is not gone (module docstring)."""
+    lines = holder.splitlines()
+    if len(lines) != 2 or not _decimal(lines[0]):
+        return False
+    parts = lines[1].split("/")
+    if len(parts) != 4 or parts[2] != lines[0] or not _decimal(parts[3]):
+        return False
+    boot, namespace, pid, start = parts
+    if not boot or boot != boot_id() or not namespace or namespace != _pid_namespace():
+        return False
+    proc = read_proc(int(pid))
+    return proc is None or proc.zombie or proc.start != int(start)
 
 
 def lock_run(run_dir: Path, run_id: str) -> int:
@@ -57,23 +97,31 @@ def lock_run(run_dir: Path, run_id: str) -> int:
     try:
         fd = open_in_place(path, os.O_RDWR | os.O_CREAT)
     except OSError as exc:
-        raise PreemptibleError(f"cannot open {path}: {exc.strerror or exc}") from exc
+        fix = (
+            "remove it (the supervisor creates the lock as a regular file) and start again"
+            if os.path.lexists(path) and exc.errno != errno.EROFS
+            else "use a --home this user can write to"
+        )
+        raise PreemptibleError(f"cannot open {path}: {exc.strerror or exc}; {fix}") from exc
     try:
         _take_lock(fd, run_id)
     except BlockingIOError as exc:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        pid = _holder(fd).split("\n", 1)[0].strip()
         os.close(fd)
-        who = f"pid {holder}" if _decimal(holder) else "another process"
+        who = f"pid {pid}" if _decimal(pid) else "another process"
         raise RunLockedError(
             f"run {run_id} is already supervised by {who} ({path}); wait for it to end, or "
             "pass another --run-id"
         ) from exc
-    except OSError as exc:  # a file system without locks
+    except OSError as exc:  # a file system without locks: fail closed, never run unlocked
         os.close(fd)
-        raise PreemptibleError(f"cannot lock {path}: {exc.strerror or exc}") from exc
+        raise PreemptibleError(
+            f"cannot lock {path}: {exc.strerror or exc}; use a --home on a file system with "
+            "locks (a local disk, NFS with its lock service)"
+        ) from exc
     with contextlib.suppress(OSError):  # the pid is only for the message above
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, identity().encode(), 0)
     return fd
 
 

@@ -41,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from . import _guard
 from ._cgroup import AttemptCgroup, Containment, attempt_cgroup_of
@@ -90,6 +91,14 @@ def token_owner(token: str) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
+class Lease(NamedTuple):
+    """An agent's lease on the attempt, for its guardian to fence it by (``_guard.Fence``)."""
+
+    file: Path
+    term_timeout: float
+    run_id: str
+
+
 class ProcessGroup:
     """``argv`` started in a new session (and so a new process group led by it), contained
     as ``containment`` says, with a guardian."""
@@ -103,8 +112,10 @@ class ProcessGroup:
         containment: Containment | None = None,
         cgroup_name: str = "",
         lock_fd: int = -1,
+        lease: Lease | None = None,
     ) -> None:
         self.argv = list(argv)
+        self.lease = lease
         self.known = set(children())  # not ours to stop when the attempt ends
         self.cgroup = self._make_cgroup(containment, cgroup_name)
         self.token = new_token()
@@ -162,6 +173,12 @@ class ProcessGroup:
             "marker": self.marker,
             "cgroup": str(self.cgroup.path) if self.cgroup else None,
         }
+        if self.lease is not None:
+            config.update(
+                lease=str(self.lease.file),
+                term_timeout=self.lease.term_timeout,
+                run=self.lease.run_id,
+            )
         guardian = subprocess.Popen(
             [sys.executable, "-I", "-S", GUARD_SCRIPT, json.dumps(config)],
             stdin=subprocess.PIPE,
@@ -172,6 +189,11 @@ class ProcessGroup:
         self.guardians.append(guardian.pid)
         self.tracker.spare.add(guardian.pid)
         return guardian
+
+    @property
+    def fencing(self) -> bool:
+        """Whether a guardian stops this attempt by its lease (``_guard.Fence``)."""
+        return self.lease is not None and not self._given_up
 
     def keep_guardian(self) -> tuple[int, int, int | None] | None:
         """A dead guardian replaced: (old pid, its return code, the new one's pid), else

@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 from .._errors import ConfigError
-from .._run import current_run
 from . import _slurm
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -28,24 +27,19 @@ def check_run_id(run_id: str, source: str = "--run-id") -> str:
     return run_id
 
 
-def parent_run() -> str | None:
-    """The run whose attempt this process is part of (a supervisor gave it
-    ``PREEMPTIBLE_RUN_ID`` and ``PREEMPTIBLE_RUN_DIR``), or None."""
-    run = current_run()
-    return run.run_id if run.supervised else None
-
-
-def default_run_id(command: list[str], checkpoint_dir: Path | None) -> tuple[str, str]:
+def default_run_id(
+    command: list[str], checkpoint_dir: Path | None, parent: str | None = None
+) -> tuple[str, str]:
     """The run id when none was given, and why it is that one. Stable: the same job started
     again (by hand, by a scheduler, after a crash of the supervisor) continues the same run
     directory, attempt numbers and default checkpoints instead of starting a new history.
 
-    Inside an attempt of another run (a job script that itself uses ``preemptible run``,
-    under an agent or another supervisor) the run is a run of its own: its id is derived as
-    below, together with the parent run's id, and never the SLURM job's, which the parent
-    has; the same parent run gets the same nested run again, so resumes work at both levels.
+    Inside an attempt of another run ``parent`` (a job script that itself uses ``preemptible
+    run``, under an agent or another supervisor: ``_parent.py``) the run is a run of its own:
+    its id is derived as below, together with the parent run's id, and never the SLURM job's,
+    which the parent has; the same parent run gets the same nested run again, so resumes work
+    at both levels.
     """
-    parent = parent_run()
     job = _slurm.job_id() if parent is None else None
     if job is not None:
         run_id = check_run_id(f"slurm-{job}", "the SLURM job id")

@@ -42,6 +42,7 @@ when their supervisor and guardian were killed together (``_earlier.py``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -50,7 +51,8 @@ from pathlib import Path
 
 from .._errors import PreemptibleError
 from .._errors import RunLockedError as RunLockedError  # its old home
-from .._paths import RunPaths
+from .._paths import OWNER_NAME, RunPaths
+from .._run import current_run
 from .._states import HeartbeatState, RecordState
 from ..stop._termination import signal_exit_code
 from . import _slurm
@@ -64,27 +66,54 @@ from ._earlier import stop_earlier_attempts
 from ._forwarding import Forwarder
 from ._journal import Attempt, Received, exit_seconds
 from ._lock import lock_run
+from ._parent import find_parent, mark_attempt
 from ._policy import RestartPolicy
-from ._process import MAX_GUARDIAN_CRASHES, ProcessGroup, become_subreaper
+from ._process import MAX_GUARDIAN_CRASHES, Lease, ProcessGroup, become_subreaper
 from ._process import EarlierAttempts as EarlierAttempts  # its old home
 from ._record import load_record
 from ._resume import Resumes
 from ._runfiles import RunFiles
-from ._runid import default_run_id, parent_run
+from ._runid import default_run_id
 
 logger = logging.getLogger("preemptible")
 
 WATCH_INTERVAL = 2.0  # seconds between looks for processes that left the job's group
+_told_own_run = False  # the line below, once per process (an agent makes a supervisor a run)
+
+
+def _own_run(config: SupervisorConfig, why: str) -> SupervisorConfig:
+    """The environment names an attempt this process is not part of (a leftover): a run of
+    its own, which writes nothing there and does not take that attempt's checkpoints."""
+    global _told_own_run
+    dropped = config.checkpoint_dir_from_env and config.checkpoint_dir is not None
+    if not _told_own_run:
+        _told_own_run = True
+        logger.warning(
+            "preemptible: PREEMPTIBLE_RUN_DIR=%s is not an attempt this process is part of "
+            "(%s; a leftover in the environment?): this is a run of its own, and nothing is "
+            "written there%s",
+            current_run().run_dir,
+            why,
+            "; PREEMPTIBLE_CHECKPOINT_DIR, that attempt's, is not used either" if dropped else "",
+        )
+    return dataclasses.replace(config, checkpoint_dir=None) if dropped else config
 
 
 class Supervisor:
     def __init__(self, config: SupervisorConfig) -> None:
-        self.config = config
         _slurm.in_batch_job()  # a bad SLURM job id fails here, before anything starts
+        # a nested run: the run whose attempt started this one (proven: _parent.py)
+        self.parent, not_ours = find_parent()
+        if not_ours:
+            config = _own_run(config, not_ours)
+        self.config = config
+        parent_id = self.parent.run_id if self.parent is not None else None
         if config.run_id is not None:
             self.run_id, self._run_id_why = config.run_id, ""
         else:
-            self.run_id, self._run_id_why = default_run_id(config.command, config.checkpoint_dir)
+            self.run_id, self._run_id_why = default_run_id(
+                config.command, config.checkpoint_dir, parent_id
+            )
         self.paths = RunPaths.under(config.home, self.run_id)
         self.run_dir = self.paths.run_dir
         self.checkpoint_dir = config.checkpoint_dir or self.paths.checkpoints
@@ -97,7 +126,6 @@ class Supervisor:
         self._lock_fd = -1
         self._exit_code: int | None = None
         self.containment: Containment | None = None
-        self.parent = parent_run()  # a nested run: the run whose attempt started this one
 
     @property
     def signals(self) -> list[Received]:
@@ -140,6 +168,19 @@ class Supervisor:
         """The process group of the running attempt's job, None between attempts."""
         group = self.forwarding.group
         return None if group is None else group.pid
+
+    def receive(self, signum: int) -> None:
+        """A stop signal that reached this process before the supervisor's handlers were
+        installed (``preemptible agent``'s handler hands it over while the attempt starts):
+        received, passed on once the job has started, and the attempt's."""
+        self.forwarding.receive(signum)
+
+    @property
+    def fenced(self) -> bool:
+        """Whether the running attempt's guardian stops it by the agent's lease file (the
+        agent's watchdog then leaves the lease's signals to it: ``_guard.Fence``)."""
+        group = self.forwarding.group
+        return group is not None and group.fencing
 
     def stop_job(self, signum: int) -> None:
         """Stop the running attempt as a received ``signum`` would, from another thread (a
@@ -236,13 +277,15 @@ class Supervisor:
 
     # -- one attempt -----------------------------------------------------------------------
     def _attempt(self, number: int) -> Attempt:
-        first = len(self.signals)  # signals from here on belong to this attempt
+        # signals from here on belong to this attempt, and those that came while it was being
+        # prepared (``_stop_earlier_attempts``, an agent's hand-over): they are passed on to it
+        first = self.forwarding.waiting_from
         attempt_dir, group = self._start(number)
         done = False
         try:
-            gone = self._supervise(number, group, first)
+            gone, killed = self._supervise(number, group, first)
             self.forwarding.group = None
-            attempt = self._finish(number, attempt_dir, group, first, gone)  # recorded first
+            attempt = self._finish(number, attempt_dir, group, first, gone, killed)  # recorded
             left = group.stop_leftovers(self.config.linger, self._sleep)
             if left:
                 logger.warning(
@@ -264,6 +307,10 @@ class Supervisor:
             attempt_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise PreemptibleError(f"cannot create {attempt_dir}: {exc.strerror or exc}") from exc
+        try:  # before the job starts: a run nested in it looks for this first
+            mark_attempt(attempt_dir, self.run_id, number)
+        except OSError as exc:
+            self.files.warn_once("attempt owner", attempt_dir / OWNER_NAME, exc)
         try:
             group = ProcessGroup(
                 self.config.command,
@@ -271,10 +318,12 @@ class Supervisor:
                 containment=self.containment,
                 cgroup_name=cgroup_name(self.run_id, number),
                 lock_fd=self._lock_fd,
+                lease=self._lease(),
             )
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                attempt_dir.rmdir()  # no attempt took place: leave no trace of one
+            with contextlib.suppress(OSError):  # no attempt took place: leave no trace of one
+                (attempt_dir / OWNER_NAME).unlink(missing_ok=True)
+                attempt_dir.rmdir()
             raise PreemptibleError(
                 f"cannot start {self.config.command[0]!r}: {exc.strerror or exc}"
             ) from exc
@@ -291,6 +340,11 @@ class Supervisor:
         )
         return attempt_dir, group
 
+    def _lease(self) -> Lease | None:
+        if self.config.lease_file is None:
+            return None
+        return Lease(self.config.lease_file, self.term_timeout()[0], self.run_id)
+
     def _environment(self, number: int, attempt_dir: Path) -> dict[str, str]:
         return attempt_environment(
             number,
@@ -303,9 +357,10 @@ class Supervisor:
             resumes=self.resumes,
         )
 
-    def _supervise(self, number: int, group: ProcessGroup, first: int) -> float:
+    def _supervise(self, number: int, group: ProcessGroup, first: int) -> tuple[float, bool]:
         """Wait for the attempt's whole group; escalate, watch for escapees, beat. Returns
-        when (wall time) the group's last process was reaped: a SIGCHLD wakes the wait."""
+        when (wall time) the group's last process was reaped (a SIGCHLD wakes the wait), and
+        whether the supervisor SIGKILLed the attempt itself (``Escalation.killed``)."""
         plan = Escalation()
         next_beat = next_watch = 0.0
         while not group.reap():
@@ -355,20 +410,32 @@ class Supervisor:
             self._sleep(min(max(wake - now, 0.0), 1.0))
         gone = time.time()
         self.forwarding.log_since(first)
-        return gone
+        return gone, plan.killed
 
     def _finish(
-        self, number: int, attempt_dir: Path, group: ProcessGroup, first: int, gone: float
+        self,
+        number: int,
+        attempt_dir: Path,
+        group: ProcessGroup,
+        first: int,
+        gone: float,
+        killed: bool,
     ) -> Attempt:
+        """Classify the attempt (``_classify``: the stops received or asked for during it, and
+        whether the supervisor SIGKILLed it, are the supervisor's own knowledge), journal it,
+        say it in one line."""
         ending = group.ending or Ending(lost=True)
         record = load_record(attempt_dir)
         mine = self.signals[first:]
-        forwarded = next((s.signum for s in mine if s.forwarded), None)
         state = classify(
-            ending, record, first_signal_at=mine[0].at if mine else None, forwarded=forwarded
+            ending,
+            record,
+            first_signal_at=mine[0].at if mine else None,
+            stops={s.signum for s in mine},
+            killed=killed,
         )
         code = exit_code_for(state, ending, record, mine[0].signum if mine else None)
-        attempt = Attempt(number, group.pid, state, ending, code, group.duration, mine)
+        attempt = Attempt(number, group.pid, state, ending, code, group.duration, mine, killed)
         attempt.exit_seconds = exit_seconds(attempt_dir, gone, group.duration)
         self.attempts.append(attempt)
         self.files.journal(attempt)
@@ -385,6 +452,14 @@ class Supervisor:
             # by it, but its training is committed
             newest = self.resumes.newest_name()
             where = f"; its training had finished at step {step}, checkpoint {newest}"
+        elif state is RunState.PREEMPTED and record.state is None:
+            # the stop landed where no handler of ours acted on it: in the program's start-up,
+            # or in a program without one
+            newest = self.resumes.newest_name()
+            where = (
+                "; nothing saved for the stop (no handler at a step boundary); newest "
+                f"checkpoint: {newest}"
+            )
         logger.log(
             logging.INFO if state is RunState.FINISHED else logging.WARNING,
             "preemptible: attempt %d: %s (%s) after %.1f s, pid %d%s",
@@ -421,7 +496,9 @@ class Supervisor:
 
     def _tell_parent(self) -> None:
         """A nested run ends: its last attempt's record is passed up (``tell_parent``)."""
-        tell_parent(self.run_id, self.paths.attempt(self.attempts[-1].number), self.files)
+        assert self.parent is not None
+        last = self.paths.attempt(self.attempts[-1].number)
+        tell_parent(self.run_id, last, self.parent.attempt_dir, self.files)
 
     def term_timeout(self) -> tuple[float, str]:
         return term_timeout(self.config.term_timeout)

@@ -14,14 +14,18 @@ ended. What the agent adds is the queue:
   (``PREEMPTIBLE_LEASE_FILE``) at every renewal. When renewals stop, the run is told to stop
   ``warn`` seconds before the lease's own deadline (``LEASE_MARGIN`` of the lease before it
   ends) and must be gone by then: the run watches the file itself (a notice, as for a spot
-  VM's; it holds while this agent is stopped by SIGSTOP or Ctrl+Z), and a watchdog thread here
-  sends SIGTERM at the warning and SIGKILL at the deadline for runs that do not watch it. Only
-  ``LEASE_MARGIN`` after the lease's end may an agent on another host take the run over, so
-  two attempts never write one checkpoint directory;
+  VM's), and the attempt's guardian, a process of its own that runs on while this agent is
+  stopped (SIGSTOP, Ctrl+Z, a frozen VM), sends SIGTERM at the warning and SIGKILL at the
+  deadline to every process of the attempt, whether its program watches the lease or not (a
+  plain script does not: ``supervisor/_guard.py``, ``Fence``); a watchdog thread here does it
+  where there is no guardian. Only ``LEASE_MARGIN`` after the lease's end may an agent on
+  another host take the run over, so two attempts never run at once, and an agent never takes
+  a process it cannot see (another pid namespace or host) for gone;
 - when the attempt ends, ``finish`` records it and the queue decides the run's next state
   (PREEMPTED runs go back to the queue with the same id and checkpoint directory, and the next
   agent resumes them). A result that comes after the lease ran out is kept when no other
-  attempt started; otherwise it is not recorded (and the run resumes from its checkpoints);
+  attempt started; otherwise it goes on its own attempt only, marked late (the run is the new
+  attempt's, and resumes from its checkpoints);
 - a run whose previous attempt may still be alive on this host (its agent is stopped, or a
   process still holds its locks) is left in the queue until it is not: waiting is not a
   failure (``HostView``);
@@ -33,8 +37,12 @@ ended. What the agent adds is the queue:
 
 Stopping an agent (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2): the signal goes to the run,
 which saves and exits; the agent records the attempt (the run goes back to the queue) and exits
-128 + signum without claiming again. Between runs it exits at once. A second signal reaches
-the run as a second signal: it exits at once, as under ``preemptible run``.
+128 + signum without claiming again. Wherever the stop lands, the attempt is PREEMPTED: a
+program stopped in its start-up (before its handler exists), after its loop, or one without a
+handler dies by the signal, and the supervisor knows it passed that stop on
+(``supervisor/_classify.py``); the run goes back to the queue, not to its failure budget.
+Between runs it exits at once. A second signal reaches the run as a second signal: it exits
+at once, as under ``preemptible run``.
 
 Agents on several machines must share the directory of runs (``--home``): checkpoints of a
 preempted run are resumed by whichever agent takes it next.
@@ -136,12 +144,16 @@ class Agent:
         self._signals: list[int] = []
         self._previous: dict[int, Any] = {}
         self._supervisor: Any = None
+        self._handing: Any = None  # the Supervisor whose attempt is starting (``_on_signal``)
         self._streak = 0  # runs in a row that could not start or failed within seconds
         self._said: set[str] = set()  # start failures already logged
 
     # -- signals between runs ----------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)  # bookkeeping only; the loop looks at it
+        supervisor = self._handing
+        if supervisor is not None:  # its attempt is starting: the stop is the attempt's too
+            supervisor.receive(signum)
 
     def _install(self) -> None:
         # nohup: the hang-up stays ignored
@@ -266,6 +278,7 @@ class Agent:
                     home=self.config.home,
                     term_timeout=self.spec.term_timeout,
                     extra_env={LEASE_FILE_ENV: str(lease_file.absolute())},
+                    lease_file=lease_file.absolute(),  # its guardian fences it by the lease
                     job_control=False,  # Ctrl+Z stops the agent (CtrlZ); the run stops by lease
                 )
             )
@@ -284,35 +297,41 @@ class Agent:
             beat.write()
         except (OSError, PreemptibleError) as exc:
             return self._could_not_start(claim, exc, [*made, lease_file])
-        if self._signals:  # told to stop between the claim and the start
-            _remove([lease_file, *made])
-            self.store.abandon(
-                claim.run_id, agent=self.id, attempt=claim.attempt, epoch=claim.epoch
-            )
-            return self._stopped(self._signals[0])
-        if time.monotonic() >= beat.deadline - beat.warn:  # this agent was stopped meanwhile
-            _remove([lease_file, *made])
-            self._abandon(claim)
-            logger.warning(
-                "preemptible: run %s: its lease is nearly over before it could start (was this "
-                "agent stopped?); handed back",
-                claim.run_id,
-            )
-            return None
-        self._restore()  # the supervisor takes the signals while the run runs
-        beat.start()
-        failed: PreemptibleError | None = None
+        # From here a stop this agent receives is the attempt's too (``_on_signal``), until
+        # the supervisor's own handlers take over, and again once they are put back: no moment
+        # between the claim and the end is left with the default action (death, for SIGTERM).
+        self._handing = supervisor
         try:
-            attempt = supervisor.run_attempt(claim.attempt)
-        except PreemptibleError as exc:  # it could not start (no such program, a lock held)
-            failed = exc
+            if self._signals:  # told to stop between the claim and the start
+                _remove([lease_file, *made])
+                self.store.abandon(
+                    claim.run_id, agent=self.id, attempt=claim.attempt, epoch=claim.epoch
+                )
+                return self._stopped(self._signals[0])
+            if time.monotonic() >= beat.deadline - beat.warn:  # this agent was stopped meanwhile
+                _remove([lease_file, *made])
+                self._abandon(claim)
+                logger.warning(
+                    "preemptible: run %s: its lease is nearly over before it could start (was "
+                    "this agent stopped?); handed back",
+                    claim.run_id,
+                )
+                return None
+            beat.start()
+            failed: PreemptibleError | None = None
+            try:
+                attempt = supervisor.run_attempt(claim.attempt)
+            except PreemptibleError as exc:  # it could not start (no such program, a lock held)
+                failed = exc
+            finally:
+                beat.stop()
         finally:
-            beat.stop()
-            self._install()
-        if isinstance(failed, RunLockedError):  # another supervisor took it here since
+            self._handing = None
+        if isinstance(failed, RunLockedError):  # another supervisor holds it (or took it since)
             _remove([lease_file, *made])
             self._abandon(claim)
-            self.local.blocked(claim.run_id)  # says why, once
+            if self.local.blocked(claim.run_id) is None:  # says why, once
+                self.local.locked(claim.run_id, str(failed).split(";", 1)[0])
             self._wait(self.config.heartbeat)
             return None
         if failed is not None:
@@ -324,9 +343,10 @@ class Agent:
             s.signum for s in supervisor.signals if not any(s is r for r in supervisor.requested)
         ]
         ending = str(attempt.state)
-        if beat.expired and ending != Ending.FINISHED:
+        expired = beat.stopped_for_lease
+        if expired and ending != Ending.FINISHED:
             ending = Ending.PREEMPTED  # stopped for this agent's lease, not for anything it did
-        ending = early_ending(ending, beat.early, expired=beat.expired)
+        ending = early_ending(ending, beat.early, expired=expired)
         record = read_record(attempt_dir)
         try:
             state = self.store.finish(
@@ -343,11 +363,13 @@ class Agent:
             )
         except LeaseLost:
             logger.error(
-                "preemptible: run %s attempt %d ended %s after another agent took the run over "
-                "(its lease had run out); not recorded here",
+                "preemptible: run %s attempt %d ended %s (exit code %s) after another agent "
+                "took the run over (its lease had run out): recorded on the attempt as a late "
+                "result; the run is the new attempt's",
                 claim.run_id,
                 claim.attempt,
                 ending,
+                attempt.exit_code,
             )
         else:
             logger.info(

@@ -21,6 +21,7 @@ from ._rows import Claim, SweepRow, claim_row, sweep_row
 from ._sample import Observation  # what ``propose`` reads: (params, metric, finished)
 from ._spec_model import Goal, Metric
 from ._values import _json, _loads, _metric, _metric_name
+from ._watch import BeatWatch
 
 logger = logging.getLogger("preemptible")
 
@@ -55,16 +56,18 @@ def take(
     local: Local | None,
     health: _Health,
     display: str,
+    watch: BeatWatch | None = None,
 ) -> Claim | None:
     """The claim transaction of ``Store.claim``: ``token`` marks what it takes, so that a
-    retry finds what an earlier try took; ``holder``: ``local``'s identity."""
+    retry finds what an earlier try took; ``holder``: ``local``'s identity; ``watch``: on
+    SQLite, this agent's record of the leases' renewals (``_watch``)."""
     if tx.retry:  # did an earlier try commit, its acknowledgement lost?
         mine = tx.one("claimed_by_token", token=token, agent=agent)
         if mine is not None:
             row = tx.one("claim_row", id=mine["id"])
             assert row is not None
             return claim_row(row)
-    expire(tx, local, health)
+    expire(tx, local, health, watch)
     sweep = sweep_of(tx, sweep_id, display)
     if sweep.control != Control.RUNNING:
         return None

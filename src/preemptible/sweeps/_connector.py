@@ -1,6 +1,6 @@
-"""The sweep database's connection layer: the ``Backend`` protocol its SQLite and PostgreSQL
-drivers meet (``_store_sqlite``, ``_store_pg``), the choice of one from a database URL, and the
-``Connector``: one connection, transactions of named queries (``_Tx``), retries with backoff
+"""The sweep database's connection layer: the choice of a backend (``_backend``: the protocol
+its SQLite and PostgreSQL drivers meet, ``_store_sqlite`` and ``_store_pg``) from a database URL,
+and the ``Connector``: one connection, transactions of named queries (``_Tx``), retries with backoff
 and the record of outages (``_Health``). It knows no table: the queue's operations are the
 ``Store``'s, the schema's ``_schema``'s."""
 
@@ -11,12 +11,12 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from .._env import env_float
 from .._errors import ConfigError, StoreError
+from ._backend import FULL, Backend
 from ._pause import GATE
 from ._redact import redact_url, userinfo_problem
 
@@ -26,19 +26,6 @@ T = TypeVar("T")
 DEFAULT_RETRY_TIMEOUT = 300.0
 MAX_BACKOFF = 5.0
 _VALID_URLS = "sqlite:///ABS/PATH.db, sqlite:REL/PATH.db or postgresql://USER:PASSWORD@HOST:PORT/DB"
-
-
-class Backend(Protocol):
-    kind: str
-    display: str
-
-    def connect(self) -> Any: ...
-    def transaction(self, conn: Any, *, write: bool) -> AbstractContextManager[Any]: ...
-    def transient(self, exc: BaseException) -> bool: ...
-    def broken(self, conn: Any) -> bool: ...
-    def convert(self, sql: str) -> str: ...
-    def scrub(self, text: str) -> str: ...
-    def blocker(self) -> str | None: ...
 
 
 class _Health:
@@ -140,8 +127,10 @@ class _Tx:
 class Connector:
     """One connection to the sweep database through its backend, opened on first use:
     transactions of named queries (``transact``), retried with backoff while the database is
-    locked, restarting or unreachable, up to ``retry_timeout``; a driver's error reported in
-    one line scrubbed of the URL's secrets (``StoreError``). One thread at a time."""
+    locked, restarting, unreachable or out of space (a transaction that failed for want of
+    space was rolled back whole: it runs again once there is some), up to ``retry_timeout``;
+    a driver's error reported in one line scrubbed of the URL's secrets (``StoreError``). One
+    thread at a time."""
 
     def __init__(
         self, backend: Backend, queries: dict[str, str], *, retry_timeout: float, health: _Health
@@ -191,7 +180,8 @@ class Connector:
             except Exception as exc:
                 if isinstance(exc, StoreError):  # ours, already one line (DatabaseGone)
                     raise
-                if not self.backend.transient(exc):
+                cause = self.backend.transient(exc)
+                if cause is None:
                     if not self._driver_error(exc, connecting):
                         raise
                     error = StoreError(
@@ -208,19 +198,21 @@ class Connector:
                 why = f" ({blocker})" if blocker else ""
                 if last:
                     raise StoreError(
-                        f"the sweep database {self.display} is unreachable or locked: "
+                        f"the sweep database {self.display} is {cause}: "
                         f"{self._say(exc)}{why}; gave up after {waited:.0f} s "
                         "(PREEMPTIBLE_DB_RETRY_TIMEOUT)"
                     ) from None
                 failures += 1
                 if failures == 1:
                     logger.warning(
-                        "preemptible: the sweep database %s is unreachable or locked (%s%s); "
-                        "retrying for up to %.0f s",
+                        "preemptible: the sweep database %s is %s (%s%s); retrying for up to "
+                        "%.0f s%s",
                         self.display,
+                        cause,
                         self._say(exc),
                         why,
                         self.retry_timeout,
+                        "; free some space where it is stored" if cause == FULL else "",
                     )
                 time.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, MAX_BACKOFF)

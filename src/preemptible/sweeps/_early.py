@@ -131,10 +131,11 @@ def said(stop: Stop, metric: str, attempt: int) -> None:
 
 
 def early_ending(ending: str, stopped: Stop | None, *, expired: bool) -> str:
-    """An attempt's ending once the judge may have stopped it: the stop's PREEMPTED (or KILLED
-    after the term timeout, or CRASHED: a script without a stop handler dies of the signal) is
-    STOPPED; a run that FINISHED anyway, or failed with its own exit code, is what it is; one
-    stopped for this agent's lease meanwhile goes back to the queue as preempted."""
+    """An attempt's ending once the judge may have stopped it: the stop's PREEMPTED (a script
+    without a stop handler that dies of the signal, or is killed after the term timeout, is
+    PREEMPTED too), or a crash while it stopped, is STOPPED; a run that FINISHED anyway, or
+    failed with its own exit code, is what it is; one stopped for this agent's lease meanwhile
+    goes back to the queue as preempted."""
     if stopped is None or expired:
         return ending
     if ending in (Ending.PREEMPTED, Ending.KILLED, Ending.CRASHED):

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from .._errors import ConfigError, LeaseLost, PreemptibleError
 from .._states import Control, Ending, QueueState, spend
 from ._connector import MAX_BACKOFF, _Health, _Tx
+from ._watch import BeatWatch
 
 logger = logging.getLogger("preemptible")
 
@@ -206,8 +207,11 @@ def resume_stopped(tx: _Tx, sweep_id: str, run_id: str, display: str) -> None:
 
 
 def gone(r: Mapping[str, Any], local: Local | None, health: _Health) -> bool:
-    """Whether the holder of expired lease ``r`` is provably gone (``_store``'s docstring)."""
-    alive = local.holder_alive(r["lease_holder"]) if local is not None else None
+    """Whether the holder of expired lease ``r`` is provably gone (``_store``'s docstring).
+    ``r["overdue"]``: seconds since the lease ran out, by one clock (PostgreSQL's, or this
+    agent's own over the renewal counter: ``_watch``); ``r["alive"]``: the holder's process,
+    as this host can tell (None: not on this host, or not comparable)."""
+    alive = r["alive"]
     if alive is not None:  # the holder's own host: its process and the run's locks say
         return not alive and local is not None and local.blocked(r["id"]) is None
     if r["overdue"] <= takeover_margin(r["lease_seconds"]):
@@ -217,10 +221,39 @@ def gone(r: Mapping[str, Any], local: Local | None, health: _Health) -> bool:
     return recovered is None or time.monotonic() - recovered >= hold
 
 
-def expire(tx: _Tx, local: Local | None, health: _Health) -> list[str]:
-    """Take over every run whose lease ran out and whose holder is gone; their ids."""
+def expired_leases(
+    tx: _Tx, local: Local | None, watch: BeatWatch | None
+) -> Iterator[dict[str, Any]]:
+    """The running runs whose lease ran out, with ``overdue`` and ``alive`` (``gone``). On
+    PostgreSQL the query picks them by the server's clock; on SQLite (``watch``) every running
+    run comes, and a lease ran out once this agent saw its renewal counter stay the same for
+    the lease (``_watch``), or, on the holder's own host, by the wall clock (its liveness
+    decides there, not the time)."""
+    rows = tx.all("expired_runs")
+    if watch is not None:
+        watch.keep(r["id"] for r in rows)
+    for row in rows:
+        r = dict(row)
+        if watch is not None:
+            still = watch.unchanged_for(r["id"], r["lease_epoch"], r["lease_beats"])
+            r["overdue"] = still - (r["lease_seconds"] or 0.0)
+            wall = r["wall_overdue"]
+            if r["overdue"] <= 0 and (wall is None or wall <= 0):
+                continue
+        # asked only of leases that ran out: it says why this agent waits, when it does
+        r["alive"] = local.holder_alive(r["lease_holder"]) if local is not None else None
+        if watch is not None and r["overdue"] <= 0 and r["alive"] is None:
+            continue  # only the wall clock says so, and the holder is not on this host
+        yield r
+
+
+def expire(
+    tx: _Tx, local: Local | None, health: _Health, watch: BeatWatch | None = None
+) -> list[str]:
+    """Take over every run whose lease ran out and whose holder is gone; their ids.
+    ``watch``: on SQLite, this agent's record of renewals (``_watch``)."""
     expired = []
-    for r in tx.all("expired_runs"):
+    for r in expired_leases(tx, local, watch):
         if not gone(r, local, health):
             continue
         ending = Ending.PREEMPTED if r["marked_preempting"] else Ending.CRASHED

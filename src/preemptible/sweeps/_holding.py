@@ -1,7 +1,10 @@
 """An agent's hold on the run it claimed, while the run's attempt runs: the heartbeat that
 renews the lease (and asks the early-termination judge, ``_early``, after each renewal), the
 copy of the run's metric history into the queue, and the watchdog that stops the run when
-renewals stop (``_agent``'s module docstring tells the whole lease protocol).
+renewals stop (``_agent``'s module docstring tells the whole lease protocol). The watchdog is a
+thread of the agent, stopped with it; the attempt's guardian (``supervisor/_guard.py``), a
+process of its own, reads the same ``lease.json`` and sends the lease's signals while it
+fences the attempt, and the watchdog then only says so.
 
 The lease never waits on the history. A run may report millions of points (``_history``);
 copied in the heartbeat's thread, they delayed the renewals until the watchdog stopped the
@@ -46,6 +49,7 @@ from .._run import read_record
 from .._states import Control
 from ..checkpoint._store import CheckpointStore
 from ..notices._lease import write_lease
+from ..supervisor._guard import FENCE_NAME
 from ._early import Judge, Stop, said
 from ._history import SLICE_SECONDS, HistoryCopy
 from ._store import Claim, Store, clean_step, takeover_margin
@@ -313,40 +317,60 @@ class RunLease:
                 self._ended.wait(idle)
 
     def _watchdog(self) -> None:
-        """SIGTERM ``warn`` seconds before the deadline, SIGKILL at it, unless renewed."""
+        """SIGTERM ``warn`` seconds before the deadline, SIGKILL at it, unless renewed. While
+        the attempt's guardian fences it (``supervisor/_guard.py``: a process that runs on when
+        this one is stopped), the guardian sends them and this thread only says so: both
+        sending would be a second SIGTERM, which a handler takes for a hard exit."""
         termed = killed = False
         while not killed:
             with self._guard:
                 deadline = self.deadline
             now = time.monotonic()
+            fenced = self.supervisor.fenced
+            by = "its guardian sends " if fenced else ""
             if now >= deadline:
                 killed = True
                 if _group_alive(self.supervisor.job_group):
                     self.expired = True
                     logger.error(
-                        "preemptible: run %s: its lease was not renewed in time; SIGKILL, "
+                        "preemptible: run %s: its lease was not renewed in time; %sSIGKILL, "
                         "before another agent may take the run over",
                         self.claim.run_id,
+                        by,
                     )
-                    self._inject(signal.SIGKILL)
+                    if not fenced:
+                        self._inject(signal.SIGKILL)
                 break
             if now >= deadline - self.warn and not termed:
                 termed = True
-                if not _group_alive(self.supervisor.job_group):
+                if not _group_alive(self.supervisor.job_group) and not self.fenced():
                     continue  # it has ended (while this agent was stopped, say): nothing to stop
                 self.expired = True
                 logger.warning(
                     "preemptible: run %s: its lease has not been renewed for %.0f s (the "
-                    "database is unreachable?); stopping the run (SIGTERM) to have it gone "
+                    "database is unreachable?); stopping the run (%sSIGTERM) to have it gone "
                     "%.0f s from now, before another agent may take it over",
                     self.claim.run_id,
                     now - (deadline - self._span),
+                    by,
                     deadline - now,
                 )
-                self._inject(signal.SIGTERM)
+                if not fenced:
+                    self._inject(signal.SIGTERM)
             wake = deadline if termed else deadline - self.warn
             if self._done.wait(min(max(wake - now, 0.0), 1.0)):
                 return
+
+    def fenced(self) -> bool:
+        """Whether the attempt's guardian stopped it for its lease (it leaves ``fence.json``
+        beside the lease file): it ended for the lease, not for anything the run did."""
+        return (self.attempt_dir / FENCE_NAME).exists()
+
+    @property
+    def stopped_for_lease(self) -> bool:
+        """The attempt was stopped for this agent's lease (not renewed, or taken over), by
+        this agent or by the attempt's guardian."""
+        return self.expired or self.fenced()
 
     def _inject(self, signum: int) -> None:
         self.supervisor.stop_job(signum)

@@ -113,6 +113,11 @@ class HostView:
             self._said.pop(run_id, None)
         return reason
 
+    def locked(self, run_id: str, reason: str) -> None:
+        """The run's supervisor lock was refused, by a holder not in this host's lock table
+        as this agent sees it (another pid namespace): said once, like ``blocked``'s."""
+        self._wait_for(run_id, reason)
+
     def _wait_for(self, key: str, reason: str) -> None:
         if self._said.get(key) != reason:
             self._said[key] = reason
@@ -121,10 +126,10 @@ class HostView:
 
 def _pid_in(run_dir: Path) -> str:
     try:
-        text = (run_dir / SUPERVISOR_LOCK).read_text(encoding="ascii", errors="replace")[:32]
+        text = (run_dir / SUPERVISOR_LOCK).read_text(encoding="ascii", errors="replace")[:256]
     except OSError:
         return ""
-    pid = text.strip()
+    pid = text.split("\n", 1)[0].strip()  # then its identity (``supervisor/_lock.py``)
     return f" (pid {pid})" if pid.isascii() and pid.isdigit() else ""
 
 

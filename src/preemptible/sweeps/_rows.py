@@ -78,6 +78,7 @@ class AttemptRow:
     outcome: str | None  # the run's state after this attempt
     closed_by: str | None  # the agent that ended it, or LEASE_EXPIRED
     epoch: int | None = None  # the lease epoch of its claim (None: before schema version 2)
+    late: bool = False  # its result came after another agent took the run over (ending real)
 
 
 @dataclass(frozen=True)

@@ -362,7 +362,7 @@ def _run_docs(
     known: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """A run document per run from ``status_runs`` rows: the run's 11 columns, then its
-    attempt's 10 (NULL for a run without attempts), a row per attempt, in order. ``known``:
+    attempt's 11 (NULL for a run without attempts), a row per attempt, in order. ``known``:
     summaries the scan decoded already, by run id (taken out as they are used)."""
     run: tuple[Any, ...] | None = None
     log: list[dict[str, Any]] = []
@@ -450,7 +450,8 @@ def _run_doc(
 
 
 def _attempt_doc(a: tuple[Any, ...], now: float) -> dict[str, Any]:
-    number, agent, host, started_at, ended_at, ending, exit_code, duration, step, closed_by = a
+    number, agent, host, started_at, ended_at, ending, exit_code, duration, step, closed_by = a[:10]
+    late = bool(a[10]) if len(a) > 10 else False
     if duration is None:  # running (elapsed so far), or ended without a measure (lease lost)
         duration = max(0.0, (ended_at if ended_at is not None else now) - started_at)
     return {
@@ -461,6 +462,7 @@ def _attempt_doc(a: tuple[Any, ...], now: float) -> dict[str, Any]:
         "ended_at": ended_at,
         "ending": ending,
         "lost": closed_by == LEASE_EXPIRED,
+        "late": late,  # its own result came after another agent took the run over
         "exit_code": exit_code,
         "duration": duration,
         "checkpoint_step": step,

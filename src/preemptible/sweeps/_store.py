@@ -6,19 +6,26 @@ Agents on one machine or many share one database. The guarantees:
   ``BEGIN IMMEDIATE``; PostgreSQL: ``FOR UPDATE SKIP LOCKED``, and the sweep row locked only
   to create a new run), and it carries a client token: a claim retried because its commit's
   acknowledgement was lost finds the run it already took instead of taking a second one.
-* An agent holds its run by a lease on the database clock, renewed by ``heartbeat``. Every
+* An agent holds its run by a lease, renewed by ``heartbeat``: on PostgreSQL by the server's
+  clock; on SQLite, which has no clock that all processes share, by a renewal counter that
+  each agent watches on its own monotonic clock (``_watch``), never by comparing wall clocks. Every
   claim increases the run's lease epoch, a fencing token: the holder's heartbeats, results,
   reports and hand-backs carry it and are refused once another claim moved it on.
 * A lease that ran out is taken over (the attempt ends CRASHED, PREEMPTED if the run had marked
   itself preempting; the run goes back once, counted as a preemption) only when its holder is
   provably gone: on the holder's own host when its process is dead and no process holds the
   run's locks there (``Local``); from another host ``LEASE_MARGIN`` of the lease after it ran
-  out by the database's clock, and not within a lease of this process's own wait for an
-  unreachable database (the holder may have a result to report). The holder stops its run by
-  its own clock that margin *before* the lease runs out (see ``preemptible.notices._lease``).
-  Until then the run is left as it is: waiting is not a failure.
+  out (by the server's clock, or on SQLite by the taker's own over the renewal counter), and
+  not within a lease of this process's own wait for an unreachable database (the holder may
+  have a result to report). A holder it cannot see is never taken for gone. The holder's side
+  stops its run by its own clock that margin *before* the lease runs out, from a process that
+  runs on while the agent is stopped (the attempt's guardian, ``supervisor/_guard.py``; and
+  the program itself when it watches ``preemptible.notices._lease``). Until then the run is
+  left as it is: waiting is not a failure.
 * A result that arrives after the lease ran out is kept when no other attempt has started:
-  the attempt ends as it really ended, not as lost.
+  the attempt ends as it really ended, not as lost. Once another attempt has started, the late
+  result still goes on its own attempt (its ending and exit code, marked ``late``), and the run
+  stays with its new holder.
 * Every call is retried with exponential backoff (capped at 5 s) while the database is locked,
   restarting or unreachable, up to a deadline (``PREEMPTIBLE_DB_RETRY_TIMEOUT``, default 300 s);
   each is idempotent, so a retry after a lost acknowledgement changes nothing twice.
@@ -60,11 +67,11 @@ from .._errors import StoreError as StoreError  # importable from here, as befor
 from .._states import Control as Control  # importable from here, as before
 from .._states import Ending, QueueState
 from .._text import printable as printable  # importable from here, as before
+from ._backend import Backend
 from ._claims import Propose as Propose  # its old home
 from ._claims import take
 from ._connector import DEFAULT_RETRY_TIMEOUT as DEFAULT_RETRY_TIMEOUT  # its old home
 from ._connector import MAX_BACKOFF as MAX_BACKOFF  # its old home
-from ._connector import Backend as Backend  # its old home
 from ._connector import Connector, T, _Health, choose_backend, retry_timeout_of
 from ._connector import _Tx as _Tx  # its old home
 from ._endings import LEASE_EXPIRED as LEASE_EXPIRED  # its old home
@@ -97,6 +104,7 @@ from ._values import (
 )
 from ._values import _metric as _metric  # its old home
 from ._values import clean_step as clean_step  # its old home
+from ._watch import BeatWatch
 
 logger = logging.getLogger("preemptible")
 
@@ -113,7 +121,8 @@ def open_store(
 ) -> Store:
     """Open (and create or migrate) the sweep database. ``url`` None: ``$PREEMPTIBLE_DB``, else
     ``<root or cwd>/.preemptible/sweeps.db``. ``retry_timeout``: seconds each operation keeps
-    retrying an unreachable or locked database (``$PREEMPTIBLE_DB_RETRY_TIMEOUT``, 300).
+    retrying a database that is unreachable, locked, or out of space, memory or connection
+    slots (``$PREEMPTIBLE_DB_RETRY_TIMEOUT``, 300).
     ``reader``: the caller only reads (``status``): a database it cannot write (a read-only
     file system or role, a PostgreSQL standby) is read as it is when its schema is current.
     ``create=False`` (and any reader): an SQLite file that does not exist is an error
@@ -149,6 +158,8 @@ class Store(HistoryStore, ControlStore):
         self._backend = backend
         self._health = self._db.health
         self.kind = backend.kind
+        # SQLite has no clock all agents share: leases are judged by their renewals (_watch)
+        self._watch = BeatWatch() if backend.kind == "sqlite" else None
         self.display = backend.display  # the URL with its password hidden
         try:
             migrate(self._db, reader=reader)
@@ -215,6 +226,7 @@ class Store(HistoryStore, ControlStore):
                 local=local,
                 health=self._health,
                 display=self.display,
+                watch=self._watch,
             )
         )
 
@@ -258,7 +270,9 @@ class Store(HistoryStore, ControlStore):
         """Record how this agent's attempt ended; the run's new state (module docstring).
         Calling it again for the same attempt changes nothing and returns the same state. A
         result that comes after another agent ended the attempt for its expired lease is
-        recorded instead of that ending while no other attempt has started (else LeaseLost)."""
+        recorded instead of that ending while no other attempt has started; once another has,
+        it is recorded on its attempt only, marked late (the run stays the new attempt's), and
+        LeaseLost is raised."""
         if ending not in ENDINGS:
             raise ConfigError(f"ending={ending!r} is not valid; use one of {', '.join(ENDINGS)}")
         summary_text = (
@@ -329,21 +343,33 @@ class Store(HistoryStore, ControlStore):
         ending: str,
         values: dict[str, Any],
     ) -> str:
-        def close(tx: _Tx) -> str:
+        def close(tx: _Tx) -> str | PreemptibleError:
             run = tx.one("lock_run", id=run_id, attempt=attempt)
             if run is None:
                 raise self._no_run(run_id)
             stale = epoch is not None and run["attempt_epoch"] not in (None, epoch)
             if run["attempt_ended_at"] is not None:
                 if run["attempt_closed_by"] == agent and not stale:  # a retry of this same call
+                    if run["attempt_late"] and run["attempt"] != attempt:
+                        return self._lease_lost(tx, run_id, agent, attempt)
                     return str(run["attempt_outcome"])
-                if (
-                    run["attempt_closed_by"] == LEASE_EXPIRED
-                    and run["attempt"] == attempt
-                    and run["state"] != QueueState.RUNNING
-                    and not stale
-                ):
-                    return late(tx, run, agent, attempt, ending, values, self.display)
+                if run["attempt_closed_by"] == LEASE_EXPIRED and not stale:
+                    if run["attempt"] == attempt and run["state"] != QueueState.RUNNING:
+                        return late(tx, run, agent, attempt, ending, values, self.display)
+                    if ending == RELEASED:  # handed back unrun: nothing to say of the attempt
+                        raise self._lease_lost(tx, run_id, agent, attempt)
+                    # another attempt has started: the run is its own; this one's row says
+                    # how it really ended (committed; the caller still gets LeaseLost)
+                    tx.run(
+                        "late_attempt",
+                        run_id=run_id,
+                        number=attempt,
+                        ending=ending,
+                        closed_by=agent,
+                        expired=LEASE_EXPIRED,
+                        **values,
+                    )
+                    return self._lease_lost(tx, run_id, agent, attempt)
                 raise self._lease_lost(tx, run_id, agent, attempt)
             if run["state"] != QueueState.RUNNING or run["attempt"] != attempt:
                 raise self._lease_lost(tx, run_id, agent, attempt)
@@ -362,7 +388,10 @@ class Store(HistoryStore, ControlStore):
             )
             return state
 
-        return self._transact(close)
+        done = self._transact(close)
+        if isinstance(done, PreemptibleError):
+            raise done
+        return done
 
     def _lease_lost(self, tx: _Tx, run_id: str, agent: str, attempt: int) -> PreemptibleError:
         return lease_lost(tx, run_id, agent, attempt, self.display)
@@ -378,7 +407,7 @@ class Store(HistoryStore, ControlStore):
         """Take over every run whose lease ran out and whose holder is gone (module docstring;
         ``local`` as for ``claim``): end its attempt and requeue it. The ids of those runs.
         Concurrent callers never both deal with the same run."""
-        return self._transact(lambda tx: expire(tx, local, self._health))
+        return self._transact(lambda tx: expire(tx, local, self._health, self._watch))
 
     def mark_preempting(self, run_id: str, *, attempt: int) -> None:
         """The run declared itself preempting: a lost lease then ends the attempt PREEMPTED."""

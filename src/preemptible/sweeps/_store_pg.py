@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from ._backend import FULL, UNREACHABLE
 from ._redact import Scrubber
 
 # A server that answers these will answer them again: waiting does not help.
@@ -27,6 +28,14 @@ _PERMANENT = (
     "invalid connection option",
     "invalid uri",
     "invalid integer value",
+)
+
+OUT_OF_MEMORY = "out of memory"
+NO_SLOTS = "out of connection slots"
+_RESOURCES = (
+    (("too many connections", "too many clients", "connection slots are reserved"), NO_SLOTS),
+    (("no space left on device", "could not extend file"), FULL),
+    (("out of memory",), OUT_OF_MEMORY),
 )
 
 # seconds a session may sit inside a transaction without a statement (the server's
@@ -74,17 +83,31 @@ class PostgresBackend:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             yield cur
 
-    def transient(self, exc: BaseException) -> bool:
+    def transient(self, exc: BaseException) -> str | None:
         import psycopg
 
         if isinstance(exc, psycopg.InterfaceError):  # "the connection is closed/lost"
-            return True
+            return UNREACHABLE
         if isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout):
-            return True  # the server ended a session stopped inside a transaction: run it again
+            return UNREACHABLE  # the server ended a session stopped inside a transaction
+        # class 53, insufficient resources: the server rolled the transaction back and will
+        # take it once space, memory or a connection slot is free again
+        if isinstance(exc, psycopg.errors.DiskFull):  # 53100
+            return FULL
+        if isinstance(exc, psycopg.errors.OutOfMemory):  # 53200
+            return OUT_OF_MEMORY
+        if isinstance(exc, psycopg.errors.TooManyConnections):  # 53300
+            return NO_SLOTS
         if isinstance(exc, psycopg.OperationalError):
             text = str(exc).lower()
-            return not any(marker in text for marker in _PERMANENT)
-        return False
+            if any(marker in text for marker in _PERMANENT):
+                return None
+            # refused while connecting, the same causes come as words only (no SQLSTATE)
+            for markers, cause in _RESOURCES:
+                if any(marker in text for marker in markers):
+                    return cause
+            return UNREACHABLE
+        return None
 
     def blocker(self) -> str | None:
         return None  # a stopped client's session is ended by the server (connect)

@@ -36,6 +36,7 @@ from urllib.parse import quote
 
 from .._errors import DatabaseGone
 from .._files import file_id, file_locks
+from ._backend import FULL, UNREACHABLE
 from ._lease import process_stat
 
 logger = logging.getLogger("preemptible")
@@ -43,6 +44,7 @@ logger = logging.getLogger("preemptible")
 # How long SQLite itself waits for another writer before "database is locked"; past it the
 # store's own retry (with backoff, up to its deadline) takes over.
 BUSY_TIMEOUT = 10.0
+_SQLITE_FULL = 13  # sqlite3.SQLITE_FULL: "database or disk is full"
 
 
 class SqliteBackend:
@@ -185,11 +187,18 @@ class SqliteBackend:
                     conn.execute("ROLLBACK")
             raise
 
-    def transient(self, exc: BaseException) -> bool:
+    def transient(self, exc: BaseException) -> str | None:
+        """Another writer holds the file (locked, busy), or its disk is full (SQLITE_FULL:
+        a commit that needs a page the file system cannot give; SQLite rolls it back whole, so
+        the same transaction runs again once there is space)."""
         import sqlite3
 
+        if not isinstance(exc, sqlite3.OperationalError):
+            return None
         text = str(exc).lower()
-        return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+        if getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL or "is full" in text:
+            return FULL
+        return UNREACHABLE if "locked" in text or "busy" in text else None
 
     def blocker(self) -> str | None:
         """Who keeps the file's write lock, where that is a stopped process of this host

@@ -30,6 +30,12 @@ Served on a loopback address, a request must name the server by a loopback name 
 ``Host`` header: a web page elsewhere cannot read the sweep through a DNS name of its own
 that it points at 127.0.0.1 (DNS rebinding).
 
+A connection costs a thread, so they are bounded: at most ``MAX_CONNECTIONS`` are served at
+once, and one more is answered 503 (``Retry-After: 1``) at once by the serving thread and closed
+(the page's script retries anyway). A client has ``IDLE_TIMEOUT`` seconds to send its whole
+request, however slowly it trickles in, and each write to it must go through within as long;
+then its connection is closed. Without both, 800 half-sent requests kept 801 threads.
+
 Ctrl+C, SIGTERM or SIGHUP stops the server: the handler only records that a stop came; the
 main thread, which serves, sees it within ``_POLL`` seconds, closes the server and the
 database, and the command exits 0.
@@ -37,6 +43,7 @@ database, and the command exits 0.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import ipaddress
@@ -70,6 +77,8 @@ from ._web_timeline import timeline_svg
 logger = logging.getLogger("preemptible")
 
 DEFAULT_PORT = 8765
+MAX_CONNECTIONS = 32  # a few tabs of a browser (six connections each) with room to spare
+IDLE_TIMEOUT = 15.0  # seconds to send a request (a browser sends it at once), or to take a write
 _POLL = 0.25  # how often the serving thread looks whether a stop came
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _HTML = "text/html; charset=utf-8"
@@ -79,10 +88,24 @@ T = TypeVar("T")
 # -- the server -------------------------------------------------------------------------------
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a stuck browser never holds the command open at exit
+    # connections waiting to be accepted (or refused): socketserver's 5 dropped the others'
+    # first packet in a burst, and each such client waited a second or more to try again
+    request_queue_size = 128
 
     def __init__(
-        self, address: tuple[str, int], store: Store, model: SweepModel, home: Path
+        self,
+        address: tuple[str, int],
+        store: Store,
+        model: SweepModel,
+        home: Path,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
+        self.idle_timeout = idle_timeout
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
+        self._told_full = False
         self.store = store
         self.sweep_id = model.sweep_id
         self.home = home
@@ -95,6 +118,45 @@ class _Server(ThreadingHTTPServer):
             port = self.server_address[1]
             names = {"localhost", "127.0.0.1", "[::1]", address[0], f"[{address[0]}]"}
             self.allowed_hosts = {f"{n}:{port}" for n in names} | names
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread for the connection while a slot is free; else a 503 from here, at once."""
+        if not self.slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: it will not give the slot back
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        if not self._told_full:
+            self._told_full = True
+            logger.warning(
+                "preemptible: web: %d connections are open, the most served at once; more "
+                "are answered 503 until some close",
+                self.max_connections,
+            )
+        body = b"too many open connections; try again in a moment\n"
+        head = (
+            "HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+        )
+        with contextlib.suppress(OSError):
+            request.setblocking(False)  # the serving thread never waits on a client
+            # read what the client sent so far: closing with it unread would reset the
+            # connection, and the client could lose the answer
+            request.recv(65536)
+        with contextlib.suppress(OSError):
+            request.send(head.encode() + body)  # a new socket's buffer takes it whole
+        self.shutdown_request(request)
 
     def locked(self, fn: Callable[[], T]) -> T:
         with self.lock:
@@ -175,15 +237,42 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reading side, with one deadline for all of the request: a client that
+    trickles a byte now and then is cut off as one that sends nothing."""
+
+    def __init__(self, sock: socket.socket, timeout: float) -> None:
+        super().__init__()
+        self.sock = sock
+        self.deadline = time.monotonic() + timeout
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request took too long to arrive")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "preemptible"
     sys_version = ""
 
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # left open, the socket's file would keep the connection open
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.server.idle_timeout))
+
     def do_HEAD(self) -> None:
         self.do_GET()
 
     def do_GET(self) -> None:
+        # the request is in: each write may take as long (a client that stops reading is let go)
+        self.connection.settimeout(self.server.idle_timeout)
         host = self.headers.get("Host", "").lower()
         if self.server.allowed_hosts is not None and host not in self.server.allowed_hosts:
             self._send(HTTPStatus.FORBIDDEN, "text/plain", b"unknown Host header\n")
@@ -199,8 +288,8 @@ class _Handler(BaseHTTPRequestHandler):
             except PreemptibleError:
                 status = HTTPStatus.SERVICE_UNAVAILABLE  # the database failed
                 raise
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the browser went away
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass  # the browser went away, or stopped reading
         except PreemptibleError as exc:
             if route.startswith("/api/"):
                 self._send(status, "application/json", _encode({"error": str(exc)}).encode())
@@ -314,12 +403,15 @@ def serve_status(
     port: int = DEFAULT_PORT,
     home: Path | None = None,
     echo: Callable[[str], None] | None = None,
+    max_connections: int = MAX_CONNECTIONS,
+    idle_timeout: float = IDLE_TIMEOUT,
 ) -> None:
     """Serve the sweep's page until Ctrl+C, SIGTERM or SIGHUP (then return: exit 0). The
     first line given to ``echo`` (default: printed) is ``serving sweep ID at
     http://HOST:PORT/`` (port 0: the free port the system picked). ``home``: the agents'
     ``--home``, where the run pages read each run's journal and records (default
-    ``.preemptible``)."""
+    ``.preemptible``). ``max_connections`` and ``idle_timeout``: connections served at once,
+    and seconds a client has to send its request (tests shorten it)."""
     say = _print if echo is None else echo
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port {port}: give a port between 1 and 65535, or 0 for a free one")
@@ -333,7 +425,12 @@ def serve_status(
         # whole sweep is read once before the first page is asked for
         try:
             server = _Server(
-                (host, port), store, model, Path(".preemptible") if home is None else home
+                (host, port),
+                store,
+                model,
+                Path(".preemptible") if home is None else home,
+                max_connections=max_connections,
+                idle_timeout=idle_timeout,
             )
         except OSError as exc:
             raise _bind_error(host, port, exc) from None

@@ -215,6 +215,7 @@ def run_document(
                 else max(0.0, (a.ended_at or at) - a.started_at),
                 "checkpoint_step": a.checkpoint_step,
                 "lost": a.closed_by == LEASE_EXPIRED,
+                "late": a.late,  # it ended after another agent took the run over
             }
             for a in attempts
         ],
@@ -330,6 +331,8 @@ def _attempts(doc: Mapping[str, Any]) -> str:
         ending = a["ending"] or "(still running)"
         if a["lost"]:
             ending += " (lease lost)"
+        elif a.get("late"):
+            ending += " (late: after a takeover)"
         resumed = marks.get((a["number"], "resumed"))
         number = f"{a['number']}" + ("" if resumed is None else f" (from step {resumed})")
         cells = (

@@ -72,7 +72,7 @@ FROM preemptible_runs WHERE id = :id
 -- :epoch < 0: a caller that does not track epochs (the attempt number and owner still fence)
 UPDATE preemptible_runs
 SET lease_expires = preemptible_now() + :lease, lease_seconds = :lease,
-    updated_at = preemptible_now()
+    lease_beats = lease_beats + 1, updated_at = preemptible_now()
 WHERE id = :id AND state = 'RUNNING' AND lease_owner = :agent AND attempt = :attempt
   AND (lease_epoch = :epoch OR :epoch < 0)
 
@@ -115,7 +115,18 @@ UPDATE preemptible_attempts
 SET ended_at = preemptible_now(), ending = :ending, exit_code = :exit_code,
     duration = :duration, checkpoint_step = COALESCE(:checkpoint_step, checkpoint_step),
     marked_preempting = CASE WHEN :marked = 1 THEN 1 ELSE marked_preempting END,
-    outcome = :outcome, closed_by = :closed_by
+    outcome = :outcome, closed_by = :closed_by, late = 1
+WHERE run_id = :run_id AND number = :number AND closed_by = :expired
+
+-- name: late_attempt
+-- the holder's own result for an attempt another agent ended for its expired lease, when
+-- another attempt has started since: the attempt's real ending, marked late; the run, its
+-- state and its holder are the new attempt's and stay as they are (its outcome too)
+UPDATE preemptible_attempts
+SET ending = :ending, exit_code = :exit_code, duration = :duration,
+    checkpoint_step = COALESCE(:checkpoint_step, checkpoint_step),
+    marked_preempting = CASE WHEN :marked = 1 THEN 1 ELSE marked_preempting END,
+    closed_by = :closed_by, late = 1
 WHERE run_id = :run_id AND number = :number AND closed_by = :expired
 
 -- name: abandon_run
@@ -156,7 +167,7 @@ FROM preemptible_runs WHERE id = :id
 
 -- name: list_attempts
 SELECT run_id, number, agent, host, started_at, ended_at, ending, exit_code, duration,
-       checkpoint_step, marked_preempting, outcome, closed_by, epoch
+       checkpoint_step, marked_preempting, outcome, closed_by, epoch, late
 FROM preemptible_attempts WHERE run_id = :run_id ORDER BY number
 
 -- name: history
@@ -175,7 +186,7 @@ FROM preemptible_runs WHERE sweep_id = :sweep_id ORDER BY run_index
 SELECT r.id, r.run_index, r.params, r.state, r.attempt, r.preemptions, r.failures,
        r.lease_owner, r.lease_host, r.summary, r.updated_at, a.number, a.agent, a.host,
        a.started_at, a.ended_at, a.ending, a.exit_code, a.duration, a.checkpoint_step,
-       a.closed_by
+       a.closed_by, a.late
 FROM preemptible_runs r LEFT JOIN preemptible_attempts a ON a.run_id = r.id
 WHERE r.sweep_id = :sweep_id
 ORDER BY r.run_index, a.number
@@ -184,7 +195,7 @@ ORDER BY r.run_index, a.number
 SELECT r.id, r.run_index, r.params, r.state, r.attempt, r.preemptions, r.failures,
        r.lease_owner, r.lease_host, r.summary, r.updated_at, a.number, a.agent, a.host,
        a.started_at, a.ended_at, a.ending, a.exit_code, a.duration, a.checkpoint_step,
-       a.closed_by
+       a.closed_by, a.late
 FROM preemptible_runs r LEFT JOIN preemptible_attempts a ON a.run_id = r.id
 WHERE r.id = :id
 ORDER BY a.number

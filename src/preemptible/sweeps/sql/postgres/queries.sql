@@ -19,7 +19,8 @@ SELECT control, cancel_now, run_cap, runs_created FROM preemptible_sweeps WHERE 
 SELECT r.id, r.sweep_id, r.state, r.attempt, r.lease_owner, r.preemptions, r.failures,
        r.lease_epoch, s.control, s.max_failures, s.max_preemptions,
        a.ended_at AS attempt_ended_at, a.outcome AS attempt_outcome,
-       a.closed_by AS attempt_closed_by, a.epoch AS attempt_epoch
+       a.closed_by AS attempt_closed_by, a.epoch AS attempt_epoch,
+       a.late AS attempt_late
 FROM preemptible_runs r
 JOIN preemptible_sweeps s ON s.id = r.sweep_id
 LEFT JOIN preemptible_attempts a ON a.run_id = r.id AND a.number = :attempt

@@ -17,7 +17,8 @@ SELECT control, cancel_now, run_cap, runs_created FROM preemptible_sweeps WHERE 
 SELECT r.id, r.sweep_id, r.state, r.attempt, r.lease_owner, r.preemptions, r.failures,
        r.lease_epoch, s.control, s.max_failures, s.max_preemptions,
        a.ended_at AS attempt_ended_at, a.outcome AS attempt_outcome,
-       a.closed_by AS attempt_closed_by, a.epoch AS attempt_epoch
+       a.closed_by AS attempt_closed_by, a.epoch AS attempt_epoch,
+       a.late AS attempt_late
 FROM preemptible_runs r
 JOIN preemptible_sweeps s ON s.id = r.sweep_id
 LEFT JOIN preemptible_attempts a ON a.run_id = r.id AND a.number = :attempt
@@ -34,10 +35,15 @@ ORDER BY requeued DESC, queued_at, run_index
 LIMIT :n
 
 -- name: expired_runs
+-- every running run: SQLite has no clock all agents share (preemptible_now() is this
+-- process's wall clock), so which leases ran out is judged by their renewal counters as this
+-- agent sees them (sweeps/_watch.py); overdue by the wall clock only hints, on the holder's
+-- own host, where the holder's liveness decides
 SELECT r.id, r.attempt, r.preemptions, r.failures, a.marked_preempting,
        s.control, s.max_failures, s.max_preemptions, r.lease_epoch, r.lease_seconds,
-       r.lease_holder, r.lease_host, preemptible_now() - r.lease_expires AS overdue
+       r.lease_holder, r.lease_host, r.lease_beats,
+       preemptible_now() - r.lease_expires AS wall_overdue
 FROM preemptible_runs r
 JOIN preemptible_attempts a ON a.run_id = r.id AND a.number = r.attempt
 JOIN preemptible_sweeps s ON s.id = r.sweep_id
-WHERE r.state = 'RUNNING' AND r.lease_expires < preemptible_now()
+WHERE r.state = 'RUNNING'
