@@ -21,7 +21,6 @@ pytestmark = pytest.mark.timeout(120)
 STEPS, METRICS = 1000, 500
 
 
-@pytest.mark.waits
 def test_a_metric_flood_neither_starves_the_lease_nor_delays_the_record(
     spawn: Callable[..., Child], tmp_path: Path, store_url: str
 ) -> None:
