@@ -21,8 +21,8 @@ the run's row, which no other agent writes.) Slices between the renewals, in the
 thread, were the other choice; they put the copy's time into the renewal's period and stop
 the copy while the judge reads, where a thread of its own catches up at the store's rate
 between renewals that come on time. Measured with ``benchmarks/bench_lease_flood.py``: the
-worst gap between renewals 0.6 s at a 0.5 s heartbeat, where the old copy left 24 s (SQLite)
-and 104 s (PostgreSQL) without one.
+worst gap between renewals 0.65 s at a 0.5 s heartbeat, where the old copy left 19 s (SQLite)
+and 109 s (PostgreSQL) without one.
 
 When the attempt ends the copy goes on to the end of the file while the heartbeat keeps
 renewing (it only renews by then: the run is gone, so there is nothing to stop or judge), and
