@@ -54,7 +54,10 @@ def test_a_metric_flood_neither_starves_the_lease_nor_delays_the_record(
     ended = json.loads((attempt_dir / "ended.json").read_text())["at"]
     assert attempts[0].ended_at is not None
     to_record = attempts[0].ended_at - ended
-    assert to_record < 3.0, f"recorded {to_record:.1f} s after the end\n{agent.output}"
+    # quiet, the copy has caught up during the 6 s hold and this is under a second; with CI's
+    # three lanes on two cores the copy runs at a fraction of its rate (3.7 s seen): the bound
+    # says "soon", against the minutes a final copy with no renewals took before
+    assert to_record < 10.0, f"recorded {to_record:.1f} s after the end\n{agent.output}"
 
 
 def count_points(path: Path) -> int:
