@@ -206,6 +206,14 @@ class PayloadSaver(BaseSaver):
     def absorb(self) -> None:
         absorb_background(self, self.async_saver)
 
+    def collect(self) -> Saved | None:
+        # At the first boundary (normally after the first step, when an optimizer's state
+        # exists) the staging buffers are allocated in a thread, so that the first background
+        # save copies into ready memory like the later ones.
+        if self.async_saver is not None and not self.async_saver.snapshot.prepared:
+            self.async_saver.snapshot.prepare(build_payload(0, self.state))
+        return super().collect()
+
     def wait(self) -> None:
         if self.async_saver is not None:
             self.async_saver.wait()
