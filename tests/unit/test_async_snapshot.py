@@ -258,3 +258,25 @@ def test_state_on_cpu_and_cuda_is_snapshotted_into_pinned_buffers(tmp_path: Path
     pinned = {where[-1]: pin for where, (buf, pin) in saver.snapshot._staging.items()}
     assert pinned == {"g": True, "c": False}
     saver.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device in this environment")
+def test_a_synchronous_save_of_cuda_state_goes_through_the_pinned_staging(tmp_path: Path) -> None:
+    weight = torch.nn.Parameter(torch.full((1 << 16,), 2.0, device="cuda"))
+    handler = PreemptionCheckpointHandler(
+        tmp_path, {"model": torch.nn.ParameterList([weight])}, keep=5, async_save=True
+    )
+    writer = handler._session.saver.inner.async_saver
+    assert writer is not None
+    path = handler.save()
+    assert writer.snapshot.nbytes >= (1 << 16) * 4  # copied into the staging, then written
+    with torch.no_grad():
+        weight.fill_(-1.0)
+    handler.close()
+    assert torch.equal(saved(path)["model"]["0"], torch.full((1 << 16,), 2.0))
+
+
+def test_holds_cuda_never_needs_cuda_for_cpu_state() -> None:
+    from preemptible.checkpoint._async import holds_cuda
+
+    assert not holds_cuda({"a": [torch.ones(2), (1, "x")], "b": {"c": None}})

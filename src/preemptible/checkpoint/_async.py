@@ -103,6 +103,15 @@ class HostSnapshot:
         self.nbytes = 0
 
 
+def holds_cuda(value: Any) -> bool:
+    """Whether a nested payload holds a tensor on a CUDA device (no CUDA call is made)."""
+    if isinstance(value, dict):
+        return any(holds_cuda(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(holds_cuda(v) for v in value)
+    return getattr(value, "is_cuda", False) is True
+
+
 class _Prestage:
     """Staging buffers allocated in a thread. A fresh buffer costs several times the copy into
     it (the kernel faults it in page by page on first write; pinned memory is also registered
