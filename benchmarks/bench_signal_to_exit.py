@@ -125,9 +125,11 @@ def main() -> None:
         runs = []
         for _ in range(args.repeats):
             with tempfile.TemporaryDirectory(dir=base) as d:
+                # the same bytes as the state (8 tensors of size MiB / 8), same disk, same
+                # round, before the child (right after its exit the disk was still busy)
+                raw = raw_write(8 * (size * 2**20 // 4 // 8) * 4, Path(d))
                 run = one(size, args.step, Path(d), rng, args.device)
-                # the same bytes as the state (8 tensors of size MiB / 8), same disk, same round
-                run["raw"] = raw_write(8 * (size * 2**20 // 4 // 8) * 4, Path(d))
+                run["raw"] = raw
                 runs.append(run)
         med = {k: median([r[k] for r in runs]) for k in runs[0]}
         rows.append(
