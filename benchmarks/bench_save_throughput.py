@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import disk_of, machine, median, table
+from _common import disk_of, machine, median, table, write_and_fsync
 
 from preemptible import PreemptionCheckpointHandler
 
@@ -69,17 +69,8 @@ def main() -> None:
                 capture_output=True,
             )
 
-        chunk = os.urandom(16 << 20)
-
         def raw() -> None:
-            fd = os.open(work / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                left = nbytes
-                while left > 0:
-                    left -= os.write(fd, memoryview(chunk)[: min(left, len(chunk))])
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_and_fsync(work / "raw.bin", nbytes)
 
         def plain() -> None:
             torch.save({"model": model.state_dict()}, work / "plain.pt")

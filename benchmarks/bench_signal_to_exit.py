@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import subprocess
@@ -28,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import disk_of, machine, median, table
+from _common import disk_of, machine, median, table, write_and_fsync
 
 CHILD = r"""
 import json, os, sys, time
@@ -57,21 +56,11 @@ for step in handler.steps(10**9):
 """
 
 
-CHUNK = os.urandom(16 << 20)
-
-
 def raw_write(nbytes: int, workdir: Path) -> float:
     """The disk's limit for the same bytes: write them (random, 16 MiB a call) and fsync."""
     path = workdir / "raw.bin"
     t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        left = nbytes
-        while left > 0:
-            left -= os.write(fd, memoryview(CHUNK)[: min(left, len(CHUNK))])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_and_fsync(path, nbytes)
     seconds = time.perf_counter() - t0
     path.unlink()
     return seconds
