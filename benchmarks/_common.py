@@ -48,3 +48,19 @@ def disk_of(path: str) -> str:
         return f"{fields[0]} ({fields[1]})"
     except (OSError, IndexError):
         return "unknown"
+
+
+_RANDOM = os.urandom(16 << 20)
+
+
+def write_and_fsync(path: os.PathLike[str] | str, nbytes: int) -> None:
+    """The disk's limit for ``nbytes`` of a checkpoint: the same number of random bytes written
+    16 MiB a call and fsynced, nothing else (no serialization, no rename)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        left = nbytes
+        while left > 0:
+            left -= os.write(fd, memoryview(_RANDOM)[: min(left, len(_RANDOM))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)

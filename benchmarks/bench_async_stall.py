@@ -14,6 +14,13 @@ each in a fresh process (so that memory peaks do not mix), the order rotated eac
 real ``torch.optim.Adam`` so that its state goes through DCP too): ``sync`` is ``dcp.save``,
 ``async`` is ``dcp.async_save`` with preemptible's reused staging (DCP's ``DefaultStager``).
 
+``--device cuda``: the state lives on the GPU (the staging is page-locked host memory).
+
+Beside each stall the *limit*, measured in the same process just before each save point: a
+copy of the same tensors into host buffers allocated once and reused (on the CPU a memcpy; on a
+GPU non-blocking copies into pinned buffers on a side stream, one event waited for at the end).
+``--src DIR``: run the children with DIR first on PYTHONPATH (another version, for before/after).
+
 Per save: the *stall*, the time the save point takes on the training thread (the copy to host
 memory, and any wait for the previous write: *waited* counts the save points that found one
 still in flight); the first save apart (async: it allocates the staging buffers); the *write*,
@@ -22,13 +29,14 @@ same number of steps, up to the last checkpoint committed; peak memory (VmHWM) a
 process with its state built, and the bytes held in staging buffers.
 
     .venv/bin/python benchmarks/bench_async_stall.py [--sizes 100 1000] [--repeats 3] [--quick]
-        [--sharded]
+        [--sharded] [--device cpu|cuda] [--src DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -58,7 +66,7 @@ class AdamState:
     def __init__(self, params: list[Any]) -> None:
         import torch
 
-        self.state = {
+        self.state: dict[int, Any] = {
             i: {"step": torch.tensor(1.0), "exp_avg": p.detach() / 2, "exp_avg_sq": p.detach() ** 2}
             for i, p in enumerate(params)
         }
@@ -71,8 +79,59 @@ class AdamState:
         self.state = state["state"]
 
 
+def tensors_of(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_of(v)]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in tensors_of(v)]
+    return []
+
+
+class CopyLimit:
+    """The physical limit of a snapshot: the same tensors copied into host buffers allocated
+    once (pinned for a GPU) and reused, timed at each save point."""
+
+    def __init__(self, tensors: list[Any], device: str) -> None:
+        import torch
+
+        self.torch = torch
+        self.cuda = device == "cuda"
+        self.bufs = [
+            torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.cuda) for t in tensors
+        ]
+        self.stream = torch.cuda.Stream() if self.cuda else None
+        self.measure(tensors)  # faults the buffers in
+
+    def measure(self, tensors: list[Any]) -> float:
+        torch = self.torch
+        t0 = time.perf_counter()
+        if self.stream is None:
+            for b, t in zip(self.bufs, tensors, strict=True):
+                b.copy_(t)
+        else:
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                for b, t in zip(self.bufs, tensors, strict=True):
+                    b.copy_(t, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(self.stream)
+            done.synchronize()
+        return time.perf_counter() - t0
+
+
 def child(
-    size_mb: int, mode: str, every: int, saves: int, directory: str, threads: int, sharded: bool
+    size_mb: int,
+    mode: str,
+    every: int,
+    saves: int,
+    directory: str,
+    threads: int,
+    sharded: bool,
+    device: str,
 ) -> None:
     import torch
 
@@ -81,7 +140,9 @@ def child(
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     n = size_mb * 2**20 // 4 // 3 // 8  # 8 parameter tensors; Adam adds two moments each
-    model = torch.nn.ParameterDict({f"w{i}": torch.nn.Parameter(torch.rand(n)) for i in range(8)})
+    model = torch.nn.ParameterDict(
+        {f"w{i}": torch.nn.Parameter(torch.rand(n, device=device)) for i in range(8)}
+    )
     opt: Any = AdamState(list(model.parameters()))
     if sharded:  # DCP writes modules and optimizers: a real Adam, its state made by one step
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -93,7 +154,7 @@ def child(
     state_bytes = 3 * 8 * n * 4
     rss_state = vm("VmRSS")
 
-    x, w = torch.rand(128, 256), torch.rand(256, 256) / 16
+    x, w = torch.rand(128, 256, device=device), torch.rand(256, 256, device=device) / 16
     first = next(iter(model.parameters()))
     bodies: list[float] = []
 
@@ -104,6 +165,8 @@ def child(
             for _ in range(MATMULS):
                 y = torch.tanh(y @ w)
             first[:4096].add_(y[0, 0] * 1e-3)  # the state changes between saves
+            if device == "cuda":
+                torch.cuda.synchronize()  # a step's time is its kernels' time
         bodies.append(time.perf_counter() - t0)
 
     handler = PreemptionCheckpointHandler(
@@ -116,10 +179,17 @@ def child(
         sharded=sharded,
     )
     steps = every * saves
+
+    def everything() -> list[Any]:  # what a save copies: the model's and the optimizer's tensors
+        return tensors_of(model.state_dict()) + tensors_of(opt.state_dict())
+
+    limit = None if mode == "none" else CopyLimit(everything(), device)
+    limits: list[float] = []
     stalls: list[float] = []
     waits: list[float] = []  # the part of each stall spent waiting for the previous write
     waiting = [0.0]
-    saver = handler._async
+    # the async saver of this version (the handler's session, its StateSaver, the saver in it)
+    saver = getattr(handler._session.saver.inner, "async_saver", None)
     if saver is not None:
         wait = saver.wait
 
@@ -134,6 +204,8 @@ def child(
     started = time.perf_counter()
     for i in range(steps):
         waiting[0] = 0.0
+        if limit is not None and (i + 1) % every == 0:  # the copy limit, here and now
+            limits.append(limit.measure(everything()))
         t0 = time.perf_counter()
         handler.run(step)
         if (i + 1) % every == 0 and mode != "none":
@@ -148,6 +220,7 @@ def child(
         json.dumps(
             {
                 "stalls": stalls,
+                "limits": limits,
                 "waits": waits,
                 "write": handler.save_times.median() if mode != "none" else 0.0,
                 "close": closing,
@@ -165,8 +238,11 @@ def child(
 def run_child(args: argparse.Namespace, size: int, mode: str, every: int, base: Path) -> Any:
     with tempfile.TemporaryDirectory(dir=base) as d:
         cmd = [sys.executable, __file__, "--child", str(size), mode, str(every)]
-        cmd += [str(args.saves), d, str(args.threads), str(int(args.sharded))]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        cmd += [str(args.saves), d, str(args.threads), str(int(args.sharded)), args.device]
+        env = dict(os.environ)
+        if args.src:
+            env["PYTHONPATH"] = args.src
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
         return json.loads(out.strip().splitlines()[-1])
 
 
@@ -176,8 +252,10 @@ def ms(seconds: float) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        size, mode, every, saves, directory, threads, sharded = sys.argv[2:9]
-        child(int(size), mode, int(every), int(saves), directory, int(threads), sharded == "1")
+        size, mode, every, saves, directory, threads, sharded, device = sys.argv[2:10]
+        child(
+            int(size), mode, int(every), int(saves), directory, int(threads), sharded == "1", device
+        )
         return
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="state, MiB")
@@ -190,26 +268,40 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="where checkpoints go (default: the temp dir)")
     p.add_argument("--quick", action="store_true", help="100 MiB, sync and async, 2 saves")
     p.add_argument("--sharded", action="store_true", help="sharded=True (DCP save, async_save)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state is")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=None, help="default: all")
+    p.add_argument("--src", default=None, help="PYTHONPATH of the children (another version)")
     args = p.parse_args()
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch sees no CUDA device here; use --device cpu")
     modes = MODES[1:] if args.sharded else MODES
     if args.quick:
         args.sizes, args.repeats, args.saves, modes = [100], 1, 2, ("sync", "async")
         args.every = args.every or 100
+    if args.modes:
+        modes = tuple(m for m in modes if m in args.modes)
     base = Path(args.dir or tempfile.gettempdir())
     rows, ratios = [], []
     for size in args.sizes:
-        every = args.every or 100 + size  # longer than a write, even on a busy machine
+        every = args.every or 100 + 3 * size  # longer than a write, even on a busy machine
         got: dict[str, list[Any]] = {m: [] for m in modes}
         for r in range(args.repeats):
             for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:  # rotate the order
                 got[mode].append(run_child(args, size, mode, every, base))
         steady: dict[str, float] = {}
+        limit: dict[str, float] = {}
         for mode in modes:
             runs = got[mode]
             saves = 0 if mode == "none" else args.saves
             assert all(g["committed"] == min(2, saves) for g in runs), runs
             later = [s for g in runs for s in g["stalls"][1:]]
             steady[mode] = median(later) if later else 0.0
+            lim = median([x for g in runs for x in g["limits"]]) if mode != "none" else 0.0
+            limit[mode] = lim
+            first = median([g["stalls"][0] for g in runs]) if mode != "none" else 0.0
             waits = [w for g in runs for w in g["waits"][1:]] or [0.0]
             waited = sum(w > 0.001 for w in waits)
             dash = mode == "none"
@@ -218,7 +310,9 @@ def main() -> None:
                     f"{size} MiB",
                     f"sharded {mode}" if args.sharded else mode,
                     "-" if dash else ms(steady[mode]),
-                    "-" if dash else ms(median([g["stalls"][0] for g in runs])),
+                    "-" if dash else ms(limit[mode]),
+                    "-" if dash else f"{steady[mode] / limit[mode]:.2f}",
+                    "-" if dash else f"{ms(first)} ({first / limit[mode]:.2f})",
                     "-" if dash else ms(median([g["write"] for g in runs])),
                     "-" if dash else f"{waited}/{len(later)}, {ms(median(waits))}",
                     ms(median([g["step"] for g in runs])),
@@ -230,17 +324,20 @@ def main() -> None:
                     else f"{median([g['staging'] for g in runs]) / 2**20:.0f} MiB",
                 ]
             )
-        ratios.append(
-            f"{size} MiB: async/sync stall = {steady['async'] / steady['sync']:.3f} "
-            f"({ms(steady['async'])} / {ms(steady['sync'])}); {every} steps between saves, "
-            f"{every * args.saves} steps per run"
-        )
+        if "async" in steady and "sync" in steady:
+            ratios.append(
+                f"{size} MiB: async/sync stall = {steady['async'] / steady['sync']:.3f} "
+                f"({ms(steady['async'])} / {ms(steady['sync'])}); {every} steps between saves, "
+                f"{every * args.saves} steps per run"
+            )
     print(
         f"machine: {machine()}; disk {disk_of(str(base))}; {args.saves} saves per run, "
-        f"torch threads {args.threads}; median of {args.repeats} rounds"
+        f"torch threads {args.threads}; state on {args.device}; median of {args.repeats} rounds"
+        f"{'; source ' + args.src if args.src else ''}"
         f"{'; sharded (DCP)' if args.sharded else ''}\n"
     )
-    header = ["state", "mode", "stall/save", "first save stall", "save or write", "waited"]
+    header = ["state", "mode", "stall/save", "copy limit", "stall/limit"]
+    header += ["first save stall (/limit)", "save or write", "waited"]
     header += ["step", "run", "peak RSS over state", "staging"]
     print(table(header, rows))
     print()

@@ -2,6 +2,8 @@
 
 Side by side in one run, interleaved, median of --repeats:
   dd            dd if=/dev/zero bs=16M conv=fsync (the disk's sequential write rate, synced)
+  raw write     the state's own bytes written by os.write (16 MiB a call) and fsynced: the
+                physical limit for this save, the same number of bytes
   torch.save    torch.save(state, path) alone, no fsync (what a naive loop does)
   + fsync       the same, then fsync the file (durable, but not atomic)
   handler.save  payload + torch.save through a Python file + fsync + rename + fsync(dir)
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import disk_of, machine, median, table
+from _common import disk_of, machine, median, table, write_and_fsync
 
 from preemptible import PreemptionCheckpointHandler
 
@@ -43,6 +45,7 @@ def main() -> None:
     nbytes = sum(p.numel() * 4 for p in model.parameters())
     results: dict[str, list[float]] = {
         "dd": [],
+        "raw write + fsync": [],
         "torch.save": [],
         "torch.save + fsync": [],
         "handler.save": [],
@@ -66,6 +69,9 @@ def main() -> None:
                 capture_output=True,
             )
 
+        def raw() -> None:
+            write_and_fsync(work / "raw.bin", nbytes)
+
         def plain() -> None:
             torch.save({"model": model.state_dict()}, work / "plain.pt")
 
@@ -77,6 +83,7 @@ def main() -> None:
 
         writers = {
             "dd": dd,
+            "raw write + fsync": raw,
             "torch.save": plain,
             "torch.save + fsync": plain_fsync,
             "handler.save": handler.save,
@@ -85,10 +92,11 @@ def main() -> None:
         for i in range(args.repeats):
             for name in order[i % len(order) :] + order[: i % len(order)]:  # rotate the order
                 results[name].append(timed(writers[name]))
-                for f in ("dd.bin", "plain.pt"):
+                for f in ("dd.bin", "plain.pt", "raw.bin"):
                     (work / f).unlink(missing_ok=True)
         handler.close()
     dd = median(results["dd"])
+    raw_s = results["raw write + fsync"]
     rows = []
     for name, times in results.items():
         m = median(times)
@@ -100,10 +108,12 @@ def main() -> None:
                 f"{m:.2f} s",
                 f"{size / m:.0f} MiB/s",
                 f"{(size / m) / ((blocks * 16) / dd):.2f}",
+                # per round, against the raw write of that round (the disk varies)
+                f"{median([t / r for t, r in zip(times, raw_s, strict=True)]):.2f}",
             ]
         )
     print(f"machine: {machine()}; disk {disk_of(str(base))}; median of {args.repeats}\n")
-    print(table(["writer", "bytes", "time", "rate", "rate vs dd"], rows))
+    print(table(["writer", "bytes", "time", "rate", "rate vs dd", "time / raw write"], rows))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,12 @@ at a random moment of a step. Phases:
   exit    exit_fn called -> process gone (interpreter and torch shutdown)
   total   signal sent (by this script) -> process gone (waitpid returned)
 
+Beside the total, its ratio to the save measured in the same child: what the stop costs above
+the save it has to make. ``--device cuda``: the state lives on the GPU (the save copies it to
+host memory first; the exit also shuts CUDA down).
+
     .venv/bin/python benchmarks/bench_signal_to_exit.py [--sizes 100,1000] [--repeats 5]
+        [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -22,16 +27,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import disk_of, machine, median, table
+from _common import disk_of, machine, median, table, write_and_fsync
 
 CHILD = r"""
 import json, os, sys, time
 import torch
 import preemptible
 
-size_mb, step_s, out = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+size_mb, step_s, out, device = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[5]
 weights = torch.nn.ParameterDict({
-    f"w{i}": torch.nn.Parameter(torch.randn(size_mb * 2**20 // 4 // 8))
+    f"w{i}": torch.nn.Parameter(torch.randn(size_mb * 2**20 // 4 // 8, device=device))
     for i in range(8)
 })
 
@@ -51,11 +56,23 @@ for step in handler.steps(10**9):
 """
 
 
-def one(size_mb: int, step_s: float, workdir: Path, rng: random.Random) -> dict[str, float]:
+def raw_write(nbytes: int, workdir: Path) -> float:
+    """The disk's limit for the same bytes: write them (random, 16 MiB a call) and fsync."""
+    path = workdir / "raw.bin"
+    t0 = time.perf_counter()
+    write_and_fsync(path, nbytes)
+    seconds = time.perf_counter() - t0
+    path.unlink()
+    return seconds
+
+
+def one(
+    size_mb: int, step_s: float, workdir: Path, rng: random.Random, device: str
+) -> dict[str, float]:
     out = workdir / "times.json"
     ckpt = workdir / "ckpt"
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(size_mb), str(step_s), str(out), str(ckpt)],
+        [sys.executable, "-c", CHILD, str(size_mb), str(step_s), str(out), str(ckpt), device],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -83,7 +100,13 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--step", type=float, default=0.1, help="step time in seconds")
     p.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state is")
     args = p.parse_args()
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch sees no CUDA device here; use --device cpu")
     rng = random.Random(0)
     rows = []
     base = args.dir or tempfile.gettempdir()
@@ -91,23 +114,33 @@ def main() -> None:
         runs = []
         for _ in range(args.repeats):
             with tempfile.TemporaryDirectory(dir=base) as d:
-                runs.append(one(size, args.step, Path(d), rng))
+                # the same bytes as the state (8 tensors of size MiB / 8), same disk, same
+                # round, before the child (right after its exit the disk was still busy)
+                raw = raw_write(8 * (size * 2**20 // 4 // 8) * 4, Path(d))
+                run = one(size, args.step, Path(d), rng, args.device)
+                run["raw"] = raw
+                runs.append(run)
         med = {k: median([r[k] for r in runs]) for k in runs[0]}
         rows.append(
             [
                 f"{size} MB",
+                f"{med['raw']:.2f} s",
                 f"{med['wait'] * 1000:.0f} ms",
                 f"{med['save']:.2f} s",
+                f"{median([r['save'] / r['raw'] for r in runs]):.2f}",
                 f"{size / med['save']:.0f} MB/s",
                 f"{med['exit']:.2f} s",
                 f"{med['total']:.2f} s",
+                f"{median([r['total'] / r['save'] for r in runs]):.2f}",
             ]
         )
     print(
         f"machine: {machine()}; disk {disk_of(base)}; step {args.step * 1000:.0f} ms; "
-        f"median of {args.repeats}\n"
+        f"state on {args.device}; median of {args.repeats}\n"
     )
-    print(table(["state", "wait for boundary", "save", "save rate", "exit", "signal → gone"], rows))
+    header = ["state", "raw write + fsync", "wait for boundary", "save", "save/raw", "save rate"]
+    header += ["exit", "signal → gone", "gone/save"]
+    print(table(header, rows))
 
 
 if __name__ == "__main__":

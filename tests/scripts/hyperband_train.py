@@ -12,7 +12,6 @@ beside the run's checkpoint directory.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import random
@@ -22,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import preemptible
-from preemptible.notices import default_config
 
 
 def step_state(state: dict[str, Any], step: int, quality: float) -> float:
@@ -57,16 +55,10 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0)
     args = p.parse_args()
+    from lease_train import json_handler  # a sibling: this file is run as a script
+
     state = fresh(args.seed)
-
-    def save(path: Path) -> None:
-        path.write_text(json.dumps(state))
-
-    config = dataclasses.replace(default_config(), save_fn=save)
-    handler = preemptible.PreemptionCheckpointHandler(None, termination_config=config)
-    handler.resume()
-    if handler.resume_path is not None:
-        state.update(json.loads(Path(handler.resume_path).read_text()))
+    handler = json_handler(state)
     for step in handler.steps(args.steps):
         loss = step_state(state, step, args.quality)
         print(f"step {step}", flush=True)

@@ -21,7 +21,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import preemptible
 from preemptible.notices import default_config
@@ -36,6 +38,26 @@ def expected(steps: int) -> int:
     return x
 
 
+def json_handler(
+    state: dict[str, Any], before_save: Callable[[], None] | None = None
+) -> preemptible.PreemptionCheckpointHandler:
+    """A handler that checkpoints ``state`` as JSON through ``save_fn``, on top of the
+    platform's default configuration, resumed into ``state`` (this script's, ``moments.py``'s
+    and ``hyperband_train.py``'s). ``before_save`` runs as each save begins."""
+
+    def save(path: Path) -> None:
+        if before_save is not None:
+            before_save()
+        path.write_text(json.dumps(state))
+
+    config = dataclasses.replace(default_config(), save_fn=save)
+    handler = preemptible.PreemptionCheckpointHandler(None, termination_config=config)
+    handler.resume()
+    if handler.resume_path is not None:
+        state.update(json.loads(Path(handler.resume_path).read_text()))
+    return handler
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20)
@@ -45,15 +67,7 @@ def main() -> int:
     p.add_argument("--fail", action="store_true", help="exit 3 after the first step")
     args = p.parse_args()
     state = {"x": 1}
-
-    def save(path: Path) -> None:
-        path.write_text(json.dumps(state))
-
-    config = dataclasses.replace(default_config(), save_fn=save)
-    handler = preemptible.PreemptionCheckpointHandler(None, termination_config=config)
-    handler.resume()
-    if handler.resume_path is not None:
-        state.update(json.loads(Path(handler.resume_path).read_text()))
+    handler = json_handler(state)
     run = os.environ.get("PREEMPTIBLE_RUN_ID", "-")
     log = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.log else None
     for step in handler.steps(args.steps):

@@ -20,13 +20,10 @@ stopped (``lease_train.expected``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 WAIT = 60.0
 
@@ -53,21 +50,15 @@ def main() -> int:
     if at == "start":
         hold("start")  # before the handler exists: the signal's own default action
 
-    import preemptible
-    from preemptible.notices import default_config
+    from lease_train import json_handler  # imports preemptible: after the start's hold
 
     state = {"x": 1}
 
-    def save(path: Path) -> None:
+    def before_save() -> None:
         if at == "save":
             hold("save")  # the stop's save: only the supervisor's SIGKILL ends it
-        path.write_text(json.dumps(state))
 
-    config = dataclasses.replace(default_config(), save_fn=save)
-    handler = preemptible.PreemptionCheckpointHandler(None, termination_config=config)
-    handler.resume()
-    if handler.resume_path is not None:
-        state.update(json.loads(Path(handler.resume_path).read_text()))
+    handler = json_handler(state, before_save)
     for step in handler.steps(args.steps):
         state["x"] = (31 * state["x"] + step) % 1_000_003
         print(f"step {step}", flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import types
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -260,3 +261,20 @@ def test_plain_value_where_an_object_is_now(tmp_path: Path) -> None:
         resume(tmp_path, {"model": torch.nn.Linear(1, 1)})
     payload = read_payload(tmp_path / "step-0000000000.ckpt", weights_only=True)
     assert payload["plain"] == ["model"]
+
+
+def test_a_checkpoint_skips_torch_crc32_and_still_loads_bit_for_bit(tmp_path: Path) -> None:
+    """The CRC32 of each record was the whole CPU cost of the save and torch.load never checks
+    it: the payload is written without it, loads the same with weights_only, and torch's
+    setting is back as it was for the program's own torch.save calls."""
+    config = pytest.importorskip("torch.utils.serialization").config
+    if not hasattr(config.save, "compute_crc32"):
+        pytest.skip("this torch has no save.compute_crc32 setting")
+    weight = torch.randn(4096, generator=torch.Generator().manual_seed(3))
+    path = save_once(tmp_path, {"model": torch.nn.ParameterList([torch.nn.Parameter(weight)])})
+    with zipfile.ZipFile(path) as archive:
+        records = [i for i in archive.infolist() if "/data/" in i.filename]
+        assert records and all(i.CRC == 0 for i in records)
+    payload = read_payload(path, weights_only=True)
+    assert torch.equal(payload["state"]["model"]["0"], weight)
+    assert config.save.compute_crc32 is True

@@ -107,7 +107,11 @@ def test_settle(
 
 def test_sql_files_define_the_same_queries_for_both_backends() -> None:
     sqlite, postgres = _load_queries("sqlite"), _load_queries("postgres")
-    assert set(sqlite) == set(postgres)
+    # PostgreSQL stores a slice of history points in one statement of arrays; SQLite's
+    # executemany of add_point is faster there than any one statement (sweeps/_history.py)
+    postgres_only = {"add_points"}
+    assert set(sqlite) == set(postgres) - postgres_only
+    assert postgres_only <= set(postgres)
     assert "pick_pending" in sqlite and "FOR UPDATE SKIP LOCKED" in postgres["pick_pending"]
     assert (
         [v for v, _ in migrations("sqlite")]

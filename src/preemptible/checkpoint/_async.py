@@ -2,14 +2,20 @@
 
 At a save point the payload (state dicts, RNG states, the step) is built and every tensor in it
 is copied on the training thread into staging buffers kept from one save to the next: ordinary
-memory for CPU tensors, page-locked memory for CUDA tensors. The copy is the snapshot; the
+memory for CPU tensors, page-locked memory for CUDA tensors. CUDA tensors are copied with
+non-blocking copies on a side stream of their device (which first waits for the device's
+current stream), and the training thread waits once per device, on an event, not per tensor.
+The copy is the snapshot; the
 training loop goes on and may change its tensors while a background thread serializes,
 writes, fsyncs and commits the snapshot through the same atomic store as a synchronous save.
 
 Why reuse buffers on the CPU too: a fresh allocation is faulted in page by page while it is
 written, which costs several times the copy itself (about 1.7 s against 0.2 s per GB on a
-2-core VM); into a reused buffer the copy is a plain memcpy. The price is memory: the buffers
-(the size of the state) are held from the first async save until the handler closes.
+2-core VM); into a reused buffer the copy is a plain memcpy. So that the first save does not pay
+for it either, the buffers are allocated and faulted in by a thread at the first step boundary
+(``HostSnapshot.prepare``); a tensor whose shape or dtype changed since gets a new buffer at the
+save. The price is memory: the buffers (the size of the state) are held from the first step
+boundary of a handler with ``async_save=True`` until it closes.
 
 At most one save is in flight. When the next save point comes while one is still writing, the
 policy decides: ``"wait"`` (default) blocks until it is committed, then starts the next one;
@@ -42,42 +48,106 @@ class HostSnapshot:
 
     ``free`` says whether the buffers may be overwritten now: a write still in flight reads
     them. When it says no, this copy goes to fresh memory and the buffers are left alone.
+    ``prepare(payload)`` allocates the buffers ahead of the first copy, in a thread (see
+    ``_Prestage``), so that the first save costs about what the later ones do.
     """
 
     def __init__(self, free: Callable[[], bool] | None = None) -> None:
-        self._staging: dict[tuple[Any, ...], Any] = {}
+        self._staging: dict[tuple[Any, ...], tuple[Any, bool]] = {}  # where: (buffer, pinned)
         self._free = free
+        self._prestage: _Prestage | None = None
+        self.prepared = False  # prepare() was called (once per handler is enough)
         self.nbytes = 0  # bytes held in staging buffers
+
+    def prepare(self, payload: Mapping[str, Any]) -> None:
+        """Allocate (and fault in) a staging buffer for every tensor of ``payload`` in a
+        background thread; the next ``copy`` takes them. Only shapes and dtypes are read here:
+        the values are copied at the save."""
+        import torch
+
+        self.prepared = True
+        walk = _Copy(torch, None, layout_only=True)
+        walk.value(payload, ())
+        wanted = {w: spec for w, spec in walk.layout.items() if w not in self._staging}
+        if wanted:
+            self._prestage = _Prestage(torch, wanted)
+
+    def _take_prestaged(self) -> None:
+        prestage, self._prestage = self._prestage, None
+        if prestage is not None:
+            prestage.thread.join()
+            for where, buf in prestage.buffers.items():
+                self._staging.setdefault(where, buf)
 
     def copy(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         import torch
 
         reuse = self._free is None or self._free()
+        if reuse:
+            self._take_prestaged()
         run = _Copy(torch, self._staging if reuse else None)
         out = run.value(payload, ())
-        for device in run.cuda:  # the non-blocking copies are done before we hand it on
-            torch.cuda.synchronize(device)  # each device: not only the current one
+        run.finish()  # the copies from CUDA devices are done before the snapshot is handed on
         if reuse:  # a tensor gone from the payload no longer holds a buffer
             for where in set(self._staging) - run.used:
                 del self._staging[where]
-            self.nbytes = sum(b.numel() * b.element_size() for b in self._staging.values())
+            self.nbytes = sum(b.numel() * b.element_size() for b, _ in self._staging.values())
         return dict(out)
 
     def release(self) -> None:
         """Drop the staging buffers (a write in flight keeps its own references)."""
+        prestage, self._prestage = self._prestage, None
+        if prestage is not None:
+            prestage.thread.join()
         self._staging = {}
         self.nbytes = 0
 
 
-class _Copy:
-    """One snapshot: the walk through the payload, with what it used and whether it must
-    wait for CUDA."""
+def holds_cuda(value: Any) -> bool:
+    """Whether a nested payload holds a tensor on a CUDA device (no CUDA call is made)."""
+    if isinstance(value, dict):
+        return any(holds_cuda(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(holds_cuda(v) for v in value)
+    return getattr(value, "is_cuda", False) is True
 
-    def __init__(self, torch: Any, staging: dict[tuple[Any, ...], Any] | None) -> None:
+
+class _Prestage:
+    """Staging buffers allocated in a thread. A fresh buffer costs several times the copy into
+    it (the kernel faults it in page by page on first write; pinned memory is also registered
+    with the driver), so it is allocated and zeroed here, off the training thread: torch's
+    kernels release the GIL, and the training loop goes on meanwhile."""
+
+    def __init__(self, torch: Any, wanted: dict[tuple[Any, ...], tuple[Any, Any, bool]]) -> None:
+        self.buffers: dict[tuple[Any, ...], tuple[Any, bool]] = {}
+
+        def allocate() -> None:
+            try:
+                for where, (shape, dtype, pin) in wanted.items():
+                    buf = torch.empty(shape, dtype=dtype, device="cpu", pin_memory=pin)
+                    buf.zero_()  # faults every page in now
+                    self.buffers[where] = (buf, pin)
+            except Exception as exc:  # out of memory, say: the save allocates as it goes
+                logger.debug("preemptible: staging buffers not allocated ahead: %s", exc)
+
+        self.thread = threading.Thread(target=allocate, name="preemptible-staging", daemon=True)
+        self.thread.start()
+
+
+class _Copy:
+    """One snapshot: the walk through the payload, with what it used and the CUDA copies to
+    wait for. ``layout_only``: walk without copying, noting what each staging buffer would be
+    (``layout``: where -> (shape, dtype, pinned))."""
+
+    def __init__(
+        self, torch: Any, staging: dict[tuple[Any, ...], Any] | None, layout_only: bool = False
+    ) -> None:
         self.torch = torch
         self.staging = staging  # None: copy to fresh memory, leave the buffers alone
+        self.layout_only = layout_only
+        self.layout: dict[tuple[Any, ...], tuple[Any, Any, bool]] = {}
         self.used: set[tuple[Any, ...]] = set()
-        self.cuda: set[Any] = set()  # the CUDA devices copied from
+        self.streams: dict[Any, Any] = {}  # CUDA device -> the side stream copying from it
         # one tensor at two places (tied weights: state_dict() gives two views of one
         # storage) stays one tensor, copied once, as torch.save of the live state keeps it
         self.seen: dict[tuple[Any, ...], Any] = {}
@@ -104,23 +174,55 @@ class _Copy:
     def tensor(self, t: Any, where: tuple[Any, ...]) -> Any:
         torch = self.torch
         device = t.device.type
-        if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized:
+        plain = type(t) is torch.Tensor and t.layout == torch.strided and not t.is_quantized
+        if self.layout_only:
+            if plain and device != "meta":
+                self.layout[where] = (t.shape, t.dtype, device == "cuda")
+            return t
+        if not plain:
             # sparse, quantized, subclasses: no plain buffer to copy into
             return t.clone() if device in ("cpu", "meta") else t.to("cpu")
         if device == "meta":
             return t
         pin = device == "cuda"
-        buf = None if self.staging is None else self.staging.get(where)
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.is_pinned() != pin:
+        held = None if self.staging is None else self.staging.get(where)
+        buf: Any = None if held is None else held[0]
+        if held is None or buf.shape != t.shape or buf.dtype != t.dtype or held[1] != pin:
+            # pin_memory only for CUDA: a CPU-only run never asks the CUDA runtime for anything
             buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
             if self.staging is not None:
-                self.staging[where] = buf
+                self.staging[where] = (buf, pin)
         if self.staging is not None:
             self.used.add(where)
-        buf.copy_(t, non_blocking=pin)
         if pin:
-            self.cuda.add(t.device)
+            self.cuda_copy(buf, t)
+        else:
+            buf.copy_(t)
         return buf
+
+    def cuda_copy(self, buf: Any, t: Any) -> None:
+        """A non-blocking device-to-host copy into pinned ``buf`` on a side stream of ``t``'s
+        device. The side stream first waits for the device's current stream (the kernels that
+        write ``t`` are queued there), so the copy reads the values the loop computed; nothing
+        waits per tensor: ``finish`` waits once per device, on an event."""
+        cuda = self.torch.cuda
+        stream = self.streams.get(t.device)
+        if stream is None:
+            stream = self.streams[t.device] = cuda.Stream(device=t.device)
+            stream.wait_stream(cuda.current_stream(t.device))
+        with cuda.stream(stream):
+            buf.copy_(t, non_blocking=True)
+
+    def finish(self) -> None:
+        """Wait for the CUDA copies (one event per device); then the host buffers hold the
+        snapshot, and the loop may change its tensors."""
+        events = []
+        for device, stream in self.streams.items():
+            event = self.torch.cuda.Event()
+            event.record(stream)
+            events.append((device, event))
+        for _, event in events:
+            event.synchronize()
 
 
 class AsyncSaver:

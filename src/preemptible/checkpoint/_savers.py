@@ -30,7 +30,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from .._errors import ConfigError
 from .._files import remove_path
-from ._async import AsyncSaver
+from ._async import AsyncSaver, holds_cuda
 from ._state import StateSpec, apply_payload, build_payload, read_payload, write_payload
 from ._store import _FINAL, Checkpoint, CheckpointStore, checkpoint_name
 
@@ -191,6 +191,11 @@ class PayloadSaver(BaseSaver):
 
     def write(self, step: int, context: Any) -> Path:
         payload = build_payload(step, self.state)
+        if self.async_saver is not None and holds_cuda(payload):
+            # the staging kept for background saves is pinned: one copy at the device-to-host
+            # rate into memory already faulted in, instead of torch.save's pageable copy of
+            # each storage into fresh memory (the sync save, the stop's, writes from there)
+            payload = self.async_saver.snapshot.copy(payload)
         return self.store.save(step, lambda tmp: write_payload(payload, tmp))
 
     def save_in_background(self, step: int, context: Any = None) -> float | None:
@@ -205,6 +210,14 @@ class PayloadSaver(BaseSaver):
 
     def absorb(self) -> None:
         absorb_background(self, self.async_saver)
+
+    def collect(self) -> Saved | None:
+        # At the first boundary (normally after the first step, when an optimizer's state
+        # exists) the staging buffers are allocated in a thread, so that the first background
+        # save copies into ready memory like the later ones.
+        if self.async_saver is not None and not self.async_saver.snapshot.prepared:
+            self.async_saver.snapshot.prepare(build_payload(0, self.state))
+        return super().collect()
 
     def wait(self) -> None:
         if self.async_saver is not None:

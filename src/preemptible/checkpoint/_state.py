@@ -16,6 +16,7 @@ trust pickled code.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import random
@@ -23,7 +24,7 @@ import sys
 import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from .._errors import CheckpointError, CheckpointLoadError, ConfigError, PreemptibleError
 
@@ -290,6 +291,24 @@ class _RecordingWriter:
             raise
 
 
+def _without_crc32() -> Any:
+    """torch.save without the CRC32 of each record, where torch can be told so (2.6 and later).
+
+    The CRC was the whole CPU cost of serializing (about 0.16 s per GB here, a third of writing
+    and fsyncing the same bytes on a fast disk: the storages themselves are written without a
+    copy), and nothing reads it: ``torch.load`` does not check it (a flipped byte loads either
+    way), while the store's commit (fsync, rename) is what guarantees a checkpoint is whole.
+    The file stays the same zip archive with the same records; ``weights_only`` loads are
+    unchanged."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return contextlib.nullcontext()
+    if not hasattr(config.save, "compute_crc32"):
+        return contextlib.nullcontext()
+    return cast(Any, config).patch({"save.compute_crc32": False})
+
+
 def write_payload(payload: Mapping[str, Any], path: Path) -> None:
     # Opened here rather than by torch, so that a refused open or write surfaces as the
     # OSError with its errno (ENOSPC, EROFS, EACCES), not as a RuntimeError from C++.
@@ -297,7 +316,8 @@ def write_payload(payload: Mapping[str, Any], path: Path) -> None:
     with open(path, "wb") as fh:
         writer = _RecordingWriter(fh)
         try:
-            torch.save(dict(payload), writer)
+            with _without_crc32():
+                torch.save(dict(payload), writer)
             writer.flush()
         except RuntimeError:
             if writer.error is not None:

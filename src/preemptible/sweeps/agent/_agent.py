@@ -5,8 +5,9 @@ the same process group, signal forwarding, escalation, subreaper, guardian, run 
 classification, so an agent and ``preemptible run`` can never disagree about how an attempt
 ended. What the agent adds is the queue:
 
-- a heartbeat thread renews the run's lease (on its own database connection), copies the
-  metrics the run reported (``preemptible.report``) into the queue, marks the run preempting
+- a heartbeat thread renews the run's lease (on its own database connection; another thread
+  copies the metrics the run reported, ``preemptible.report``, into the queue, and the lease
+  never waits on it: ``_holding``), passes on the run's latest values, marks the run preempting
   when the run did, and passes a sweep's ``cancel`` on to the run (SIGTERM, then SIGKILL after
   the term timeout; ``--now``: SIGKILL);
 - the lease's end, by this host's monotonic clock, goes to the run in ``lease.json``

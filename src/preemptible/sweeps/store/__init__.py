@@ -8,7 +8,7 @@ from ._connector import DEFAULT_RETRY_TIMEOUT, _Tx
 from ._endings import LEASE_EXPIRED, takeover_margin
 from ._fields import DECODER, decode_object, field_error
 from ._local import HostView
-from ._metrics import HistoryCopy
+from ._metrics import SLICE_SECONDS, HistoryCopy
 from ._pause import CtrlZ
 from ._queue import Store, open_store
 from ._rows import AttemptRow, Claim
@@ -18,6 +18,7 @@ __all__ = [
     "DECODER",
     "DEFAULT_RETRY_TIMEOUT",
     "LEASE_EXPIRED",
+    "SLICE_SECONDS",
     "AttemptRow",
     "Claim",
     "CtrlZ",

@@ -10,7 +10,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -100,6 +100,11 @@ class _Tx:
 
     def run(self, query: str, /, **params: Any) -> int:
         return self.execute(self._queries[query], params)
+
+    def run_many(self, query: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """``query`` once for each of ``rows`` (its parameters), in this transaction."""
+        if rows:
+            self._cur.executemany(self._queries[query], rows)
 
     def all(self, query: str, /, **params: Any) -> list[dict[str, Any]]:
         self.execute(self._queries[query], params)

@@ -225,6 +225,8 @@ UPDATE preemptible_runs SET updated_at = preemptible_now()
 WHERE id = :id AND state = 'RUNNING' AND lease_epoch = :epoch
 
 -- name: add_point
+-- one point (SQLite runs it for each point of a slice, in one transaction; PostgreSQL has
+-- add_points, the whole slice in one statement)
 INSERT INTO preemptible_history (run_id, name, step, value, attempt)
 VALUES (:run_id, :name, :step, :value, :attempt)
 ON CONFLICT (run_id, name, step) DO UPDATE SET value = excluded.value, attempt = excluded.attempt
