@@ -5,6 +5,7 @@ heavy is imported (Optuna only when a ``bayes`` sweep proposes a run)."""
 from __future__ import annotations
 
 from ._command import build_command
+from ._fail import finite_number, kind_of
 from ._hyperband import Hyperband, bands, parse_early_terminate, stop_verdict
 from ._model import GOALS, Goal, Metric, SweepSpec
 from ._sample import Observation, propose
@@ -19,6 +20,8 @@ __all__ = [
     "SweepSpec",
     "bands",
     "build_command",
+    "finite_number",
+    "kind_of",
     "load_spec",
     "parse_early_terminate",
     "parse_spec",

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from ..._text import short_repr
 from ._command import DEFAULT_COMMAND, macro_problem, uses_macro
-from ._fail import _fail, _is_spec, _key, _kind, _what
+from ._fail import _fail, _is_spec, _key, _what, finite_number, kind_of
 from ._hyperband import early_terminate_problem
 from ._model import (
     CONTROLLER_TYPES,
@@ -39,7 +39,7 @@ _MAX_NODES = 100_000  # YAML aliases can make a small file expand to an enormous
 def _parse(data: object) -> SweepSpec:
     if not isinstance(data, Mapping):
         # its kind only: a file that is not a mapping is not a spec, and not to be quoted
-        _fail("", f"a spec is a mapping of keys ({', '.join(TOP_KEYS)}), not {_kind(data)}")
+        _fail("", f"a spec is a mapping of keys ({', '.join(TOP_KEYS)}), not {kind_of(data)}")
     if not _is_spec(data):  # nor is a mapping without one key of a spec: its keys are not named
         _fail("", f"a spec is a mapping of keys ({', '.join(TOP_KEYS)}); this one has none of them")
     raw = cast(dict[str, Any], _plain(data, "", 0, [0]))
@@ -150,16 +150,12 @@ def _metric(data: object, ignored: list[str]) -> Metric | None:
     if goal not in GOALS:
         _fail("metric.goal", f"{short_repr(goal)} is not valid; valid: {', '.join(GOALS)}")
     target = data.get("target")
-    if target is not None and not _finite_number(target):
+    if target is not None and not finite_number(target):
         _fail(
             "metric.target",
             f"must be a finite number (the value that ends the sweep), not {_what(target)}",
         )
     return Metric(name=name, goal=cast(Goal, goal), target=target)
-
-
-def _finite_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _command(data: object) -> tuple[str, ...]:

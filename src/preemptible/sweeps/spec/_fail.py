@@ -4,6 +4,7 @@ a message without quoting a file that is not a spec (see ``_spec``)."""
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Callable, Mapping
 from typing import NoReturn, TypeVar
@@ -49,6 +50,17 @@ def _number(path: str, value: object) -> float:
     return value
 
 
+def finite_number(value: object) -> bool:
+    """A real number a float holds, not a bool: what a bound, a target or a metric must be (an
+    integer beyond float's range is not one)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(value)
+    except (OverflowError, ValueError, TypeError):
+        return False
+
+
 def _looks_like_float(text: str) -> bool:
     try:
         return math.isfinite(float(text))
@@ -70,7 +82,7 @@ def _is_spec(data: object) -> bool:
     )
 
 
-def _kind(value: object) -> str:
+def kind_of(value: object) -> str:
     """What ``value`` is, without any of it."""
     if value is None:
         return "null"

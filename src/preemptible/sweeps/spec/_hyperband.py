@@ -37,8 +37,6 @@ Pure: no I/O, no clock, nothing imported beyond the standard library and the err
 
 from __future__ import annotations
 
-import math
-import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
@@ -46,7 +44,7 @@ from typing import Any, Literal
 
 from ..._errors import ConfigError
 from ..._text import short_repr
-from ._fail import _what  # one wording of what a bad value is
+from ._fail import _what, finite_number  # one wording of what a bad value is
 
 Goal = Literal["minimize", "maximize"]
 GOALS: tuple[Goal, ...] = ("minimize", "maximize")
@@ -214,7 +212,7 @@ def stop_verdict(
     band's threshold), in the goal's terms, when the run is stopped; else None."""
     sign = _sign(goal)
     cuts = _cut_bands(
-        config, lambda band: [sign * v for v in band_values.get(band, ()) if _finite(v)]
+        config, lambda band: [sign * v for v in band_values.get(band, ()) if finite_number(v)]
     )
     found = _verdict(config, _valid(own, sign), cuts)
     if found is None:
@@ -262,16 +260,7 @@ def _sign(goal: str) -> int:
 
 def _valid(values: Sequence[Any], sign: int) -> list[float]:
     """The finite numbers of a history, in order, negated for ``maximize``."""
-    return [sign * value for value in values if _finite(value)]
-
-
-def _finite(value: object) -> bool:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    try:
-        return math.isfinite(value)
-    except (OverflowError, ValueError, TypeError):  # an integer beyond float's range
-        return False
+    return [sign * value for value in values if finite_number(value)]
 
 
 def _integer_within(value: object, top: int) -> bool:
@@ -279,7 +268,7 @@ def _integer_within(value: object, top: int) -> bool:
 
 
 def _number_above_one(value: object) -> bool:
-    return _finite(value) and isinstance(value, (int, float)) and value > 1
+    return finite_number(value) and isinstance(value, (int, float)) and value > 1
 
 
 def _path(key: str) -> str:

@@ -32,6 +32,7 @@ from statistics import NormalDist
 from typing import Any, cast
 
 from ..._errors import ConfigError
+from ._fail import finite_number
 from ._model import BETAS, LOG_UNIFORMS, NORMALS, ParamSpec, SweepSpec, canonical, leaves
 
 N_STARTUP = 8  # finished runs before TPE takes over (Optuna's own default is 10)
@@ -140,7 +141,7 @@ def _bayes(
     spec: SweepSpec, history: Sequence[Observation], index: int, seed: int
 ) -> dict[tuple[str, ...], Any]:
     """TPE's values for the parameters that vary; {} while too few runs have finished."""
-    done = [o for o in history if o.finished and _finite(o.metric)]
+    done = [o for o in history if o.finished and finite_number(o.metric)]
     searched = [(path, p) for path, p in leaves(spec.parameters) if not _fixed(p)]
     if len(done) < N_STARTUP or not searched:
         return {}
@@ -221,7 +222,7 @@ def _internal(param: ParamSpec, value: Any) -> Any:
         key = _canonical_or_none(value)
         matches = [i for i, v in enumerate(param.values) if canonical(v) == key]
         return matches[0] if matches else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite_number(value):
         return None
     if dist == "int_uniform":
         ok = isinstance(value, int) and cast(int, param.min) <= value <= cast(int, param.max)
@@ -268,10 +269,6 @@ def _lookup(params: Mapping[str, Any], path: tuple[str, ...]) -> Any:
             return _MISSING
         node = node[name]
     return node
-
-
-def _finite(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _canonical_or_none(value: Any) -> str | None:

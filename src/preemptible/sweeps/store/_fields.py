@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from ..._errors import UnreadableField
+from ..spec._fail import kind_of
 
 
 def _no_constant(name: str) -> Any:
@@ -52,20 +53,8 @@ def decode_object(text: object) -> tuple[dict[str, Any] | None, str | None]:
         reason = str(exc) if "JSON" in str(exc) else "a number too long"
         return None, f"not usable JSON ({reason})"
     if not isinstance(value, dict):
-        return None, f"JSON but not an object ({_kind(value)})"
+        return None, f"JSON but not an object ({kind_of(value)})"
     return value, None
-
-
-def _kind(value: object) -> str:
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, str):
-        return "a text"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true/false"
-    return "a number"
 
 
 def field_error(what: str, field: str, why: str) -> UnreadableField:

@@ -15,6 +15,7 @@ from typing import Any
 from ..._errors import ConfigError
 from ..._paths import MAX_STEP
 from ..._text import printable, short_repr
+from ..spec._fail import finite_number
 from ._fields import decode_object
 
 logger = logging.getLogger("preemptible")
@@ -53,12 +54,7 @@ def _check_int(
 
 def _number_ok(value: object) -> bool:
     """A finite number that a float holds (a bool counts: it is JSON's true/false)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return isinstance(value, bool)
-    try:
-        return math.isfinite(value)  # an int too large for a float raises OverflowError
-    except OverflowError:
-        return False
+    return isinstance(value, bool) or finite_number(value)
 
 
 def _storable(value: object, depth: int = 0) -> bool:

@@ -2,7 +2,7 @@
 and the reading of a page's query (``?state=RUNNING&state=FAILED&page=2``).
 
 Everything a page shows comes from the queue or from files a run wrote, which any agent, run
-or spec can fill: every text goes through ``_e`` (HTML-escaped, control characters shown as
+or spec can fill: every text goes through ``escape`` (HTML-escaped, control characters shown as
 escapes), and the pages' scripts only set text (``textContent``) or put in place markup that
 this server drew (``DOMParser``: nothing in it runs; the Content-Security-Policy allows only
 the page's own nonce-carrying script, no inline handler).
@@ -69,7 +69,7 @@ CSS += "".join(f".s-{s}{{color:{c};font-weight:bold}}\n" for s, c in STATE_COLOU
 CSS += "".join(f"#filters .c-{s}{{background:{c}}}\n" for s, c in STATE_COLOURS.items())
 
 
-def _e(value: object) -> str:
+def escape(value: object) -> str:
     """``value`` as HTML text or attribute: escaped, control characters as escapes."""
     return html.escape(printable(str(value)), quote=True)
 
@@ -79,7 +79,7 @@ def shell(title: str, body: str, script: str, nonce: str) -> str:
     return (
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
         '<meta name=viewport content="width=device-width,initial-scale=1">'
-        f"<title>{_e(title)} · preemptible</title>"
+        f"<title>{escape(title)} · preemptible</title>"
         f'<style nonce="{nonce}">{CSS}</style></head><body>{body}'
         f'<script nonce="{nonce}">{script}</script></body></html>\n'
     )

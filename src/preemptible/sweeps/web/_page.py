@@ -21,7 +21,7 @@ from ..._text import format_age, printable
 from ..status._render import UNREADABLE, _header_line, format_params
 from ..status._snapshot import STATES
 from ..store._queue import Store
-from ._html import _e, counts_of, query_of, shell
+from ._html import counts_of, escape, query_of, shell
 from ._model import PAGE_ROWS, SweepModel
 from ._svg import Chart, Marker, Series, render
 from ._timeline_svg import timeline_svg
@@ -289,17 +289,18 @@ def _pager(doc: Mapping[str, Any] | None, states: frozenset[str]) -> str:
     back = query_of(states, page["number"] - 1) or "/"
     on = query_of(states, page["number"] + 1)
     return (
-        f'<div id="pager"><span id="pageinfo">{_e(info)}</span>'
-        f'<a id="prev" href="{_e(back)}"{prev}>previous {PAGE_ROWS}</a>'
-        f'<a id="next" href="{_e(on)}"{nxt}>next {PAGE_ROWS}</a></div>'
+        f'<div id="pager"><span id="pageinfo">{escape(info)}</span>'
+        f'<a id="prev" href="{escape(back)}"{prev}>previous {PAGE_ROWS}</a>'
+        f'<a id="next" href="{escape(on)}"{nxt}>next {PAGE_ROWS}</a></div>'
     )
 
 
 def _filters(counts: Mapping[str, int], states: frozenset[str]) -> str:
     boxes = "".join(
-        f'<label class="c-{_e(s)}"><input type="checkbox" name="state" value="{_e(s)}"'
-        f'{" checked" if s in states else ""}><span id="count-{_e(s)}">{counts.get(s, 0)}</span>'
-        f" {_e(s)}</label>"
+        f'<label class="c-{escape(s)}"><input type="checkbox" name="state" value="{escape(s)}"'
+        f"{' checked' if s in states else ''}>"
+        f'<span id="count-{escape(s)}">{counts.get(s, 0)}</span>'
+        f" {escape(s)}</label>"
         for s in STATES
     )
     return (
@@ -316,8 +317,8 @@ def _best(doc: Mapping[str, Any] | None) -> str:
     name = metric["name"] if metric else "metric"
     run = best["run_id"]
     return (
-        f'<div id="best">best: <a href="/run/{_e(run)}">{_e(run)}</a>'
-        f"<span> {_e(name)}={best['metric']:.6g}</span></div>"
+        f'<div id="best">best: <a href="/run/{escape(run)}">{escape(run)}</a>'
+        f"<span> {escape(name)}={best['metric']:.6g}</span></div>"
     )
 
 
@@ -335,15 +336,17 @@ def render_page(
     rows = []
     for run in (doc or {}).get("runs", ()):
         classes = [f"state s-{run['state']}" if c == "state" else _css_name(c) for c in COLUMNS]
-        cells = [_e(cell) for cell in run["cells"]]
-        cells[0] = f'<a href="/run/{_e(run["run_id"])}">{cells[0]}</a>'
+        cells = [escape(cell) for cell in run["cells"]]
+        cells[0] = f'<a href="/run/{escape(run["run_id"])}">{cells[0]}</a>'
         tds = "".join(
-            f'<td class="{_e(k)}">{cell}</td>' for k, cell in zip(classes, cells, strict=True)
+            f'<td class="{escape(k)}">{cell}</td>' for k, cell in zip(classes, cells, strict=True)
         )
-        state = _e(run["state"])
-        rows.append(f'<tr data-run="{_e(run["run_id"])}" data-state="{state}">{tds}</tr>')
+        state = escape(run["state"])
+        rows.append(f'<tr data-run="{escape(run["run_id"])}" data-state="{state}">{tds}</tr>')
     title = f"sweep {doc['sweep']['id']}" if doc else "sweep"
-    status = f'<div id="status" class="down">{_e(error)}</div>' if error else '<div id="status">'
+    status = (
+        f'<div id="status" class="down">{escape(error)}</div>' if error else '<div id="status">'
+    )
     status += "" if error else "</div>"
     script = _JS % {
         "columns": json.dumps(list(COLUMNS)),
@@ -352,13 +355,13 @@ def render_page(
         "timeline_every": int(5 * REFRESH * 1000),
     }
     body = (
-        f"<h1>{_e(title)}</h1>"
-        f'<div id="header">{_e(doc["header"] if doc else "")}</div>'
+        f"<h1>{escape(title)}</h1>"
+        f'<div id="header">{escape(doc["header"] if doc else "")}</div>'
         f"{_filters(counts_of(doc or {}), states)}{status}"
-        f'<div class="note">database: {_e(doc["database"]) if doc else ""}</div>'
+        f'<div class="note">database: {escape(doc["database"]) if doc else ""}</div>'
         f"{_best(doc)}{chart}{_pager(doc, states)}"
         "<table><thead><tr>"
-        + "".join(f"<th>{_e(c)}</th>" for c in COLUMNS)
+        + "".join(f"<th>{escape(c)}</th>" for c in COLUMNS)
         + f'</tr></thead><tbody id="runs">{"".join(rows)}</tbody></table>'
         + (timeline_svg(doc) if doc else "")
     )

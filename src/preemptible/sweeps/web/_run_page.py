@@ -29,7 +29,7 @@ from ..status._render import UNREADABLE, format_params
 from ..store._endings import LEASE_EXPIRED
 from ..store._queue import Store
 from ..store._rows import AttemptRow
-from ._html import STATE_COLOURS, _e, shell
+from ._html import STATE_COLOURS, escape, shell
 from ._svg import Chart, Marker, Series, envelope, render
 
 REFRESH = 2.0
@@ -267,7 +267,7 @@ def curve_chart(name: str, curve: Mapping[str, Any], marks: Sequence[Mapping[str
 def curve_charts(doc: Mapping[str, Any]) -> list[str]:
     """One chart per metric drawn (``curves``), each in a figure named by its metric."""
     return [
-        f'<figure class="curve" data-metric="{_e(name)}">'
+        f'<figure class="curve" data-metric="{escape(name)}">'
         f"{curve_chart(name, curve, doc['marks'])}</figure>"
         for name, curve in doc["curves"]["drawn"].items()
     ]
@@ -309,16 +309,19 @@ def _facts(doc: Mapping[str, Any]) -> str:
     params = doc["params"]
     summary = doc["summary"]
     rows = [
-        ("state", f'<span class="s-{_e(doc["state"])}">{_e(doc["state"])}</span>'),
-        ("attempts", _e(f"{doc['attempts']}" + (f" ({', '.join(extra)})" if extra else ""))),
-        ("checkpoint step", _e("-" if doc["checkpoint_step"] is None else doc["checkpoint_step"])),
-        ("params", _e(UNREADABLE if params is None else format_params(params) or "-")),
-        ("reported", _e(format_params(summary) if summary else "-")),
-        ("agent@host", _e(f"{doc['agent']}@{doc['host']}" if doc["agent"] else "-")),
+        ("state", f'<span class="s-{escape(doc["state"])}">{escape(doc["state"])}</span>'),
+        ("attempts", escape(f"{doc['attempts']}" + (f" ({', '.join(extra)})" if extra else ""))),
+        (
+            "checkpoint step",
+            escape("-" if doc["checkpoint_step"] is None else doc["checkpoint_step"]),
+        ),
+        ("params", escape(UNREADABLE if params is None else format_params(params) or "-")),
+        ("reported", escape(format_params(summary) if summary else "-")),
+        ("agent@host", escape(f"{doc['agent']}@{doc['host']}" if doc["agent"] else "-")),
     ]
     if doc["heartbeat_age"] is not None:
-        rows.append(("heartbeat", _e(format_age(doc["heartbeat_age"]) + " ago")))
-    rows.append(("created", _e(_clock(doc["created_at"]))))
+        rows.append(("heartbeat", escape(format_age(doc["heartbeat_age"]) + " ago")))
+    rows.append(("created", escape(_clock(doc["created_at"]))))
     cls = {"params": ' class="params"', "reported": ' class="params"'}
     items = "".join(f"<dt>{k}</dt><dd{cls.get(k, '')}>{v}</dd>" for k, v in rows)
     return f'<dl class="run">{items}</dl>'
@@ -346,8 +349,10 @@ def _attempts(doc: Mapping[str, Any]) -> str:
             "-" if a["exit_code"] is None else str(a["exit_code"]),
             "-" if a["checkpoint_step"] is None else str(a["checkpoint_step"]),
         )
-        tds = "".join(f"<td>{_e(c)}</td>" for c in cells)
-        rows.append(f'<tr class="ending-{_e(a["ending"])}" data-attempt="{a["number"]}">{tds}</tr>')
+        tds = "".join(f"<td>{escape(c)}</td>" for c in cells)
+        rows.append(
+            f'<tr class="ending-{escape(a["ending"])}" data-attempt="{a["number"]}">{tds}</tr>'
+        )
     if not rows:
         rows.append(f'<tr><td colspan="{len(head)}">not started yet</td></tr>')
     ths = "".join(f"<th>{h}</th>" for h in head)
@@ -357,14 +362,14 @@ def _attempts(doc: Mapping[str, Any]) -> str:
 
 
 def _pre(lines: Sequence[str]) -> str:
-    return "<pre>" + "\n".join(_e(line) for line in lines) + "</pre>"
+    return "<pre>" + "\n".join(escape(line) for line in lines) + "</pre>"
 
 
 def _file_parts(doc: Mapping[str, Any]) -> str:
     files = doc["files"]
     where = files["run_dir"]
     journal = files["journal"]
-    out = [f'<h2>attempts journal</h2><div class="note">{_e(where)}/attempts.jsonl</div>']
+    out = [f'<h2>attempts journal</h2><div class="note">{escape(where)}/attempts.jsonl</div>']
     out.append(
         _pre(journal)
         if journal
@@ -404,8 +409,8 @@ def render_live(doc: Mapping[str, Any]) -> str:
 
 def render_run_page(doc: Mapping[str, Any], *, nonce: str) -> str:
     body = (
-        f'<div><a href="/">sweep {_e(doc["sweep_id"])}</a></div>'
-        f"<h1>run {_e(doc['run_id'])}</h1>"
+        f'<div><a href="/">sweep {escape(doc["sweep_id"])}</a></div>'
+        f"<h1>run {escape(doc['run_id'])}</h1>"
         f'<div id="status"></div>{render_live(doc)}'
     )
     return shell(f"run {doc['run_id']}", body, _JS % {"refresh": int(REFRESH * 1000)}, nonce)

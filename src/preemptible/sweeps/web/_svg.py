@@ -10,11 +10,12 @@ is a few tens of KB however long the run or large the sweep.
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+from ._html import escape
 
 WIDTH, HEIGHT = 640, 240
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 40, 34
@@ -51,10 +52,6 @@ class Chart:
     series: Sequence[Series]
     markers: Sequence[Marker] = field(default_factory=tuple)
     chart_id: str = ""
-
-
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def envelope(points: Sequence[_P], limit: int = MAX_POINTS) -> list[_P]:
@@ -114,13 +111,13 @@ def _range(values: Sequence[float]) -> tuple[float, float]:
 def render(chart: Chart, *, width: int = WIDTH, height: int = HEIGHT) -> str:
     """The chart as one ``<svg>`` element (standalone too: it names its namespace)."""
     points = [p for s in chart.series for p in s.points if math.isfinite(p[0] + p[1])]
-    ident = f' id="{_e(chart.chart_id)}"' if chart.chart_id else ""
+    ident = f' id="{escape(chart.chart_id)}"' if chart.chart_id else ""
     head = (
         f'<svg xmlns="{_NS}"{ident} class="chart" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" role="img" aria-label="{_e(chart.title)}">'
-        f"<title>{_e(chart.title)}</title>"
+        f'width="{width}" height="{height}" role="img" aria-label="{escape(chart.title)}">'
+        f"<title>{escape(chart.title)}</title>"
         f'<text x="{_LEFT}" y="16" font-size="13" font-weight="bold" fill="#222">'
-        f"{_e(chart.title)}</text>"
+        f"{escape(chart.title)}</text>"
     )
     if not points:
         return (
@@ -172,20 +169,20 @@ def _axes(
         y = sy(t)
         out.append(
             f'<line x1="{left - 4}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="#eee"/>'
-            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(f"{t:.4g}")}</text>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(f"{t:.4g}")}</text>'
         )
     for t in nice_ticks(x0, x1):
         x = sx(t)
         label = f"{t:.0f}" if float(t).is_integer() else f"{t:.4g}"
         out.append(
             f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="#999"/>'
-            f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{_e(label)}</text>'
+            f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{escape(label)}</text>'
         )
     out.append(
         f'<text x="{(left + right) / 2}" y="{height - 2}" text-anchor="middle">'
-        f"{_e(chart.x_label)}</text>"
+        f"{escape(chart.x_label)}</text>"
         f'<text x="12" y="{(_TOP + bottom) / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 12 {(_TOP + bottom) / 2})">{_e(chart.y_label)}</text></g>'
+        f'transform="rotate(-90 12 {(_TOP + bottom) / 2})">{escape(chart.y_label)}</text></g>'
     )
     return "".join(out)
 
@@ -194,12 +191,12 @@ def _series(s: Series, sx: _Scale, sy: _Scale) -> str:
     pts = [(sx(x), sy(y)) for x, y in s.points if math.isfinite(x + y)]
     if not pts:
         return ""
-    name = _e(s.name)
+    name = escape(s.name)
     hooks = f'data-name="{name}"' + ("" if s.attempt is None else f' data-attempt="{s.attempt}"')
     if s.kind == "dots" or len(pts) == 1:  # one point is no line: a dot
         path = "".join(f"M{x:.1f} {y:.1f}h0" for x, y in pts)
         return (
-            f'<path class="series dots" {hooks} d="{path}" stroke="{_e(s.colour)}" '
+            f'<path class="series dots" {hooks} d="{path}" stroke="{escape(s.colour)}" '
             'stroke-width="4" stroke-linecap="round" stroke-opacity="0.55" fill="none"/>'
         )
     if s.kind == "step":
@@ -210,7 +207,7 @@ def _series(s: Series, sx: _Scale, sy: _Scale) -> str:
     line = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
     return (
         f'<polyline class="series line" {hooks} points="{line}" '
-        f'stroke="{_e(s.colour)}" stroke-width="1.8" fill="none"/>'
+        f'stroke="{escape(s.colour)}" stroke-width="1.8" fill="none"/>'
     )
 
 
@@ -225,14 +222,15 @@ def _marker(m: Marker, x: float, size: tuple[int, int], row: int) -> str:
         anchor, dx = ("end", -4) if left else ("start", 4)
         text = (
             f'<text class="marker-text" x="{x + dx:.1f}" y="{_TOP + 18 + 12 * (row % 4)}" '
-            f'text-anchor="{anchor}" font-size="10" fill="{_e(m.colour)}">{_e(m.text)}</text>'
+            f'text-anchor="{anchor}" font-size="10" fill="{escape(m.colour)}">'
+            f"{escape(m.text)}</text>"
         )
     return (
-        f'<g class="marker marker-{_e(m.kind)}" data-step="{_e(step)}" '
-        f'data-marker="{_e(m.kind)}" data-x="{x:.1f}"><title>{_e(m.label)}</title>'
+        f'<g class="marker marker-{escape(m.kind)}" data-step="{escape(step)}" '
+        f'data-marker="{escape(m.kind)}" data-x="{x:.1f}"><title>{escape(m.label)}</title>'
         f'<line x1="{x:.1f}" y1="{_TOP}" x2="{x:.1f}" y2="{height - _BOTTOM}" '
-        f'stroke="{_e(m.colour)}" stroke-width="1.5"{dash}/>'
-        f'<path d="M{x - 5:.1f} {_TOP}h10l-5 7z" fill="{_e(m.colour)}"/>{text}</g>'
+        f'stroke="{escape(m.colour)}" stroke-width="1.5"{dash}/>'
+        f'<path d="M{x - 5:.1f} {_TOP}h10l-5 7z" fill="{escape(m.colour)}"/>{text}</g>'
     )
 
 
@@ -247,8 +245,8 @@ def _legend(series: Sequence[Series], width: int) -> str:
         shown.add((s.name, s.colour))
         text = s.name if len(s.name) <= 40 else s.name[:39] + "…"
         out.append(
-            f'<rect x="{x:.0f}" y="22" width="10" height="10" fill="{_e(s.colour)}"/>'
-            f'<text x="{x + 14:.0f}" y="31">{_e(text)}</text>'
+            f'<rect x="{x:.0f}" y="22" width="10" height="10" fill="{escape(s.colour)}"/>'
+            f'<text x="{x + 14:.0f}" y="31">{escape(text)}</text>'
         )
         x += 6.5 * len(text) + 30
     out.append("</g>")

@@ -13,7 +13,8 @@ from typing import Any
 
 from ..._states import Ending
 from ..status._timeline import ENDING_COLOURS
-from ._svg import _NS, _e, nice_ticks
+from ._html import escape
+from ._svg import _NS, nice_ticks
 
 ROW = 16  # pixels per run
 _LEFT, _RIGHT, _TOP, _BOTTOM = 130, 16, 40, 34
@@ -76,8 +77,8 @@ def timeline_svg(doc: Mapping[str, Any]) -> str:
         y = _TOP + row * ROW
         label = run["run_id"] if len(run["run_id"]) <= 18 else run["run_id"][:17] + "…"
         parts.append(
-            f'<g class="run" data-run="{_e(run["run_id"])}"><text x="{_LEFT - 6}" '
-            f'y="{y + ROW - 4}" text-anchor="end" font-size="11" fill="#333">{_e(label)}</text>'
+            f'<g class="run" data-run="{escape(run["run_id"])}"><text x="{_LEFT - 6}" '
+            f'y="{y + ROW - 4}" text-anchor="end" font-size="11" fill="#333">{escape(label)}</text>'
         )
         for a in run.get("attempt_log") or ():
             end = a["ended_at"] if a["ended_at"] is not None else now
@@ -86,9 +87,10 @@ def timeline_svg(doc: Mapping[str, Any]) -> str:
             colour = ENDING_COLOURS.get(ending, "#9467bd")
             what = f"attempt {a['number']}: {ending or 'still running'}"
             parts.append(
-                f'<rect class="attempt ending-{_e(ending)}" data-attempt="{a["number"]}" '
+                f'<rect class="attempt ending-{escape(ending)}" data-attempt="{a["number"]}" '
                 f'x="{x0:.1f}" y="{y + 2}" width="{max(x1 - x0, 1.5):.1f}" height="{ROW - 4}" '
-                f'fill="{_e(colour)}" stroke="#333" stroke-width="0.5"><title>{_e(what)}</title>'
+                f'fill="{escape(colour)}" stroke="#333" stroke-width="0.5">'
+                f"<title>{escape(what)}</title>"
                 "</rect>"
             )
             if ending == Ending.PREEMPTED or a.get("lost"):
@@ -104,8 +106,8 @@ def _legend() -> str:
     for ending, colour in ENDING_COLOURS.items():
         text = ending or "still running"
         out.append(
-            f'<rect x="{x:.0f}" y="22" width="10" height="10" fill="{_e(colour)}"/>'
-            f'<text x="{x + 14:.0f}" y="31">{_e(text)}</text>'
+            f'<rect x="{x:.0f}" y="22" width="10" height="10" fill="{escape(colour)}"/>'
+            f'<text x="{x + 14:.0f}" y="31">{escape(text)}</text>'
         )
         x += 6.5 * len(text) + 30
     out.append("</g>")
