@@ -233,3 +233,15 @@ def test_a_run_document_draws_the_stored_history(store: Store, tmp_path: Path) -
     assert name not in page and page.count("<script") == 1
     assert 'data-marker="preempted"' in page and 'data-marker="resumed"' in page
     assert 'data-attempt="1"' in page and 'data-attempt="2"' in page
+
+
+def test_a_charts_labels_show_control_characters_as_escapes() -> None:
+    """The charts escape through the page's one escape: an ESC in a metric's name is shown as
+    ``\\x1b`` (and the SVG stays XML), as everywhere else on the page."""
+    from preemptible.sweeps.web._svg import Chart, Series, render
+
+    line = Series(name="loss\x07", points=[(0.0, 1.0), (1.0, 0.5)], colour="#000")
+    svg = render(Chart(title="loss\x1b[31m", x_label="step", y_label="loss", series=[line]))
+    assert "\x1b" not in svg and "\x07" not in svg
+    assert "\\x1b[31m" in svg
+    assert ET.fromstring(svg) is not None
