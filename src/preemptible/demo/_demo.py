@@ -13,6 +13,8 @@ import random
 import sys
 import time
 
+from ._loop import classifier, fit
+
 
 def main(argv: list[str] | None = None) -> int:
     import torch
@@ -37,34 +39,27 @@ def main(argv: list[str] | None = None) -> int:
     sign = label * 2 - 1
     points = torch.stack([sign * radius * torch.cos(angle), sign * radius * torch.sin(angle)], 1)
 
-    model = torch.nn.Sequential(
-        torch.nn.Linear(2, 64),
-        torch.nn.Tanh(),
-        torch.nn.Dropout(0.1),
-        torch.nn.Linear(64, 2),
-    )
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
+    model, opt, sched = parts = classifier(64, 3e-3, args.steps)
     handler = preemptible.PreemptionCheckpointHandler(
         args.checkpoint_dir, {"model": model, "optimizer": opt, "scheduler": sched}
     )
     print(f"resumed {handler.resume()}", flush=True)
-    per_epoch = n // batch
-    for step in handler.steps(args.steps):
-        print(f"step {step}", flush=True)
-        epoch, offset = divmod(step, per_epoch)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))
-        idx = order[offset * batch : (offset + 1) * batch]
-        flip = torch.rand(batch) < 0.02  # label noise from the global torch RNG
-        target = torch.where(flip, 1 - label[idx], label[idx])
-        loss = torch.nn.functional.cross_entropy(model(points[idx]), target)
-        opt.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        opt.step()
-        sched.step()
+
+    def finished(step: int, loss: float) -> None:
         if args.step_time:
             # stands in for a longer step, so a signal lands in the middle of one
             time.sleep(args.step_time * (0.5 + random.random()))
+
+    fit(
+        handler.steps(args.steps),
+        parts,
+        points,
+        label,
+        batch=batch,
+        label_noise=0.02,
+        started=lambda step: print(f"step {step}", flush=True),
+        finished=finished,
+    )
     torch.save(model.state_dict(), args.out)
     print("done", flush=True)
     return 0

@@ -19,6 +19,8 @@ import math
 import sys
 import time
 
+from ._loop import classifier, fit
+
 
 def main(argv: list[str] | None = None) -> int:
     import torch
@@ -45,31 +47,25 @@ def main(argv: list[str] | None = None) -> int:
     radius = 0.5 + 0.5 * label + 0.15 * torch.randn(n, generator=data_gen)
     points = torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], 1)
 
-    model = torch.nn.Sequential(
-        torch.nn.Linear(2, args.hidden),
-        torch.nn.Tanh(),
-        torch.nn.Dropout(0.1),
-        torch.nn.Linear(args.hidden, 2),
-    )
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
+    model, opt, sched = parts = classifier(args.hidden, args.lr, args.steps)
     handler = preemptible.PreemptionCheckpointHandler(
         run.checkpoint_dir, {"model": model, "optimizer": opt, "scheduler": sched}
     )
-    per_epoch = n // batch
-    for step in handler.steps(args.steps):
-        print(f"{name} step {step}", flush=True)
-        epoch, offset = divmod(step, per_epoch)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))
-        idx = order[offset * batch : (offset + 1) * batch]
-        loss = torch.nn.functional.cross_entropy(model(points[idx]), label[idx])
-        opt.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        opt.step()
-        sched.step()
-        preemptible.report(loss=loss.item(), step=step)
+
+    def finished(step: int, loss: float) -> None:
+        preemptible.report(loss=loss, step=step)
         if args.step_time:
             time.sleep(args.step_time)  # stands in for a longer step
+
+    fit(
+        handler.steps(args.steps),
+        parts,
+        points,
+        label,
+        batch=batch,
+        started=lambda step: print(f"{name} step {step}", flush=True),
+        finished=finished,
+    )
     model.eval()
     with torch.no_grad():
         final = torch.nn.functional.cross_entropy(model(points), label).item()
