@@ -1,7 +1,7 @@
 """The ``preemptible`` command line. Thin over the library; logging is configured here only.
 
 Here: the group and ``run``, ``doctor``, ``demo``, ``runs``; the sweep commands (``sweep``,
-``agent``, ``status``) are ``_cli_sweep``'s, registered here in their old order."""
+``agent``, ``status``) are ``_sweep``'s, registered here in their old order."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ Each agent has a stop file of its own (``PREEMPTIBLE_STOP_FILE`` in its environm
 on to its runs): touching it stops exactly the run that agent is running, never another
 agent's, and the run removes it when it takes the request, so the resumed run goes on.
 
-The agent processes and the reference runs are in ``_sweep_demo_parts.py``.
+The agent processes and the reference runs are in ``_sweep_parts.py``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the doctor is what people run when something is already wrong, so it must never 
 in a traceback.
 
 Here: every check but SLURM's, and ``diagnose`` running them in order; the SLURM checks are
-``_doctor_slurm``'s, the ``Check`` line ``_doctor_check``'s.
+``_slurm``'s, the ``Check`` line ``_check``'s.
 """
 
 from __future__ import annotations

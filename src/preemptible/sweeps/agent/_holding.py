@@ -6,11 +6,11 @@ thread of the agent, stopped with it; the attempt's guardian (``supervisor/_guar
 process of its own, reads the same ``lease.json`` and sends the lease's signals while it
 fences the attempt, and the watchdog then only says so.
 
-The lease never waits on the history. A run may report millions of points (``_history``);
+The lease never waits on the history. A run may report millions of points (``_metrics``);
 copied in the heartbeat's thread, they delayed the renewals until the watchdog stopped the
 run for a lease its own agent held (``--heartbeat 0.5 --lease 3`` and 500 metrics a step: four
 times in one sweep, once with a SIGKILL during a save). So the copy has a thread and a
-database connection of its own and writes one bounded slice per transaction (``_history``),
+database connection of its own and writes one bounded slice per transaction (``_metrics``),
 of at most a quarter of a heartbeat. A renewal waits for the slice under way at most: the
 copy takes ``_turn`` for each slice, the heartbeat for its writes, and a renewal that waits
 goes first. On SQLite the copy then leaves the file's one write lock free for
@@ -176,7 +176,7 @@ class RunLease:
 
     def _trim_history(self) -> None:
         """The run's stored points after the step this attempt resumes from go: the attempt
-        reports them again (``_history``'s docstring)."""
+        reports them again (``_metrics``'s docstring)."""
         assert self._store is not None
         after = newest_step(self.supervisor.resume_dir)
         try:

@@ -1,6 +1,6 @@
 """The checks of a spec as a whole: plain JSON data first, then each top-level key (method,
 metric, command, counts, W&B's accepted-and-ignored keys, controller, early_terminate);
-``parameters`` are checked in ``_spec_params``."""
+``parameters`` are checked in ``_params``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The sweep database's connection layer: the choice of a backend (``_backend``: the protocol
-its SQLite and PostgreSQL drivers meet, ``_store_sqlite`` and ``_store_pg``) from a database URL,
+its SQLite and PostgreSQL drivers meet, ``_sqlite`` and ``_postgres``) from a database URL,
 and the ``Connector``: one connection, transactions of named queries (``_Tx``), retries with backoff
 and the record of outages (``_Health``). It knows no table: the queue's operations are the
 ``Store``'s, the schema's ``_schema``'s."""

@@ -1,7 +1,7 @@
 """Sweeps made and steered from outside: creating one, queueing its runs (a grid laid out at
 once), and its control (running, paused, stopped, cancelled).
 
-``ControlStore`` is a mixin of ``Store`` (``_store``), which gives the transactions.
+``ControlStore`` is a mixin of ``Store`` (``_queue``), which gives the transactions.
 """
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ def resume_stopped(tx: _Tx, sweep_id: str, run_id: str, display: str) -> None:
 
 
 def gone(r: Mapping[str, Any], local: Local | None, health: _Health) -> bool:
-    """Whether the holder of expired lease ``r`` is provably gone (``_store``'s docstring).
+    """Whether the holder of expired lease ``r`` is provably gone (``_queue``'s docstring).
     ``r["overdue"]``: seconds since the lease ran out, by one clock (PostgreSQL's, or this
     agent's own over the renewal counter: ``_watch``); ``r["alive"]``: the holder's process,
     as this host can tell (None: not on this host, or not comparable)."""

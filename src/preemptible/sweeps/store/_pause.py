@@ -5,7 +5,7 @@ A process stopped inside a transaction keeps what the transaction holds. SQLite'
 is a lock on the file that nobody can break while its holder lives, so an agent stopped
 (SIGSTOP) in the milliseconds of a write would keep every other agent of the sweep from
 writing until it is continued; PostgreSQL keeps the rows it locked until the server ends the
-session (``_store_pg``: ``idle_in_transaction_session_timeout``).
+session (``_postgres``: ``idle_in_transaction_session_timeout``).
 
 SIGSTOP cannot be caught, but the terminal's Ctrl+Z sends SIGTSTP, which can: the agent's
 handler only records it; a thread then closes the ``GATE`` (no new transaction starts), waits

@@ -44,7 +44,7 @@ Agents on one machine or many share one database. The guarantees:
 
 How an attempt's ending settles its run (the restart policy) is ``_endings``'s docstring.
 ``Store``'s reads are ``_reads``'s (``ReadStore``), creating and steering sweeps
-``_sweep_control``'s (``ControlStore``), the metric history ``_history``'s (``HistoryStore``):
+``_control``'s (``ControlStore``), the metric history ``_metrics``'s (``HistoryStore``):
 mixins, to which this module's ``Store`` gives the transactions.
 
 One ``Store`` is one connection: one thread at a time may use it (give each concurrent thread

@@ -1,6 +1,6 @@
 """The read-only part of the sweep queue: sweeps, runs, attempts and what the samplers see.
 
-``ReadStore`` is a mixin of ``Store`` (``_store``), which gives the transactions; nothing here
+``ReadStore`` is a mixin of ``Store`` (``_queue``), which gives the transactions; nothing here
 changes the database. It also holds the "no such sweep / run" errors the other parts raise.
 """
 

@@ -4,7 +4,7 @@ A small HTTP server of the standard library (one thread per request), bound to 1
 unless ``--host`` says otherwise, with fixed routes and nothing else (any other path is a 404,
 so no file is ever served from disk):
 
-* ``/``: the sweep's page (``_web_page``): the header, the counts as state filters, a page of
+* ``/``: the sweep's page (``_page``): the header, the counts as state filters, a page of
   the runs table, the best run and the best-so-far chart; ``?state=A&state=B&page=N`` filters
   and pages it, so a filtered page can be linked. No external asset (the machine may have no
   network): inline CSS and SVG drawn here, and a script that redraws it every 2 s;
@@ -12,13 +12,13 @@ so no file is ever served from disk):
   ``/timeline.svg`` (same query): the attempts timeline of that page's runs, as the page
   shows it; ``/plot.png`` (same query): the same as ``status --plot`` draws it
   (``_status.timeline_figure``; 404 without matplotlib);
-* ``/run/ID`` and ``/api/run/ID``: a run's page and its data (``_web_run``): attempts, metric
+* ``/run/ID`` and ``/api/run/ID``: a run's page and its data (``_run_page``): attempts, metric
   curves with preemptions and resumes marked, its journal and records from ``--home``.
 
 A sweep of 100,000 runs is read whole once, then only the runs that changed
-(``_web_model``): no page sends or draws more than a table page of rows or a chart's points.
+(``_model``): no page sends or draws more than a table page of rows or a chart's points.
 Everything shown comes from the queue or a run's files, which any agent, run or spec writes:
-the server escapes it (``_web_html``), and the scripts only set text or put in place markup
+the server escapes it (``_html``), and the scripts only set text or put in place markup
 the server drew.
 
 The database is read with one connection (``open_store(reader=True)``), one request at a time.

@@ -3,7 +3,7 @@ per run, a bar per attempt from its start to its end (now, while it runs) colour
 ended as in ``status --plot``, and a mark where an attempt was preempted or lost its lease.
 
 Drawn from the sweep document (``_web_page.sweep_document``: at most a page of runs), escaped
-like every chart (``_web_svg``): a few milliseconds, where matplotlib takes most of a second.
+like every chart (``_svg``): a few milliseconds, where matplotlib takes most of a second.
 """
 
 from __future__ import annotations
