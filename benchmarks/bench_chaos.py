@@ -226,7 +226,7 @@ def chaos(
     at random), after which the agents are left to finish in peace."""
     from lease_train import expected
 
-    from preemptible.sweeps._store import open_store
+    from preemptible.sweeps.store._queue import open_store
 
     rng = random.Random(seed)
     result = Result(backend, agents, runs)

@@ -31,7 +31,7 @@ def main() -> None:
     for _ in range(args.repeats):
         base.append(run("pass"))
         imp.append(run("import preemptible"))
-        cli.append(run("import preemptible.cli"))
+        cli.append(run("import preemptible.cli._main"))
     err = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import preemptible"],
         capture_output=True,
@@ -59,7 +59,7 @@ def main() -> None:
             f"{(median(imp) - b) * 1000:.1f} ms",
         ],
         [
-            "import preemptible.cli (click)",
+            "import preemptible.cli._main (click)",
             f"{median(cli) * 1000:.1f} ms",
             f"{(median(cli) - b) * 1000:.1f} ms",
         ],

@@ -39,9 +39,9 @@ SPEC = {
 # median seconds of a check, and the decision (the same in every implementation).
 TIMER = """
 import json, sys, time
-from preemptible.sweeps._early import Judge
-from preemptible.sweeps._spec import parse_spec
-from preemptible.sweeps._store import open_store
+from preemptible.sweeps.agent._early import Judge
+from preemptible.sweeps.spec._spec import parse_spec
+from preemptible.sweeps.store._queue import open_store
 url, sweep, run, repeats = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 with open_store(url, create=False) as store:
     spec = parse_spec(store.sweep(sweep).spec, source="bench")
@@ -59,7 +59,7 @@ print(json.dumps({"median": times[len(times) // 2], "stop": decision is not None
 def build(url: str, runs: int, points: int, seed: int = 0) -> tuple[str, str]:
     """A sweep of ``runs`` runs with ``points`` points of ``loss`` each; (its id, the id of
     the running run to judge)."""
-    from preemptible.sweeps._store import open_store
+    from preemptible.sweeps.store._queue import open_store
 
     rng = random.Random(seed)
     with open_store(url) as store:

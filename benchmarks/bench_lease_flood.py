@@ -54,7 +54,7 @@ while time.monotonic() < until:
 # Run with the implementation's PYTHONPATH: the points stored for the sweep's one run.
 COUNT = """
 import sys
-from preemptible.sweeps._store import open_store
+from preemptible.sweeps.store._queue import open_store
 with open_store(sys.argv[1], create=False) as store:
     (run,) = store.runs(sys.argv[2])
     print(sum(len(p) for p in store.run_history(run.id).values()))

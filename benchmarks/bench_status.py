@@ -85,7 +85,7 @@ def database(kind: str, server: str | None, tmp: Path) -> Iterator[str]:
 
 def build(url: str, runs: int, seed: int = 0) -> str:
     """A sweep of ``runs`` runs with a history; its id."""
-    from preemptible.sweeps._store import open_store
+    from preemptible.sweeps.store._queue import open_store
 
     rng = random.Random(seed)
     with open_store(url) as store:

@@ -38,7 +38,7 @@ PY = sys.executable
 AGENT = r"""
 import sys, time
 from pathlib import Path
-from preemptible.sweeps._store import open_store
+from preemptible.sweeps.store._queue import open_store
 url, sweep, name, go = sys.argv[1:5]
 store = open_store(url)
 print("ready", flush=True)
@@ -93,7 +93,7 @@ def database(kind: str, server: str, tmp: Path) -> Iterator[str]:
 
 
 def claims_per_second(url: str, agents: int, runs: int, tmp: Path) -> float:
-    from preemptible.sweeps._store import open_store
+    from preemptible.sweeps.store._queue import open_store
 
     with open_store(url) as store:
         sweep = store.create_sweep(
@@ -125,7 +125,7 @@ def claims_per_second(url: str, agents: int, runs: int, tmp: Path) -> float:
 
 def requeue_latency(url: str) -> float:
     """Seconds from a lost agent's lease expiry to the run's next attempt starting."""
-    from preemptible.sweeps._store import open_store
+    from preemptible.sweeps.store._queue import open_store
 
     with open_store(url) as lost, open_store(url) as rescuer:
         sweep = lost.create_sweep({}, name="bench", run_cap=None, max_failures=0, max_preemptions=5)
@@ -187,9 +187,9 @@ def main() -> None:
 
 def _margin(lease: float) -> float:
     """The takeover margin of this version (0 before leases had one)."""
-    from preemptible.sweeps import _store
+    from preemptible.sweeps.store import _queue
 
-    return float(getattr(_store, "LEASE_MARGIN", 0.0)) * lease
+    return float(getattr(_queue, "LEASE_MARGIN", 0.0)) * lease
 
 
 if __name__ == "__main__":

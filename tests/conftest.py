@@ -26,6 +26,7 @@ pytest_plugins = [
     "tests.support.reference",
     "tests.support.signals",
     "tests.support.slurm",
+    "tests.support.sweep_queue",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

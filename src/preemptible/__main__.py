@@ -1,3 +1,3 @@
-from preemptible.cli import main
+from preemptible.cli._main import main
 
 main()

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from preemptible.sweeps._store import Store, open_store
+from preemptible.sweeps.store._queue import Store, open_store
 
 
 def wait_for_go(go: str | None) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import python_args, wait_for
+from tests.support.checkpoints import same_weights
 from tests.support.reference import DIR, References
 
 pytestmark = pytest.mark.timeout(180)
@@ -36,13 +37,6 @@ def train(tmp_path: Path, name: str, *extra: str, steps: int = STEPS) -> list[st
         "--async-save",
         *extra,
     )
-
-
-def same_weights(a: Path, b: Path) -> None:
-    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-    assert wa.keys() == wb.keys() and wa
-    for k in wa:
-        assert torch.equal(wa[k], wb[k]), k
 
 
 @pytest.fixture
@@ -100,7 +94,7 @@ def test_sigterm_during_a_write_commits_the_stop_step_and_resumes_exactly(
     assert steps[0] >= stopped_at and 4 in steps, (steps, child.output)
     resumed = spawn(train(tmp_path, "c", "--save-every", "4"))
     assert resumed.wait(120) == 0, resumed.output
-    same_weights(reference, tmp_path / "c.pt")
+    assert same_weights(reference, tmp_path / "c.pt")
 
 
 def test_sigkill_during_writes_never_leaves_an_unloadable_newest(tmp_path: Path, spawn) -> None:
@@ -136,7 +130,7 @@ def test_async_resume_after_sigkill_is_exact(tmp_path: Path, spawn, reference: P
     resumed = spawn(train(tmp_path, "c", "--save-every", "3"))
     assert resumed.wait(120) == 0, resumed.output
     assert "resumed from" in resumed.output
-    same_weights(reference, tmp_path / "c.pt")
+    assert same_weights(reference, tmp_path / "c.pt")
 
 
 def _limit_file_size() -> None:  # in the child: file writes past 4 KiB fail (EFBIG)

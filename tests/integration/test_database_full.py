@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.sweeps._store import open_store
+from preemptible.sweeps.store._queue import open_store
 from tests.conftest import Child
 from tests.support.sweeps import cli, create
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,7 +24,8 @@ import torch
 from preemptible.checkpoint._state import read_payload
 from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import PY, SCRIPTS, Child, attempts, read_pid, supervise, wait_for
-from tests.support.reference import DIR, References
+from tests.support.checkpoints import committed
+from tests.support.reference import DIR, References, free_port
 from tests.support.slurm import job_field
 
 SCRIPT = str(SCRIPTS / "ddp_train.py")
@@ -49,12 +49,6 @@ STEP_IN = re.compile(r"rank 0 step (\d+)")
 def reached(step: int) -> Callable[[str], bool]:
     """A line of a shared stream showing that rank 0 started ``step`` or a later one."""
     return lambda line: any(int(m.group(1)) >= step for m in STEP_IN.finditer(line))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job_args(tmp_path: Path, out: str, *extra: str) -> list[str]:
@@ -107,10 +101,6 @@ def stops(ranks: list[Child]) -> list[tuple[int, str, int]]:
 
 def saves(child: Child) -> list[int]:
     return [int(m.group(2)) for line in child.lines if (m := SAVED.match(line))]
-
-
-def committed(tmp_path: Path) -> list[str]:
-    return sorted(p.name for p in (tmp_path / "ckpt").glob("step-*.ckpt"))
 
 
 def outputs(tmp_path: Path, out: str, world: int) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -176,7 +166,7 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(
     assert wait_all(ranks, 60) == [128 + sig] * 2, "\n".join(r.output for r in ranks)
     [(step, source, _), other] = stops(ranks)
     assert other == (step, sig.name, 128 + sig) and source == sig.name
-    assert committed(tmp_path)[-1] == f"step-{step:010d}.ckpt"
+    assert committed(tmp_path / "ckpt")[-1] == f"step-{step:010d}.ckpt"
     if loop == "steps":  # the final checkpoint holds both ranks' streams
         found = CheckpointStore(tmp_path / "ckpt").load_newest(
             lambda p: read_payload(p, weights_only=True)
@@ -239,7 +229,7 @@ def test_a_notice_with_a_grace_window_to_one_rank_saves_and_stops_everywhere_ali
     insurance, final = saves(ranks[0])
     assert saves(ranks[1]) == [insurance, final]
     assert final == step and final - insurance >= 5  # it trained on through the window
-    assert committed(tmp_path) == [f"step-{insurance:010d}.ckpt", f"step-{step:010d}.ckpt"]
+    assert committed(tmp_path / "ckpt") == [f"step-{insurance:010d}.ckpt", f"step-{step:010d}.ckpt"]
 
 
 @pytest.mark.timeout(120)
@@ -252,7 +242,7 @@ def test_rank_zero_killed_mid_save_leaves_the_previous_checkpoint_the_newest(
     ranks[0].signal(signal.SIGKILL)
     assert ranks[0].wait(30) == -signal.SIGKILL
     ranks[1].kill()
-    assert committed(tmp_path) == ["step-0000000005.ckpt"]
+    assert committed(tmp_path / "ckpt") == ["step-0000000005.ckpt"]
     [tmp] = (tmp_path / "ckpt").glob(".tmp-step-0000000010*")  # the save it cut short
     assert tmp.stat().st_size > 0
 
@@ -304,7 +294,7 @@ def test_sharded_async_saves_train_on_while_writing_and_a_stop_mid_write_commits
     committed_5 = next(i for i, line in enumerate(lines) if "in the background (step 5)" in line)
     trained = [line for line in lines[started:committed_5] if STEP_IN.fullmatch(line)]
     assert len(trained) >= 3, f"only {trained} ran while step 5 was being written"
-    names = committed(tmp_path)
+    names = committed(tmp_path / "ckpt")
     assert names[-1] == f"step-{step:010d}.ckpt", names
     inside = {p.name for p in (tmp_path / "ckpt" / names[-1]).iterdir()}
     assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rng-0.pt", "rng-1.pt"} <= inside
@@ -337,7 +327,7 @@ def test_rank_zero_killed_mid_sharded_async_save_leaves_the_previous_one_and_res
     ranks[0].signal(signal.SIGKILL)  # every rank's shards of step 10 are written, not committed
     assert ranks[0].wait(30) == -signal.SIGKILL
     ranks[1].kill()
-    assert committed(tmp_path) == ["step-0000000005.ckpt"]
+    assert committed(tmp_path / "ckpt") == ["step-0000000005.ckpt"]
     [tmp] = (tmp_path / "ckpt").glob(".tmp-step-0000000010*")
     assert {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in tmp.iterdir()}
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import python_args
+from tests.support.checkpoints import committed
 from tests.support.reference import DIR, References
 
 STEPS = 24
@@ -44,10 +45,6 @@ def reference(reference_runs: References) -> Path:
     return reference_runs.result(REFERENCE) / "final.pt"
 
 
-def committed(ckpt: Path) -> list[Path]:
-    return sorted(ckpt.glob("step-*.ckpt"))
-
-
 @pytest.mark.parametrize(
     "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2], ids=lambda s: s.name
 )
@@ -75,7 +72,7 @@ def test_signal_then_resume_is_bit_exact(
     assert not out.exists(), "the interrupted run must not reach the end"
     saved = committed(ckpt)
     assert len(saved) == 1, saved
-    stopped_step = int(saved[0].name[5:15])
+    stopped_step = int(saved[0][5:15])
     # the step running when the stop was seen is finished, and no other started (how late the
     # signal lands after "step stop_at" is the machine's business)
     last = max(int(line.split()[1]) for line in first.lines if STEP.fullmatch(line))

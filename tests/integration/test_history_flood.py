@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from preemptible._report import read_history
-from preemptible.sweeps._store import open_store
+from preemptible.sweeps.store._queue import open_store
 from tests.conftest import SCRIPTS, Child
 from tests.support.sweeps import cli, create
 

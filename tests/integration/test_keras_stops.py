@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import Child, python_args, wait_for
+from tests.support.checkpoints import committed, temporaries
 from tests.support.metadata import MetadataServer
 from tests.support.reference import DIR, References
 
@@ -38,15 +39,17 @@ BACKENDS = ("torch", "tensorflow")
 
 
 def start_reference(references: References, backend: str, data: str) -> None:
-    references.start(fit_args(Path(DIR), data), {"KERAS_BACKEND": backend})
+    references.start(keras_fit_args(Path(DIR), data), {"KERAS_BACKEND": backend})
 
 
 def reference_out(references: References, backend: str, data: str) -> Path:
     """The uninterrupted fit's weights (the session's shared reference runs)."""
-    return references.result(fit_args(Path(DIR), data), {"KERAS_BACKEND": backend}) / "out.npz"
+    return (
+        references.result(keras_fit_args(Path(DIR), data), {"KERAS_BACKEND": backend}) / "out.npz"
+    )
 
 
-def fit_args(d: Path, data: str, *extra: str) -> list[str]:
+def keras_fit_args(d: Path, data: str, *extra: str) -> list[str]:
     return python_args(
         "keras_fit.py",
         *("--dir", str(d / "ckpt"), "--out", str(d / "out.npz"), "--data", data),
@@ -66,14 +69,6 @@ def iterations(line: str) -> int | None:
 
 def at_iteration(n: int) -> Callable[[str], bool]:
     return lambda line: iterations(line) == n
-
-
-def committed(d: Path) -> list[str]:
-    return sorted(p.name for p in (d / "ckpt").glob("keras-*.npz"))
-
-
-def temporaries(d: Path) -> list[Path]:
-    return sorted((d / "ckpt").glob(".tmp-*"))
 
 
 def check_resumed(child: Child, d: Path, step: int) -> None:
@@ -97,7 +92,7 @@ def test_each_signal_at_a_random_batch_resumes_exactly(
     stops = sorted(random.Random(seed).sample(range(1, TOTAL["array"] - 2), 3))
     step = 0
     for sig, at in zip((signal.SIGTERM, signal.SIGINT, signal.SIGUSR1), stops, strict=True):
-        child = spawn(fit_args(tmp_path, "array", "--step-sleep", "0.05"), env=env)
+        child = spawn(keras_fit_args(tmp_path, "array", "--step-sleep", "0.05"), env=env)
         child.wait_line(at_iteration(at), timeout=120)
         child.signal(sig)
         rc = child.wait(60)
@@ -106,10 +101,13 @@ def test_each_signal_at_a_random_batch_resumes_exactly(
             check_resumed(child, tmp_path, step)
         # the stop is acted on at the batch the signal reached (or the next one)
         step = max(n for line in child.lines if (n := iterations(line)) is not None)
-        assert f"keras-{step}.npz" in committed(tmp_path), (seed, committed(tmp_path))
+        assert f"keras-{step}.npz" in committed(tmp_path / "ckpt", "keras-*.npz"), (
+            seed,
+            committed(tmp_path / "ckpt", "keras-*.npz"),
+        )
         assert f"exiting with {128 + sig}" in child.output
-        assert temporaries(tmp_path) == []
-    last = spawn(fit_args(tmp_path, "array"), env=env)
+        assert temporaries(tmp_path / "ckpt") == []
+    last = spawn(keras_fit_args(tmp_path, "array"), env=env)
     assert last.wait(120) == 0, last.output
     check_resumed(last, tmp_path, step)
     assert f"fit done it={TOTAL['array']}" in last.lines
@@ -125,15 +123,15 @@ def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_a_second_signal_exit
     periodic = ("--save-every", "4", "--step-sleep", "0.05")
     # 1. Periodic saves at 4 and 8; the one at 12 is SIGKILLed halfway through its write.
     slow = ("--slow-write", "60", "--slow-write-from", "12")
-    first = spawn(fit_args(tmp_path, data, *periodic, *slow), env=env)
+    first = spawn(keras_fit_args(tmp_path, data, *periodic, *slow), env=env)
     first.wait_line(lambda line: line == "writing 12", timeout=120)
     first.kill()
-    assert committed(tmp_path) == ["keras-4.npz", "keras-8.npz"]
-    [torn] = temporaries(tmp_path)
+    assert committed(tmp_path / "ckpt", "keras-*.npz") == ["keras-4.npz", "keras-8.npz"]
+    [torn] = temporaries(tmp_path / "ckpt")
 
     # 2. Resumed from 8; SIGTERM at 10 starts the stop's (slow) save, and a second SIGTERM
     # exits at once with 1: nothing of step 10 is committed.
-    second = spawn(fit_args(tmp_path, data, *periodic, "--slow-write", "60"), env=env)
+    second = spawn(keras_fit_args(tmp_path, data, *periodic, "--slow-write", "60"), env=env)
     second.wait_line(at_iteration(10), timeout=120)
     second.signal(signal.SIGTERM)
     sent = time.monotonic()
@@ -144,10 +142,10 @@ def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_a_second_signal_exit
     second.signal(signal.SIGTERM)
     assert second.wait(30) == 1, second.output
     check_resumed(second, tmp_path, 8)
-    assert committed(tmp_path) == ["keras-4.npz", "keras-8.npz"]
+    assert committed(tmp_path / "ckpt", "keras-*.npz") == ["keras-4.npz", "keras-8.npz"]
 
     # 3. Resumed from 8 again: the replay is exact.
-    third = spawn(fit_args(tmp_path, data, *periodic), env=env)
+    third = spawn(keras_fit_args(tmp_path, data, *periodic), env=env)
     assert third.wait(120) == 0, third.output
     check_resumed(third, tmp_path, 8)
     assert same_values(reference_out(reference_runs, backend, data), tmp_path / "out.npz")
@@ -164,7 +162,7 @@ def test_a_gce_notice_saves_insurance_then_stops_before_the_deadline(tmp_path: P
             "PREEMPTIBLE_GCE_NOTICE_SECONDS": str(WINDOW),
             "PREEMPTIBLE_POLL_INTERVAL": "0.2",
         }
-        first = spawn(fit_args(tmp_path, "array", "--step-sleep", "0.25"), env=env)
+        first = spawn(keras_fit_args(tmp_path, "array", "--step-sleep", "0.25"), env=env)
         first.wait_line(at_iteration(3), timeout=120)
         noticed = time.time()
         server.state.gce_preempted = "TRUE"
@@ -178,4 +176,4 @@ def test_a_gce_notice_saves_insurance_then_stops_before_the_deadline(tmp_path: P
     final_ckpt = tmp_path / "ckpt" / f"keras-{step}.npz"
     in_window = final_ckpt.stat().st_mtime - noticed
     assert 0.3 * WINDOW < in_window < WINDOW, f"final checkpoint {in_window:.2f} s after notice"
-    assert temporaries(tmp_path) == []  # a resume from it is as any other (tests above)
+    assert temporaries(tmp_path / "ckpt") == []  # a resume from it is as any other (tests above)

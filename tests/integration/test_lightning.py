@@ -12,27 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from preemptible.stop._latch import DUPLICATE_WINDOW
-from tests.conftest import attempts, python_args, supervise, wait_for
+from tests.conftest import attempts, supervise, wait_for
+from tests.support.checkpoints import fit_args, same_weights
 from tests.support.reference import DIR, PORT, References
 from tests.wandb_records import summary
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def fit_args(d: Path, *extra: str) -> list[str]:
-    return python_args("fit.py", "--save-dir", str(d), "--out", str(d / "o.pt"), *extra)
-
-
 def batch_line(epoch: int, batch: int):  # type: ignore[no-untyped-def]
     return lambda line: line == f"batch {epoch} {batch}"
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 KINDS = {"plain": [], "val": ["--val"], "shuffle": ["--shuffle"]}

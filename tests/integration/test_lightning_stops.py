@@ -20,7 +20,8 @@ from typing import cast
 import pytest
 import torch
 
-from tests.conftest import Child, python_args
+from tests.conftest import Child
+from tests.support.checkpoints import fit_args, same_weights, temporaries
 from tests.support.metadata import MetadataServer
 from tests.support.reference import DIR, References
 
@@ -29,15 +30,6 @@ pytestmark = pytest.mark.timeout(240)
 # The fits compared with each reference differ only in what does not change the weights
 # (sleeps, a longer validation set, a sanity check, a tracker).
 REFERENCES = {"val": ["--val"]}
-
-
-def fit_args(d: Path, *extra: str) -> list[str]:
-    return python_args("fit.py", "--save-dir", str(d), "--out", str(d / "o.pt"), *extra)
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def after(*lines: str) -> Callable[[str], bool]:
@@ -55,10 +47,6 @@ def after(*lines: str) -> Callable[[str], bool]:
 def tracker_events(d: Path) -> list[tuple[str, str | None]]:
     events = [json.loads(line) for line in (d / "tracker.jsonl").read_text().splitlines()]
     return [(e["event"], e.get("status")) for e in events]
-
-
-def temporaries(d: Path) -> list[Path]:
-    return sorted(d.glob(".tmp-resume.ckpt.*"))
 
 
 class Reference:
@@ -113,7 +101,7 @@ def test_stops_in_validations_and_a_kill_mid_write(
     assert first.wait(60) == 0, first.output
     assert "val 1" not in first.lines, "the validation pass was not abandoned"
     assert "batch 0 4" not in first.lines
-    assert temporaries(tmp_path) == []
+    assert temporaries(tmp_path, ".tmp-resume.ckpt.*") == []
     committed = ckpt.read_bytes()
 
     # 2. Resumed: the abandoned validation runs first, and a stop during it keeps the
@@ -140,7 +128,7 @@ def test_stops_in_validations_and_a_kill_mid_write(
     second.wait_line(lambda line: line.startswith("writing "), timeout=30)
     second.kill()  # SIGKILL to the group
     assert ckpt.read_bytes() == committed, "resume.ckpt was written in place"
-    [torn] = temporaries(tmp_path)
+    [torn] = temporaries(tmp_path, ".tmp-resume.ckpt.*")
 
     # 4. Resumed again from the same checkpoint: SIGINT in the final validation, after the
     # last training batch, still saves and exits; the tracker says "killed".
@@ -321,7 +309,7 @@ def test_gce_notice_insurance_then_final_before_the_deadline(
     # The process exit after the commit is interpreter shutdown (torch + Lightning): not
     # counted by the grace policy; bounded here so that a hang would show.
     assert exited - noticed < WINDOW + 15, f"exited {exited - noticed:.2f} s after the notice"
-    assert temporaries(tmp_path) == []
+    assert temporaries(tmp_path, ".tmp-resume.ckpt.*") == []
     resume(spawn, tmp_path, "--val")
     assert same_weights(references.weights("val"), tmp_path / "o.pt")
 
@@ -348,7 +336,7 @@ def test_ddp_stop_after_the_last_batch_on_one_rank_stops_both_alike(tmp_path: Pa
     stops = re.findall(r"stopped at step \d+ on \S+; .*; exiting with 130", child.output)
     assert len(stops) == 2, child.output
     assert "fit done" not in child.output
-    assert (tmp_path / "resume.ckpt").exists() and temporaries(tmp_path) == []
+    assert (tmp_path / "resume.ckpt").exists() and temporaries(tmp_path, ".tmp-resume.ckpt.*") == []
 
 
 def test_a_stop_in_the_final_validation_is_resumed_once_and_a_rerun_does_nothing(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.sweeps._store import open_store
+from preemptible.sweeps.store._queue import open_store
 from tests.conftest import PY, Child, python_args, supervise
 
 pytestmark = pytest.mark.timeout(120)

@@ -324,7 +324,7 @@ def test_sigkill_of_the_guardian_and_the_agent_then_the_next_agent_resumes(
     """The issue's other reproduction, under an agent: SIGKILL of the guardian and then the
     agent leaves no process (the run saves and stops itself), and the next agent's attempt
     resumes from that save instead of failing on the checkpoint lock."""
-    from preemptible.sweeps._store import open_store
+    from preemptible.sweeps.store._queue import open_store
 
     db = f"sqlite://{tmp_path}/q.db"
     spec = tmp_path / "spec.yaml"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.sweeps._store import open_store
+from preemptible.sweeps.store._queue import open_store
 from tests.conftest import PY, SCRIPTS, Child, attempts, python_args, supervise
 from tests.scripts.lease_train import expected
 from tests.support.slurm import FakeScontrol

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PY, attempts, python_args, supervise, wait_for
+from tests.support.checkpoints import committed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,10 +31,6 @@ def train_args(tmp_path: Path, *extra: str) -> list[str]:
         "0.01",
         *extra,
     )
-
-
-def committed(tmp_path: Path) -> list[str]:
-    return sorted(p.name for p in (tmp_path / "ckpt").glob("step-*.ckpt"))
 
 
 def signal_state(pid: int) -> str:
@@ -61,7 +58,7 @@ def test_two_sigterms_50_ms_apart_are_one_stop(tmp_path: Path, spawn) -> None:
     time.sleep(0.05)  # the gap under test, not a synchronisation
     child.signal(signal.SIGTERM)
     assert child.wait(30) == 143, child.output
-    assert committed(tmp_path), child.output
+    assert committed(tmp_path / "ckpt"), child.output
     assert "the same stop delivered twice" in child.output
 
 
@@ -86,7 +83,7 @@ def test_sigterm_to_supervisor_and_trainer_at_once_is_preempted(tmp_path: Path, 
         # before the fixture's cleanup kills it: what the trainer did with the two SIGTERMs
         raise AssertionError(f"{exc}\ntrainer {trainer}:\n{signal_state(trainer)}") from None
     assert code == 143, sup.output
-    assert committed(tmp_path), sup.output
+    assert committed(tmp_path / "ckpt"), sup.output
     [attempt] = attempts(tmp_path)
     assert attempt["state"] == "PREEMPTED", attempt
 
@@ -126,7 +123,7 @@ def test_sigterm_landing_inside_the_first_sigterms_handler_is_one_stop(
     child.wait_line(lambda line: line == "step 3", timeout=60)
     child.signal(signal.SIGTERM)
     assert child.wait(30) == 143, child.output
-    assert committed(tmp_path), child.output
+    assert committed(tmp_path / "ckpt"), child.output
     assert "the same stop delivered twice" in child.output
 
 
@@ -141,7 +138,7 @@ def test_deliberate_second_ctrl_c_a_second_later_exits_at_once(tmp_path: Path, s
     child.signal(signal.SIGINT)
     assert child.wait(10) == 1, child.output
     assert time.monotonic() - sent < 1.0
-    assert not committed(tmp_path)
+    assert not committed(tmp_path / "ckpt")
 
 
 def test_sighup_is_a_stop_like_any_other(tmp_path: Path, spawn) -> None:
@@ -149,7 +146,7 @@ def test_sighup_is_a_stop_like_any_other(tmp_path: Path, spawn) -> None:
     child.wait_line(lambda line: line == "step 3", timeout=60)
     child.signal(signal.SIGHUP)
     assert child.wait(30) == 128 + signal.SIGHUP, child.output
-    assert committed(tmp_path)
+    assert committed(tmp_path / "ckpt")
 
 
 def _ignore_hup() -> None:
@@ -166,7 +163,7 @@ def test_nohup_keeps_sighup_ignored(tmp_path: Path, spawn) -> None:
     assert child.proc.poll() is None, "a hang-up stopped a run started under nohup"
     child.signal(signal.SIGTERM)
     assert child.wait(30) == 143, child.output
-    assert committed(tmp_path)
+    assert committed(tmp_path / "ckpt")
 
 
 @pytest.mark.parametrize("where", ["finally", "atexit"])
@@ -177,7 +174,7 @@ def test_a_signal_after_the_commit_keeps_the_documented_exit_code(
     child.wait_line(lambda line: line == "step 3", timeout=60)
     child.signal(signal.SIGTERM)
     child.wait_line(lambda line: line == f"lingering in {where}", timeout=30)
-    assert committed(tmp_path)
+    assert committed(tmp_path / "ckpt")
     child.signal(signal.SIGTERM)  # a supervisor's escalation, SLURM, a second notice
     assert child.wait(30) == 143, child.output
 
@@ -213,7 +210,7 @@ def test_a_run_record_that_cannot_be_written_never_costs_the_checkpoint(
     child.wait_line(lambda line: line == "step 3", timeout=60)
     child.signal(signal.SIGTERM)
     assert child.wait(30) == 143, child.output
-    assert committed(tmp_path), child.output
+    assert committed(tmp_path / "ckpt"), child.output
     finished = subprocess.run(
         [*train_args(tmp_path)[:-4], "--steps", "10"],
         env={**os.environ, **env},

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.sweeps._store import open_store
+from preemptible.sweeps.store._queue import open_store
 from tests.conftest import SCRIPTS, Child, wait_for
 from tests.scripts.lease_train import expected
 from tests.support.sweeps import cli, create

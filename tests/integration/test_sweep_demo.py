@@ -18,8 +18,8 @@ import pytest
 from preemptible._paths import HISTORY_NAME
 from preemptible._report import read_history
 from preemptible._states import RecordState
-from preemptible._sweep_demo import SIGTERM_RUN, STOP_FILE_RUN, run_sweep_demo
-from preemptible.sweeps._store import open_store
+from preemptible.demo._sweep import SIGTERM_RUN, STOP_FILE_RUN, run_sweep_demo
+from preemptible.sweeps.store._queue import open_store
 from tests.conftest import Child
 from tests.support.browser import SCREENSHOTS, Tab
 

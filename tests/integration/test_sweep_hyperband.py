@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from preemptible.checkpoint._store import CheckpointStore
-from preemptible.sweeps._store import open_store
+from preemptible.sweeps.store._queue import open_store
 from tests.conftest import SCRIPTS, Child
 from tests.scripts.hyperband_train import uninterrupted
 from tests.support.sweeps import cli, create

@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from preemptible.sweeps._store import LEASE_MARGIN, open_store
+from preemptible.sweeps.store._endings import LEASE_MARGIN
+from preemptible.sweeps.store._queue import open_store
 from tests.conftest import ROOT, SCRIPTS, Child, process_state, wait_for
 from tests.scripts.lease_train import expected
 from tests.support.postgres import PgServer

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.sweeps._store import open_store
+from preemptible.sweeps.store._queue import open_store
 from tests.conftest import SCRIPTS, Child, process_state, wait_for
 from tests.support.postgres import PgServer
 
@@ -133,13 +133,13 @@ def test_a_writer_kept_out_of_sqlite_by_a_stopped_process_names_it(
     """SIGSTOP inside an SQLite transaction: the lock stays the stopped process's (nothing can
     break it), and the store's one line says which process holds it and how to continue it."""
     from preemptible._errors import StoreError
-    from preemptible.sweeps import _store_sqlite
+    from preemptible.sweeps.store import _sqlite
 
     url = f"sqlite://{tmp_path}/sweeps.db"
     hold = start(spawn, url)
     os.kill(hold.pid, signal.SIGSTOP)
     wait_for(lambda: process_state(hold.pid) == "T", 30, "the process stopped")
-    monkeypatch.setattr(_store_sqlite, "BUSY_TIMEOUT", 1.0)
+    monkeypatch.setattr(_sqlite, "BUSY_TIMEOUT", 1.0)
     with pytest.raises(StoreError) as raised:
         for _ in range(20):  # until a stop lands inside a transaction (nearly always at once)
             with open_store(url, retry_timeout=0) as store:

@@ -22,19 +22,11 @@ from typing import Any
 import pytest
 
 from preemptible import ConfigError
-from preemptible.sweeps._store import (
-    LEASE_EXPIRED,
-    LEASE_MARGIN,
-    Claim,
-    DatabaseGone,
-    LeaseLost,
-    Observation,
-    Orders,
-    Store,
-    StoreError,
-    open_store,
-    recovery_hold,
-)
+from preemptible._errors import DatabaseGone, LeaseLost, StoreError
+from preemptible.sweeps.spec._sample import Observation
+from preemptible.sweeps.store._endings import LEASE_EXPIRED, LEASE_MARGIN, recovery_hold
+from preemptible.sweeps.store._queue import Store, open_store
+from preemptible.sweeps.store._rows import Claim, Orders
 from tests.conftest import ROOT, Child, wait_for
 from tests.integration.sweep_claimer import expire_twice
 from tests.support.postgres import PgServer
@@ -439,9 +431,9 @@ def test_the_judge_reading_band_values_decides_as_on_the_whole_histories(store: 
     verdict is the one ``judge`` gives on every point of the sweep."""
     import random
 
-    from preemptible.sweeps._early import Judge, judge
-    from preemptible.sweeps._hyperband import parse_early_terminate
-    from preemptible.sweeps._spec import parse_spec
+    from preemptible.sweeps.agent._early import Judge, judge
+    from preemptible.sweeps.spec._hyperband import parse_early_terminate
+    from preemptible.sweeps.spec._spec import parse_spec
 
     early = {"type": "hyperband", "min_iter": 2, "eta": 2}
     spec = {"program": "t.py", "method": "grid", "metric": {"name": "loss", "goal": "minimize"}}

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from preemptible.stop._latch import DUPLICATE_WINDOW
 from tests.conftest import Child, attempts, python_args, read_pid, supervise, wait_for
+from tests.support.checkpoints import same_weights, temporaries
 from tests.support.metadata import MetadataServer
 from tests.support.reference import DIR, References
 from tests.wandb_records import summary
@@ -41,17 +41,8 @@ def step_line(n: int):  # type: ignore[no-untyped-def]
     return lambda line: line == f"step {n}"
 
 
-def same_weights(a: Path, b: Path) -> bool:
-    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-
-
 def checkpoints(out: Path) -> list[str]:
     return sorted(p.name for p in out.glob("checkpoint-*"))
-
-
-def temporaries(out: Path) -> list[Path]:
-    return sorted(out.glob(".tmp-*"))
 
 
 def last_checkpoint(out: Path) -> str | None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from preemptible.sweeps._store import Store, open_store
+from preemptible.sweeps.store._queue import Store, open_store
 from tests.support.browser import Tab
 
 pytestmark = pytest.mark.timeout(120)
@@ -245,7 +245,7 @@ def test_unknown_sweep_is_one_line(store: tuple[Store, str]) -> None:
 
 SERVE_SHORT = """
 import sys
-from preemptible.sweeps._web import serve_status
+from preemptible.sweeps.web._server import serve_status
 serve_status(sys.argv[1], sys.argv[2], port=0, max_connections=8, idle_timeout=2.0)
 """
 

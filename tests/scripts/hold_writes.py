@@ -14,8 +14,8 @@ import sys
 import threading
 import time
 
-from preemptible.sweeps._pause import CtrlZ
-from preemptible.sweeps._store import open_store
+from preemptible.sweeps.store._pause import CtrlZ
+from preemptible.sweeps.store._queue import open_store
 
 
 def main() -> None:

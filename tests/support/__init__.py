@@ -12,6 +12,8 @@ reference fixture ``reference_runs``: one uninterrupted run per command for the 
 readme    the harness that runs or checks every README.md code block
 files     a directory whose entries cannot be removed; a file touched anew
 sweeps    ``preemptible sweep create`` and friends as real processes
+sweep_queue  fixtures ``sweep_clock`` and ``sweep_store``: a real SQLite queue on a set clock
+checkpoints  what a stop test reads back: committed checkpoints, temporaries, same weights
 browser   fixture ``browser`` (headless chromium, one per session) and ``Tab``, a page of it
 cpu       with PREEMPTIBLE_TEST_CPU_LOG=FILE, each test's wall and CPU seconds (lane balancing)
 

@@ -653,7 +653,7 @@ def _run_yaml(block: Block, options: dict[str, str], ctx: Ctx) -> None:
 
 def _run_sweep(block: Block, options: dict[str, str], ctx: Ctx) -> None:
     """A sweep spec: ``preemptible sweep create`` must take it as it is, with nothing ignored."""
-    from preemptible.sweeps._spec import load_spec
+    from preemptible.sweeps.spec._spec import load_spec
 
     path = ctx.tmp / "sweep.yaml"
     path.write_text(block.text)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from preemptible.distributed._agreement import StopAgreement
 from preemptible.distributed._group import AgreementError, default_store, fallback_store
 from preemptible.stop._controller import Decision
 from preemptible.stop._termination import Notice
+from tests.support.reference import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -254,12 +254,6 @@ def test_the_notice_of_the_agreed_stop_carries_the_first_signal() -> None:
 
 
 # -- the store: torch's accessors (canary) and the fallback -------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

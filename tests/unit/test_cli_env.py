@@ -12,7 +12,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from preemptible.cli import main
+from preemptible.cli._main import main
 from tests.conftest import ROOT
 
 # Each variable an option reads, by command; a new one must be documented (README) and added.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible._doctor import WARN, _run
+from preemptible.doctor._doctor import WARN, _run
 from tests.support.env import CLEAN
 from tests.support.slurm import FakeScontrol
 

@@ -15,14 +15,14 @@ from click.testing import CliRunner
 
 from preemptible import ConfigError
 from preemptible._states import Ending, QueueState
-from preemptible.cli import main
-from preemptible.sweeps import _schema
-from preemptible.sweeps._early import Judge, Stop, early_ending, judge, judge_for
-from preemptible.sweeps._hyperband import parse_early_terminate, stop_decisions
-from preemptible.sweeps._render import _header_line
-from preemptible.sweeps._snapshot import snapshot
-from preemptible.sweeps._spec import parse_spec
-from preemptible.sweeps._store import Store, open_store
+from preemptible.cli._main import main
+from preemptible.sweeps.agent._early import Judge, Stop, early_ending, judge, judge_for
+from preemptible.sweeps.spec._hyperband import parse_early_terminate, stop_decisions
+from preemptible.sweeps.spec._spec import parse_spec
+from preemptible.sweeps.status._render import _header_line
+from preemptible.sweeps.status._snapshot import snapshot
+from preemptible.sweeps.store import _schema
+from preemptible.sweeps.store._queue import Store, open_store
 
 pytestmark = pytest.mark.timeout(60)
 

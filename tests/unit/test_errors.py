@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import importlib
 import re
 from pathlib import Path
 
@@ -144,23 +143,6 @@ def test_the_docstring_draws_every_class_where_it_hangs() -> None:
         else:
             assert parent == first.__name__, f"{name} is drawn under {parent}, not {first}"
         assert extra == {base.__name__ for base in others}, name
-
-
-@pytest.mark.parametrize(
-    ("module", "name"),
-    [
-        ("preemptible.distributed._group", "AgreementError"),
-        ("preemptible.sweeps._store", "StoreError"),
-        ("preemptible.sweeps._store", "LeaseLost"),
-        ("preemptible.sweeps._store", "DatabaseGone"),
-        ("preemptible.sweeps._fields", "UnreadableField"),
-        ("preemptible.supervisor._slurm", "SlurmError"),
-        ("preemptible.supervisor._slurm", "SlurmUnreachable"),
-        ("preemptible.supervisor._supervisor", "RunLockedError"),
-    ],
-)
-def test_a_moved_class_is_still_importable_from_its_old_module(module: str, name: str) -> None:
-    assert getattr(importlib.import_module(module), name) is getattr(preemptible, name)
 
 
 def test_the_value_errors_stay_value_errors() -> None:

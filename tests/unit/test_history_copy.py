@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.sweeps import _history
-from preemptible.sweeps._history import MIN_SLICE, HistoryCopy
-from preemptible.sweeps._store import Store, open_store
+from preemptible.sweeps.store import _metrics
+from preemptible.sweeps.store._metrics import MIN_SLICE, HistoryCopy
+from preemptible.sweeps.store._queue import Store, open_store
 
 METRICS = 50
 
@@ -85,7 +85,7 @@ def test_a_slice_is_sized_by_the_time_the_last_one_took(
 ) -> None:
     """Slices that take less than ``aim`` grow (twice at most, to ``max_slice``), longer
     ones shrink (by half at most, to ``MIN_SLICE``)."""
-    monkeypatch.setattr(_history, "FIRST_SLICE", sizes[0])
+    monkeypatch.setattr(_metrics, "FIRST_SLICE", sizes[0])
     run_id, epoch = held_run(store)
     path = tmp_path / "history.jsonl"
     path.write_text(lines(range(sum(sizes) // METRICS)))

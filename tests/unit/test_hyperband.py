@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preemptible import ConfigError
-from preemptible.sweeps._hyperband import (
+from preemptible.sweeps.spec._hyperband import (
     ITER_LIMIT,
     Goal,
     Hyperband,
@@ -26,7 +26,7 @@ from preemptible.sweeps._hyperband import (
     stop_decisions,
     thresholds,
 )
-from preemptible.sweeps._spec import parse_spec
+from preemptible.sweeps.spec._spec import parse_spec
 
 
 def hb(**raw: Any) -> Hyperband:

@@ -11,6 +11,7 @@ public names (and the trackers'): what a new front end needs, the kit must offer
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -137,7 +138,7 @@ CHECKPOINT_WRITERS = {
 def test_only_the_savers_open_checkpoint_temporaries_or_rename_files() -> None:
     """A checkpoint temporary (``store.temporary``), a commit (``store.commit``) or a rename
     (``os.rename``/``os.replace``) outside the savers would be a second commit protocol."""
-    allowed_renames = {"preemptible.sweeps._timeline"}  # its plot, written whole and renamed
+    allowed_renames = {"preemptible.sweeps.status._timeline"}  # its plot, written whole and renamed
     for path in sorted(SRC.rglob("*.py")):
         name = module_name(path)
         if name in CHECKPOINT_WRITERS:
@@ -236,7 +237,7 @@ def test_every_part_stops_on_the_same_signals() -> None:
     script of its own spells them out) use one set of stop signals."""
     from preemptible.stop import _latch, _signals
     from preemptible.supervisor import _forwarding, _guard
-    from preemptible.sweeps import _agent
+    from preemptible.sweeps.agent import _agent
 
     assert _latch.DEFAULT_SIGNALS == _forwarding.FORWARDED == _signals.STOP_SIGNALS
     assert _agent.STOP_SIGNALS is _signals.STOP_SIGNALS
@@ -265,7 +266,7 @@ def test_no_module_but_the_signal_helpers_installs_a_stop_signal_handler_in_a_lo
         "preemptible.stop._latch",
         "preemptible.supervisor._forwarding",
         "preemptible.supervisor._guard",
-        "preemptible._sweep_demo",
+        "preemptible.demo._sweep",
     }
     for path in sorted(SRC.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -338,3 +339,59 @@ def test_preemptible_and_platform_variables_are_read_through_the_env_readers() -
 def test_the_environment_read_finder_finds_reads() -> None:
     tree = ast.parse("import os\nos.environ.get('A')\nos.environ['B']\nenv_str('C')\n")
     assert _environment_reads(tree) == [(2, "A", True), (3, "B", True), (4, "C", False)]
+
+
+SWEEP_PARTS = {"spec": 0, "store": 1, "agent": 2, "status": 2, "web": 3}
+TOOLS = {"__main__": 3, "cli": 2, "doctor": 1, "demo": 1}  # the command line: the doctor, the demo
+
+
+def _part(module: str, package: str) -> str | None:
+    """The part of ``package`` (``preemptible.sweeps``) that ``module`` belongs to."""
+    if not module.startswith(package + "."):
+        return None
+    return module[len(package) + 1 :].split(".")[0]
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((SRC / "sweeps").rglob("*.py")),
+    ids=lambda p: module_name(p),
+)
+def test_a_sweep_part_imports_only_lower_parts_and_their_public_names(path: Path) -> None:
+    """spec < store < agent, status < web: a part imports a lower part's ``__all__`` only."""
+    own = _part(module_name(path), "preemptible.sweeps")
+    if own not in SWEEP_PARTS:
+        return
+    for target, names in imports(path):
+        other = _part(target, "preemptible.sweeps")
+        if other is None or other == own:
+            continue
+        assert other in SWEEP_PARTS, f"{module_name(path)} imports {target}"
+        assert SWEEP_PARTS[other] < SWEEP_PARTS[own], (
+            f"{module_name(path)} ({own}) imports {target} ({other}): not below it"
+        )
+        exported = set(importlib.import_module(f"preemptible.sweeps.{other}").__all__)
+        assert set(names) <= exported, (
+            f"{module_name(path)} imports {sorted(set(names) - exported)} from {target}, "
+            f"which preemptible.sweeps.{other} does not export"
+        )
+
+
+def test_the_sweep_parts_cover_the_sweeps_and_nothing_below_imports_them() -> None:
+    parts = {p.name for p in (SRC / "sweeps").iterdir() if (p / "__init__.py").exists()}
+    assert parts == set(SWEEP_PARTS)
+    assert [p.name for p in (SRC / "sweeps").glob("*.py")] == ["__init__.py"]
+
+
+def test_no_library_module_imports_the_tools() -> None:
+    """The command line, the doctor and the demo sit on top: the library never imports them,
+    and among them only the command line imports the others."""
+    for path in sorted(SRC.rglob("*.py")):
+        own = top(module_name(path))
+        for target, _names in imports(path):
+            other = top(target)
+            if other not in TOOLS or other == own:
+                continue
+            assert own in TOOLS and TOOLS[other] < TOOLS[own], (
+                f"{module_name(path)} imports {target}: a tool"
+            )

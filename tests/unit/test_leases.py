@@ -19,8 +19,9 @@ from preemptible import ConfigError, NoticeError
 from preemptible.notices import sources_for
 from preemptible.notices._lease import LEASE_FILE_ENV, LeaseFile, boot_id, write_lease
 from preemptible.stop._termination import StopRequests
-from preemptible.sweeps._agent import AgentConfig, lease_times
-from preemptible.sweeps._lease import HostView, holder_alive, process_identity
+from preemptible.sweeps.agent._agent import AgentConfig
+from preemptible.sweeps.agent._holding import lease_times
+from preemptible.sweeps.store._local import HostView, holder_alive, process_identity
 from tests.conftest import SCRIPTS, wait_for
 
 pytestmark = pytest.mark.timeout(60)

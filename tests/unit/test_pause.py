@@ -7,8 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from preemptible.sweeps._pause import Gate
-from preemptible.sweeps._store_sqlite import write_lock_holders
+from preemptible.sweeps.store._pause import Gate
+from preemptible.sweeps.store._sqlite import write_lock_holders
 
 
 def test_the_gate_closes_only_once_the_transactions_under_way_end() -> None:

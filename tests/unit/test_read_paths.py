@@ -13,7 +13,7 @@ from preemptible._paths import RunPaths, read_journal, tail_lines
 from preemptible.checkpoint._store import CheckpointStore, checkpoint_name
 from preemptible.supervisor import Supervisor, SupervisorConfig
 from preemptible.supervisor._runs import list_runs
-from preemptible.sweeps._agent import _newest_step
+from preemptible.sweeps.agent._agent import _newest_step
 
 
 def test_a_store_opened_without_create_leaves_a_missing_directory_missing(

@@ -27,7 +27,7 @@ from preemptible._states import (
 )
 
 SRC = Path(preemptible.__file__).parent
-SQL = SRC / "sweeps" / "sql"
+SQL = SRC / "sweeps" / "store" / "sql"
 ENUMS = (RunState, QueueState, Ending, RecordState, HeartbeatState, LiveState, Control)
 
 # Modules that speak another system's vocabulary, whose words happen to be ours.
@@ -126,7 +126,7 @@ def test_queue_states_are_run_states_and_the_queue_own() -> None:
 
 
 def test_an_early_stopped_attempt_ends_the_run_stopped_with_no_budget_spent() -> None:
-    from preemptible.sweeps._endings import settle
+    from preemptible.sweeps.store._endings import settle
 
     kw = {"lost": False, "preemptions": 2, "failures": 1, "max_preemptions": 2, "max_failures": 0}
     assert settle(Ending.STOPPED, control=Control.RUNNING, **kw) == (QueueState.STOPPED, 2, 1)

@@ -112,3 +112,43 @@ def test_the_shared_fixtures_are_registered_once_and_defined_once() -> None:
             if name in shared:
                 again.append(f"{path.relative_to(ROOT)}:{line}: fixture {name} (shared: use it)")
     assert not again, "\n".join(again)
+
+
+def _helpers(tree: ast.Module) -> dict[str, str]:
+    """A test module's own helpers (its functions and classes other than tests and fixtures),
+    each by the text of its signature and body, its name and docstring left out."""
+    found = {}
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if node.name.startswith(("test_", "Test")) or any(
+            "fixture" in ast.dump(d) for d in getattr(node, "decorator_list", [])
+        ):
+            continue  # a fixture binds its own module's names (its REFERENCE, its class)
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        args = "" if isinstance(node, ast.ClassDef) else ast.dump(node.args)
+        found[node.name] = args + "".join(ast.dump(statement) for statement in body)
+    return found
+
+
+def test_no_helper_is_defined_in_two_test_modules() -> None:
+    """A helper two test modules need lives in tests/support: a copy drifts from its original."""
+    seen: dict[str, str] = {}
+    copies = []
+    for path in _python_files():
+        if not path.name.startswith("test_"):
+            continue
+        for name, text in _helpers(ast.parse(path.read_text())).items():
+            where = f"{path.relative_to(ROOT)}::{name}"
+            if text in seen:
+                copies.append(f"{where} repeats {seen[text]}")
+            seen.setdefault(text, where)
+    assert not copies, "\n".join(copies)
+
+
+def test_the_copy_finder_finds_a_copy_under_another_name() -> None:
+    one = _helpers(ast.parse("def a(x: int) -> int:\n    '''A.'''\n    return x + 1\n"))
+    two = _helpers(ast.parse("def b(x: int) -> int:\n    return x + 1\n"))
+    assert one["a"] == two["b"]

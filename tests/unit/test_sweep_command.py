@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from preemptible import ConfigError
-from preemptible.sweeps._command import build_command
-from preemptible.sweeps._spec import SweepSpec, parse_spec
+from preemptible.sweeps.spec._command import build_command
+from preemptible.sweeps.spec._model import SweepSpec
+from preemptible.sweeps.spec._spec import parse_spec
 
 PARAMS: dict[str, Any] = {
     "lr": 0.1,

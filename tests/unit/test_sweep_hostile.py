@@ -26,13 +26,15 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from preemptible import ConfigError, PreemptibleError
-from preemptible.sweeps import _agent, _holding
-from preemptible.sweeps._fields import decode_object
-from preemptible.sweeps._redact import Scrubber, url_secrets
-from preemptible.sweeps._sample import propose
-from preemptible.sweeps._spec import load_spec, parse_spec
-from preemptible.sweeps._status import render, render_sweeps, snapshot, sweeps_snapshot
-from preemptible.sweeps._store import Store, _metric, open_store, redact_url
+from preemptible.sweeps.agent import _attempt_files, _holding
+from preemptible.sweeps.spec._sample import propose
+from preemptible.sweeps.spec._spec import load_spec, parse_spec
+from preemptible.sweeps.status._render import render, render_sweeps
+from preemptible.sweeps.status._snapshot import snapshot, sweeps_snapshot
+from preemptible.sweeps.store._fields import decode_object
+from preemptible.sweeps.store._queue import Store, open_store
+from preemptible.sweeps.store._redact import Scrubber, redact_url, url_secrets
+from preemptible.sweeps.store._values import _metric
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -623,7 +625,7 @@ def test_control_characters_are_shown_escaped(store: Store) -> None:
 
 
 def test_the_agent_log_of_parameters_is_escaped() -> None:
-    described = _agent._describe({"x": "\x1b[2J", "y": 1})
+    described = _attempt_files._describe({"x": "\x1b[2J", "y": 1})
     assert "\x1b" not in described and "\\x1b" in described
 
 

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from preemptible import ConfigError
-from preemptible.sweeps._sample import N_STARTUP, Observation, propose
-from preemptible.sweeps._spec import parse_spec
+from preemptible.sweeps.spec._sample import N_STARTUP, Observation, propose
+from preemptible.sweeps.spec._spec import parse_spec
 from tests.unit.sweep_strategies import canonical, check_params, valid_spec
 
 

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from preemptible import ConfigError
-from preemptible.sweeps._spec import SweepSpec, leaves, load_spec, parse_spec
+from preemptible.sweeps.spec._model import SweepSpec, leaves
+from preemptible.sweeps.spec._spec import load_spec, parse_spec
 from tests.unit.sweep_strategies import garbage, spec_like, valid_spec
 
 BASE: dict[str, Any] = {

@@ -1,7 +1,7 @@
 """``preemptible status``'s document, table and timeline, read from a real SQLite sweep queue.
 
 The runs go through the real Store API (claim, finish, heartbeat, lease expiry). The
-database clock (``preemptible_now()``, time.time of the SQLite backend) is replaced by a
+database sweep_clock (``preemptible_now()``, time.time of the SQLite backend) is replaced by a
 clock the test sets, so every time, age and duration in the document is known exactly.
 """
 
@@ -19,7 +19,6 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,74 +27,41 @@ from rich.console import Console
 from rich.text import Text
 
 from preemptible import ConfigError
-from preemptible.sweeps import _store_sqlite, _watch
-from preemptible.sweeps._status import (
-    format_age,
-    format_params,
-    plot_timeline,
-    render,
-    render_sweeps,
+from preemptible._errors import StoreError
+from preemptible._text import format_age
+from preemptible.sweeps.status._render import format_params, render, render_sweeps
+from preemptible.sweeps.status._snapshot import (
     snapshot,
     sweeps_snapshot,
     table_snapshot,
-    timeline_figure,
-    watch,
     write_json,
 )
-from preemptible.sweeps._store import Claim, Store, StoreError, open_store
+from preemptible.sweeps.status._status import watch
+from preemptible.sweeps.status._timeline import plot_timeline, timeline_figure
+from preemptible.sweeps.store._queue import Store, open_store
+from preemptible.sweeps.store._rows import Claim
+from tests.support.sweep_queue import SPEC, Clock
 
 pytestmark = pytest.mark.timeout(60)
 
-SPEC: dict[str, Any] = {
-    "method": "random",
-    "metric": {"name": "loss", "goal": "minimize"},
-    "parameters": {"lr": {"min": 0.001, "max": 0.1}},
-}
 
-
-class Clock:
-    """Stands in for the ``time`` module of the SQLite backend: its ``time()`` is the
-    database clock; and of the agent's watch of the leases (``_watch``): ``monotonic()``."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-    monotonic = time
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock(1000.0)
-    monkeypatch.setattr(_store_sqlite, "time", fake)
-    monkeypatch.setattr(_watch, "time", fake)
-    return fake
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> Iterator[Store]:
-    s = open_store(f"sqlite:///{tmp_path / 'db' / 'sweeps.db'}", retry_timeout=10)
-    yield s
-    s.close()
-
-
-def claim(store: Store, sweep: str, agent: str, host: str, lease: float = 60) -> Claim:
-    c = store.claim(sweep, agent=agent, host=host, lease=lease, propose=None)
+def claim(sweep_store: Store, sweep: str, agent: str, host: str, lease: float = 60) -> Claim:
+    c = sweep_store.claim(sweep, agent=agent, host=host, lease=lease, propose=None)
     assert c is not None
     return c
 
 
-def finish(store: Store, c: Claim, agent: str, ending: str, **values: Any) -> str:
-    return store.finish(c.run_id, agent=agent, attempt=c.attempt, ending=ending, **values)
+def finish(sweep_store: Store, c: Claim, agent: str, ending: str, **values: Any) -> str:
+    return sweep_store.finish(c.run_id, agent=agent, attempt=c.attempt, ending=ending, **values)
 
 
-def busy_sweep(store: Store, clock: Clock) -> str:
+def busy_sweep(sweep_store: Store, sweep_clock: Clock) -> str:
     """Five runs: 0 finished; 1 preempted then finished (the best); 2 failed, its summary
     without the metric; 3 preempted, lost its agent, running again; 4 never claimed."""
-    sweep = store.create_sweep(SPEC, name="demo", run_cap=10, max_failures=0, max_preemptions=5)
-    store.add_runs(
+    sweep = sweep_store.create_sweep(
+        SPEC, name="demo", run_cap=10, max_failures=0, max_preemptions=5
+    )
+    sweep_store.add_runs(
         sweep,
         [
             {"lr": 0.1, "model": {"depth": 2, "act": "relu"}},
@@ -105,41 +71,46 @@ def busy_sweep(store: Store, clock: Clock) -> str:
             {"lr": 0.2},
         ],
     )
-    clock.now = 1010.0
-    c0 = claim(store, sweep, "a1", "h1")
-    c1 = claim(store, sweep, "a2", "h2")
+    sweep_clock.now = 1010.0
+    c0 = claim(sweep_store, sweep, "a1", "h1")
+    c1 = claim(sweep_store, sweep, "a2", "h2")
     assert (c0.index, c1.index) == (0, 1)
-    clock.now = 1040.0
-    assert finish(store, c1, "a2", "PREEMPTED", **ended(143, 30.0, 20)) == "PENDING"
-    clock.now = 1050.0
-    c1b = claim(store, sweep, "a3", "h3")  # the preempted run comes back first
+    sweep_clock.now = 1040.0
+    assert finish(sweep_store, c1, "a2", "PREEMPTED", **ended(143, 30.0, 20)) == "PENDING"
+    sweep_clock.now = 1050.0
+    c1b = claim(sweep_store, sweep, "a3", "h3")  # the preempted run comes back first
     assert (c1b.index, c1b.attempt) == (1, 2)
-    clock.now = 1060.0
-    c2 = claim(store, sweep, "a4", "h4")
-    clock.now = 1065.0
-    assert finish(store, c2, "a4", "FAILED", **ended(1, 5.0, None, {"acc": 0.1})) == "FAILED"
-    clock.now = 1110.0
-    assert finish(store, c0, "a1", "FINISHED", **ended(0, 100.0, 50, {"loss": 0.5})) == "FINISHED"
-    clock.now = 1150.0
-    assert finish(store, c1b, "a3", "FINISHED", **ended(0, 100.0, 60, {"loss": 0.25, "acc": 0.9}))
-    clock.now = 1200.0
-    c3 = claim(store, sweep, "a5", "h5")
+    sweep_clock.now = 1060.0
+    c2 = claim(sweep_store, sweep, "a4", "h4")
+    sweep_clock.now = 1065.0
+    assert finish(sweep_store, c2, "a4", "FAILED", **ended(1, 5.0, None, {"acc": 0.1})) == "FAILED"
+    sweep_clock.now = 1110.0
+    assert (
+        finish(sweep_store, c0, "a1", "FINISHED", **ended(0, 100.0, 50, {"loss": 0.5}))
+        == "FINISHED"
+    )
+    sweep_clock.now = 1150.0
+    assert finish(
+        sweep_store, c1b, "a3", "FINISHED", **ended(0, 100.0, 60, {"loss": 0.25, "acc": 0.9})
+    )
+    sweep_clock.now = 1200.0
+    c3 = claim(sweep_store, sweep, "a5", "h5")
     assert c3.index == 3
-    clock.now = 1250.0
-    assert finish(store, c3, "a5", "PREEMPTED", **ended(143, 50.0, 40)) == "PENDING"
-    clock.now = 1260.0
-    c3b = claim(store, sweep, "a6", "h6", lease=10)
+    sweep_clock.now = 1250.0
+    assert finish(sweep_store, c3, "a5", "PREEMPTED", **ended(143, 50.0, 40)) == "PENDING"
+    sweep_clock.now = 1260.0
+    c3b = claim(sweep_store, sweep, "a6", "h6", lease=10)
     assert (c3b.index, c3b.attempt) == (3, 2)
-    clock.now = 1265.0
-    assert store.expire_leases() == []  # its renewals are watched from here (``_watch``)
-    clock.now = 1300.0
-    assert store.expire_leases() == [c3b.run_id]  # its agent vanished
-    clock.now = 1310.0
-    c3c = claim(store, sweep, "a7", "h7")
+    sweep_clock.now = 1265.0
+    assert sweep_store.expire_leases() == []  # its renewals are watched from here (``_watch``)
+    sweep_clock.now = 1300.0
+    assert sweep_store.expire_leases() == [c3b.run_id]  # its agent vanished
+    sweep_clock.now = 1310.0
+    c3c = claim(sweep_store, sweep, "a7", "h7")
     assert (c3c.index, c3c.attempt) == (3, 3)
-    store.report(c3c.run_id, {"loss": 0.125})  # better than the best, but not finished
-    clock.now = 1350.0
-    store.heartbeat(c3c.run_id, agent="a7", lease=60, attempt=3)
+    sweep_store.report(c3c.run_id, {"loss": 0.125})  # better than the best, but not finished
+    sweep_clock.now = 1350.0
+    sweep_store.heartbeat(c3c.run_id, agent="a7", lease=60, attempt=3)
     return sweep
 
 
@@ -176,9 +147,9 @@ def attempt(
 
 
 # -- the document -----------------------------------------------------------------------------
-def test_snapshot_is_the_exact_document(store: Store, clock: Clock) -> None:
-    sweep = busy_sweep(store, clock)
-    doc = snapshot(store, sweep, now=1400.0)
+def test_snapshot_is_the_exact_document(sweep_store: Store, sweep_clock: Clock) -> None:
+    sweep = busy_sweep(sweep_store, sweep_clock)
+    doc = snapshot(sweep_store, sweep, now=1400.0)
     assert json.loads(json.dumps(doc)) == doc  # plain JSON data
     assert list(doc) == ["sweep", "runs"]
     assert doc["sweep"] == {
@@ -265,30 +236,40 @@ def test_snapshot_is_the_exact_document(store: Store, clock: Clock) -> None:
     ("goal", "best_index", "value"), [("minimize", 0, 0.2), ("maximize", 1, 0.9)]
 )
 def test_best_follows_the_goal_among_finished_runs(
-    store: Store, clock: Clock, goal: str, best_index: int, value: float
+    sweep_store: Store, sweep_clock: Clock, goal: str, best_index: int, value: float
 ) -> None:
     spec = {**SPEC, "metric": {"name": "acc", "goal": goal}}
-    sweep = store.create_sweep(spec, name=None, run_cap=None, max_failures=0, max_preemptions=1)
-    store.add_runs(sweep, [{"lr": 0.1}, {"lr": 0.2}, {"lr": 0.3}, {"lr": 0.4}])
-    for agent, acc, ending in (("a", 0.2, "FINISHED"), ("b", 0.9, "FINISHED"), ("c", 0.95, "")):
-        c = claim(store, sweep, agent, "h")
-        if ending:
-            finish(store, c, agent, ending, **ended(0, 1.0, None, {"acc": acc}))
-        else:  # still running, with a better value than any finished run: not the best
-            store.report(c.run_id, {"acc": acc if goal == "maximize" else 0.01})
-    c = claim(store, sweep, "d", "h")  # failed with the best value of all: not the best either
-    finish(
-        store, c, "d", "FAILED", **ended(1, 1.0, None, {"acc": 0.0 if goal == "minimize" else 1.0})
+    sweep = sweep_store.create_sweep(
+        spec, name=None, run_cap=None, max_failures=0, max_preemptions=1
     )
-    doc = snapshot(store, sweep)
+    sweep_store.add_runs(sweep, [{"lr": 0.1}, {"lr": 0.2}, {"lr": 0.3}, {"lr": 0.4}])
+    for agent, acc, ending in (("a", 0.2, "FINISHED"), ("b", 0.9, "FINISHED"), ("c", 0.95, "")):
+        c = claim(sweep_store, sweep, agent, "h")
+        if ending:
+            finish(sweep_store, c, agent, ending, **ended(0, 1.0, None, {"acc": acc}))
+        else:  # still running, with a better value than any finished run: not the best
+            sweep_store.report(c.run_id, {"acc": acc if goal == "maximize" else 0.01})
+    c = claim(
+        sweep_store, sweep, "d", "h"
+    )  # failed with the best value of all: not the best either
+    finish(
+        sweep_store,
+        c,
+        "d",
+        "FAILED",
+        **ended(1, 1.0, None, {"acc": 0.0 if goal == "minimize" else 1.0}),
+    )
+    doc = snapshot(sweep_store, sweep)
     assert doc["sweep"]["best"] == {"run_id": f"{sweep}-{best_index}", "metric": value}
     assert doc["sweep"]["metric"] == {"name": "acc", "goal": goal}
 
 
-def test_a_sweep_without_runs_and_without_a_metric(store: Store, clock: Clock) -> None:
+def test_a_sweep_without_runs_and_without_a_metric(sweep_store: Store, sweep_clock: Clock) -> None:
     spec = {"method": "grid", "parameters": {"x": {"values": [1]}}}
-    sweep = store.create_sweep(spec, name=None, run_cap=None, max_failures=0, max_preemptions=1)
-    doc = snapshot(store, sweep, now=1060.0)
+    sweep = sweep_store.create_sweep(
+        spec, name=None, run_cap=None, max_failures=0, max_preemptions=1
+    )
+    doc = snapshot(sweep_store, sweep, now=1060.0)
     assert doc["runs"] == []
     assert doc["sweep"]["metric"] is None and doc["sweep"]["best"] is None
     assert set(doc["sweep"]["counts"].values()) == {0}
@@ -297,16 +278,16 @@ def test_a_sweep_without_runs_and_without_a_metric(store: Store, clock: Clock) -
     assert "no runs yet" in text
     assert "metric" in text  # the column without a spec metric
 
-    store.add_runs(sweep, [{"x": 1}])
-    c = claim(store, sweep, "a1", "h1")
-    finish(store, c, "a1", "FINISHED", **ended(0, 3.0, None, {"loss": 1.0}))
-    doc = snapshot(store, sweep)
+    sweep_store.add_runs(sweep, [{"x": 1}])
+    c = claim(sweep_store, sweep, "a1", "h1")
+    finish(sweep_store, c, "a1", "FINISHED", **ended(0, 3.0, None, {"loss": 1.0}))
+    doc = snapshot(sweep_store, sweep)
     assert doc["runs"][0]["metric"] is None and doc["sweep"]["best"] is None
 
 
-def test_an_unknown_sweep_is_one_clear_error(store: Store) -> None:
+def test_an_unknown_sweep_is_one_clear_error(sweep_store: Store) -> None:
     with pytest.raises(ConfigError, match="no sweep 'nope' in sqlite://"):
-        snapshot(store, "nope")
+        snapshot(sweep_store, "nope")
 
 
 # -- the tables -------------------------------------------------------------------------------
@@ -320,9 +301,9 @@ def show(renderable: Any) -> str:
     return console.export_text()
 
 
-def test_render_shows_every_column(store: Store, clock: Clock) -> None:
-    sweep = busy_sweep(store, clock)
-    group = render(snapshot(store, sweep, now=1400.0), now=1400.0)
+def test_render_shows_every_column(sweep_store: Store, sweep_clock: Clock) -> None:
+    sweep = busy_sweep(sweep_store, sweep_clock)
+    group = render(snapshot(sweep_store, sweep, now=1400.0), now=1400.0)
     text = show(group)
     header = text.splitlines()[0]
     assert header == (
@@ -412,20 +393,20 @@ def test_render_sorts_by_index_and_colours_every_state() -> None:
     assert "acc ↑" in show(table)
 
 
-def test_sweeps_snapshot_and_table(store: Store, clock: Clock) -> None:
-    assert sweeps_snapshot(store) == []
+def test_sweeps_snapshot_and_table(sweep_store: Store, sweep_clock: Clock) -> None:
+    assert sweeps_snapshot(sweep_store) == []
     assert "no sweeps yet" in show(render_sweeps([]))
-    first = busy_sweep(store, clock)
-    clock.now = 2000.0
-    second = store.create_sweep(
+    first = busy_sweep(sweep_store, sweep_clock)
+    sweep_clock.now = 2000.0
+    second = sweep_store.create_sweep(
         {"method": "grid", "parameters": {"x": {"values": [1]}}},
         name=None,
         run_cap=None,
         max_failures=0,
         max_preemptions=1,
     )
-    rows = sweeps_snapshot(store)
-    assert rows[0] == snapshot(store, first)["sweep"]
+    rows = sweeps_snapshot(sweep_store)
+    assert rows[0] == snapshot(sweep_store, first)["sweep"]
     assert [r["id"] for r in rows] == [first, second]
     assert rows[1]["runs_created"] == 0 and rows[1]["best"] is None
     text = show(render_sweeps(rows))
@@ -473,9 +454,11 @@ def preemption_marks(figure: Any) -> list[tuple[float, float]]:
     return [(float(x), float(y)) for x, y in marks.get_offsets()]
 
 
-def test_timeline_draws_one_bar_per_attempt(store: Store, clock: Clock, tmp_path: Path) -> None:
-    sweep = busy_sweep(store, clock)
-    doc = snapshot(store, sweep, now=1400.0)
+def test_timeline_draws_one_bar_per_attempt(
+    sweep_store: Store, sweep_clock: Clock, tmp_path: Path
+) -> None:
+    sweep = busy_sweep(sweep_store, sweep_clock)
+    doc = snapshot(sweep_store, sweep, now=1400.0)
     figure = timeline_figure(doc)
     assert len(bars(figure)) == sum(r["attempts"] for r in doc["runs"]) == 7
     (ax,) = figure.axes
@@ -506,21 +489,29 @@ def test_timeline_draws_one_bar_per_attempt(store: Store, clock: Clock, tmp_path
     assert plot_timeline(doc, tmp_path / "timeline.svg").read_text().startswith("<?xml")
 
 
-def test_timeline_of_a_sweep_without_attempts(store: Store, clock: Clock, tmp_path: Path) -> None:
-    sweep = store.create_sweep(SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1)
-    doc = snapshot(store, sweep)
+def test_timeline_of_a_sweep_without_attempts(
+    sweep_store: Store, sweep_clock: Clock, tmp_path: Path
+) -> None:
+    sweep = sweep_store.create_sweep(
+        SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1
+    )
+    doc = snapshot(sweep_store, sweep)
     assert bars(timeline_figure(doc)) == []
     assert png_size(plot_timeline(doc, tmp_path / "empty.png"))[0] == 1000
-    store.add_runs(sweep, [{"lr": 0.1}])
-    doc = snapshot(store, sweep)
+    sweep_store.add_runs(sweep, [{"lr": 0.1}])
+    doc = snapshot(sweep_store, sweep)
     figure = timeline_figure(doc)
     assert bars(figure) == [] and preemption_marks(figure) == []
     assert png_size(plot_timeline(doc, tmp_path / "pending.png"))[0] == 1000
 
 
-def test_timeline_refuses_bad_paths_in_one_line(store: Store, clock: Clock, tmp_path: Path) -> None:
-    sweep = store.create_sweep(SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1)
-    doc = snapshot(store, sweep)
+def test_timeline_refuses_bad_paths_in_one_line(
+    sweep_store: Store, sweep_clock: Clock, tmp_path: Path
+) -> None:
+    sweep = sweep_store.create_sweep(
+        SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1
+    )
+    doc = snapshot(sweep_store, sweep)
     missing = tmp_path / "no" / "such" / "t.png"
     with pytest.raises(ConfigError, match=r"directory .*/no/such' does not exist") as info:
         plot_timeline(doc, missing)
@@ -542,10 +533,12 @@ def test_timeline_refuses_bad_paths_in_one_line(store: Store, clock: Clock, tmp_
 
 
 def test_timeline_without_matplotlib_names_the_extra(
-    store: Store, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sweep_store: Store, sweep_clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sweep = store.create_sweep(SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1)
-    doc = snapshot(store, sweep)
+    sweep = sweep_store.create_sweep(
+        SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1
+    )
+    doc = snapshot(sweep_store, sweep)
     for name in [n for n in sys.modules if n.split(".")[0] == "matplotlib"] + ["matplotlib"]:
         monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
     with pytest.raises(ConfigError, match=r"needs matplotlib; pip install 'preemptible\[plot\]'"):
@@ -624,10 +617,10 @@ def test_status_reads_a_database_on_a_read_only_file_system(tmp_path: Path, layo
 # -- narrow terminals and big sweeps ----------------------------------------------------------
 @pytest.mark.parametrize("width", [30, 40, 49, 60, 80])
 def test_the_state_of_every_run_is_shown_however_narrow_the_terminal(
-    store: Store, clock: Clock, width: int
+    sweep_store: Store, sweep_clock: Clock, width: int
 ) -> None:
-    sweep = busy_sweep(store, clock)
-    doc = snapshot(store, sweep, now=1400.0)
+    sweep = busy_sweep(sweep_store, sweep_clock)
+    doc = snapshot(sweep_store, sweep, now=1400.0)
     console = Console(record=True, width=width)
     console.print(render(doc, now=1400.0, width=width))
     text = console.export_text()
@@ -638,26 +631,30 @@ def test_the_state_of_every_run_is_shown_however_narrow_the_terminal(
         for line in states
     ], text
     listing = Console(record=True, width=width)
-    listing.print(render_sweeps(sweeps_snapshot(store), width=width))
+    listing.print(render_sweeps(sweeps_snapshot(sweep_store), width=width))
     assert "1 PENDING" in listing.export_text() or "1 PENDING," in listing.export_text()
 
 
 def test_a_big_sweep_shows_the_runs_worth_seeing_and_counts_the_others(
-    store: Store, clock: Clock
+    sweep_store: Store, sweep_clock: Clock
 ) -> None:
-    sweep = store.create_sweep(SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=5)
-    store.add_runs(sweep, [{"lr": i / 100} for i in range(40)])
+    sweep = sweep_store.create_sweep(
+        SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=5
+    )
+    sweep_store.add_runs(sweep, [{"lr": i / 100} for i in range(40)])
     # 0-29 finished (29 the best), 30-33 failed, 34-35 requeued, 36-37 running, 38-39 pending
-    taken = [claim(store, sweep, f"a{i}", "h") for i in range(38)]
+    taken = [claim(sweep_store, sweep, f"a{i}", "h") for i in range(38)]
     for i, c in enumerate(taken[:36]):
-        clock.now = 1100.0 + i
+        sweep_clock.now = 1100.0 + i
         if i < 30:
-            finish(store, c, f"a{i}", "FINISHED", **ended(0, 1.0, None, {"loss": 1.0 - i / 100}))
+            finish(
+                sweep_store, c, f"a{i}", "FINISHED", **ended(0, 1.0, None, {"loss": 1.0 - i / 100})
+            )
         elif i < 34:
-            finish(store, c, f"a{i}", "FAILED", **ended(1, 1.0, None))
+            finish(sweep_store, c, f"a{i}", "FAILED", **ended(1, 1.0, None))
         else:
-            finish(store, c, f"a{i}", "PREEMPTED", **ended(143, 1.0, 3))
-    doc = table_snapshot(store, sweep, now=2000.0, limit=10)
+            finish(sweep_store, c, f"a{i}", "PREEMPTED", **ended(143, 1.0, 3))
+    doc = table_snapshot(sweep_store, sweep, now=2000.0, limit=10)
     shown = [r["index"] for r in doc["runs"]]
     assert shown == sorted(shown) and len(shown) == 10
     assert {36, 37, 29, 33, 32, 31} <= set(shown)  # running, the best, the latest failed
@@ -667,16 +664,18 @@ def test_a_big_sweep_shows_the_runs_worth_seeing_and_counts_the_others(
     assert sum(hidden.values()) == 30 and hidden["RUNNING"] == 0
     text = show(render(doc, now=2000.0))
     assert "30 more runs not shown: " in text and "--json lists every run" in text
-    full = table_snapshot(store, sweep, now=2000.0, limit=40)
-    assert "hidden" not in full and full["runs"] == snapshot(store, sweep, now=2000.0)["runs"]
+    full = table_snapshot(sweep_store, sweep, now=2000.0, limit=40)
+    assert "hidden" not in full and full["runs"] == snapshot(sweep_store, sweep, now=2000.0)["runs"]
 
 
-def test_json_streams_the_same_document_as_the_snapshot(store: Store, clock: Clock) -> None:
-    sweep = busy_sweep(store, clock)
+def test_json_streams_the_same_document_as_the_snapshot(
+    sweep_store: Store, sweep_clock: Clock
+) -> None:
+    sweep = busy_sweep(sweep_store, sweep_clock)
     out = io.StringIO()
-    write_json(store, sweep, out, now=1400.0)
+    write_json(sweep_store, sweep, out, now=1400.0)
     text = out.getvalue()
-    assert json.loads(text) == snapshot(store, sweep, now=1400.0)
+    assert json.loads(text) == snapshot(sweep_store, sweep, now=1400.0)
     assert len(text.splitlines()) == 2 + 5 + 1  # the sweep, "runs": [, a line per run, ]}
 
 
@@ -731,14 +730,16 @@ def test_watch_raises_a_bug_in_the_look() -> None:
 
 
 def test_json_stays_json_when_a_stored_number_overflows(
-    store: Store, clock: Clock, tmp_path: Path
+    sweep_store: Store, sweep_clock: Clock, tmp_path: Path
 ) -> None:
-    sweep = store.create_sweep(SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1)
-    (run_id,) = store.add_runs(sweep, [{"lr": 0.1}])
+    sweep = sweep_store.create_sweep(
+        SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1
+    )
+    (run_id,) = sweep_store.add_runs(sweep, [{"lr": 0.1}])
     with contextlib.closing(sqlite3.connect(tmp_path / "db" / "sweeps.db")) as db, db:
         db.execute("UPDATE preemptible_runs SET params = ? WHERE id = ?", ('{"lr": 1e999}', run_id))
     out = io.StringIO()
-    write_json(store, sweep, out)
+    write_json(sweep_store, sweep, out)
 
     def refuse(name: str) -> None:
         raise AssertionError(f"{name} is not JSON")
@@ -747,17 +748,21 @@ def test_json_stays_json_when_a_stored_number_overflows(
     assert run["params"] == {"lr": None}
 
 
-def test_json_keeps_what_orjson_refuses_exact(store: Store, clock: Clock, tmp_path: Path) -> None:
+def test_json_keeps_what_orjson_refuses_exact(
+    sweep_store: Store, sweep_clock: Clock, tmp_path: Path
+) -> None:
     # orjson encodes --json; an integer wider than 64 bits and a lone surrogate (text a hand
     # edit can leave) are written by the standard library, the value unchanged
-    sweep = store.create_sweep(SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1)
-    run_a, run_b = store.add_runs(sweep, [{"lr": 0.1}, {"lr": 0.2}])
+    sweep = sweep_store.create_sweep(
+        SPEC, name=None, run_cap=None, max_failures=0, max_preemptions=1
+    )
+    run_a, run_b = sweep_store.add_runs(sweep, [{"lr": 0.1}, {"lr": 0.2}])
     wide = 2**70 + 3
     with contextlib.closing(sqlite3.connect(tmp_path / "db" / "sweeps.db")) as db, db:
         for run_id, text in ((run_a, f'{{"seed": {wide}}}'), (run_b, '{"tag": "\\ud800é"}')):
             db.execute("UPDATE preemptible_runs SET params = ? WHERE id = ?", (text, run_id))
     out = io.StringIO()
-    write_json(store, sweep, out)
+    write_json(sweep_store, sweep, out)
     runs = {r["run_id"]: r for r in json.loads(out.getvalue())["runs"]}
     assert runs[run_a]["params"] == {"seed": wide}
     assert runs[run_b]["params"] == {"tag": "\ud800é"}

@@ -10,14 +10,10 @@ from pathlib import Path
 import pytest
 
 from preemptible import ConfigError
-from preemptible.sweeps._store import (
-    _load_queries,
-    migrations,
-    open_store,
-    redact_url,
-    settle,
-    split_statements,
-)
+from preemptible.sweeps.store._endings import settle
+from preemptible.sweeps.store._queue import open_store
+from preemptible.sweeps.store._redact import redact_url
+from preemptible.sweeps.store._schema import _load_queries, migrations, split_statements
 
 
 @pytest.mark.parametrize(
@@ -133,7 +129,7 @@ def test_split_statements() -> None:
 
 def test_importing_the_store_imports_no_database_driver() -> None:
     code = (
-        "import sys, preemptible, preemptible.sweeps._store\n"
+        "import sys, preemptible, preemptible.sweeps.store._queue\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlite3', 'psycopg')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

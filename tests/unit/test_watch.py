@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.sweeps import _schema, _store_sqlite, _watch
-from preemptible.sweeps._store import Store, open_store
-from preemptible.sweeps._watch import BeatWatch
+from preemptible.sweeps.store import _schema, _sqlite, _watch
+from preemptible.sweeps.store._queue import Store, open_store
+from preemptible.sweeps.store._watch import BeatWatch
 
 
 class Clock:
@@ -31,7 +31,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(_store_sqlite, "time", fake)
+    monkeypatch.setattr(_sqlite, "time", fake)
     monkeypatch.setattr(_watch, "time", fake)
     return fake
 

@@ -7,63 +7,36 @@ from __future__ import annotations
 import os
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from preemptible import ConfigError
-from preemptible.sweeps import _store_sqlite, _web_model
-from preemptible.sweeps._rows import AttemptRow
-from preemptible.sweeps._store import Claim, Store, open_store
-from preemptible.sweeps._web_html import parse_query, query_of
-from preemptible.sweeps._web_model import PAGE_ROWS, SweepModel
-from preemptible.sweeps._web_page import best_chart, render_page, sweep_document
-from preemptible.sweeps._web_run import interruptions, render_run_page, run_document
-from preemptible.sweeps._web_svg import Chart, Marker, Series, envelope, nice_ticks, render
-from preemptible.sweeps._web_timeline import timeline_svg
+from preemptible.sweeps.store._queue import Store
+from preemptible.sweeps.store._rows import Claim
+from preemptible.sweeps.web import _model
+from preemptible.sweeps.web._html import parse_query, query_of
+from preemptible.sweeps.web._model import PAGE_ROWS, SweepModel
+from preemptible.sweeps.web._page import best_chart, render_page, sweep_document
+from preemptible.sweeps.web._run_page import interruptions, render_run_page, run_document
+from preemptible.sweeps.web._svg import Chart, Marker, Series, envelope, nice_ticks, render
+from preemptible.sweeps.web._timeline_svg import timeline_svg
+from tests.support.sweep_queue import SPEC, Clock, attempt_row
 
 pytestmark = pytest.mark.timeout(60)
 
 EVIL = "<script>alert('x')</script>"
-SPEC: dict[str, Any] = {
-    "method": "random",
-    "metric": {"name": "loss", "goal": "minimize"},
-    "parameters": {"lr": {"min": 0.001, "max": 0.1}},
-}
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock(1000.0)
-    monkeypatch.setattr(_store_sqlite, "time", fake)
-    return fake
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> Iterator[Store]:
-    s = open_store(f"sqlite:///{tmp_path / 'sweeps.db'}", retry_timeout=10)
-    yield s
-    s.close()
-
-
-def _claim(store: Store, sweep: str, agent: str = "a") -> Claim:
-    c = store.claim(sweep, agent=agent, host="h", lease=600, propose=None)
+def _claim(sweep_store: Store, sweep: str, agent: str = "a") -> Claim:
+    c = sweep_store.claim(sweep, agent=agent, host="h", lease=600, propose=None)
     assert c is not None
     return c
 
 
-def _end(store: Store, c: Claim, ending: str, step: int | None, loss: float | None) -> str:
-    return store.finish(
+def _end(sweep_store: Store, c: Claim, ending: str, step: int | None, loss: float | None) -> str:
+    return sweep_store.finish(
         c.run_id,
         agent="a",
         attempt=c.attempt,
@@ -75,22 +48,24 @@ def _end(store: Store, c: Claim, ending: str, step: int | None, loss: float | No
     )
 
 
-def _sweep(store: Store, runs: int, spec: dict[str, Any] = SPEC) -> tuple[str, list[str]]:
-    sweep = store.create_sweep(spec, name=EVIL, run_cap=None, max_failures=0, max_preemptions=3)
-    ids = store.add_runs(sweep, [{"lr": 0.001 * (i + 1)} for i in range(runs)])
+def _sweep(sweep_store: Store, runs: int, spec: dict[str, Any] = SPEC) -> tuple[str, list[str]]:
+    sweep = sweep_store.create_sweep(
+        spec, name=EVIL, run_cap=None, max_failures=0, max_preemptions=3
+    )
+    ids = sweep_store.add_runs(sweep, [{"lr": 0.001 * (i + 1)} for i in range(runs)])
     return sweep, ids
 
 
 # -- the model --------------------------------------------------------------------------------
 def test_the_model_reads_the_sweep_once_then_only_what_changed(
-    store: Store, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    sweep_store: Store, sweep_clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sweep, ids = _sweep(store, 4)
+    sweep, ids = _sweep(sweep_store, 4)
     model = SweepModel(sweep)
-    model.refresh(store)
+    model.refresh(sweep_store)
     assert model.aggregate().counts["PENDING"] == 4 and model.aggregate().best is None
     reads: list[float] = []
-    real = store.read
+    real = sweep_store.read
 
     def counting(fn: Any) -> Any:
         result = real(fn)
@@ -98,28 +73,28 @@ def test_the_model_reads_the_sweep_once_then_only_what_changed(
             reads.append(len(result[1]))  # the rows web_changed returned
         return result
 
-    monkeypatch.setattr(store, "read", counting)
-    model.refresh(store)  # the runs changed within MARGIN of the newest change: read again
+    monkeypatch.setattr(sweep_store, "read", counting)
+    model.refresh(sweep_store)  # the runs changed within MARGIN of the newest change: read again
     assert reads == [4] and model.version == 4
 
-    clock.now = 2000.0
-    c = _claim(store, sweep)
-    clock.now = 2010.0
-    model.refresh(store)
+    sweep_clock.now = 2000.0
+    c = _claim(sweep_store, sweep)
+    sweep_clock.now = 2010.0
+    model.refresh(sweep_store)
     assert reads[-1] == 4 and model.version == 5
     assert model.aggregate().counts["RUNNING"] == 1
-    model.refresh(store)  # the others changed long before it: only the claimed run is read
+    model.refresh(sweep_store)  # the others changed long before it: only the claimed run is read
     assert reads[-1] == 1 and model.version == 5
 
     # a heartbeat moves updated_at only: read again, but nothing to draw again
-    store.heartbeat(c.run_id, agent="a", lease=600, attempt=1, epoch=c.epoch)
+    sweep_store.heartbeat(c.run_id, agent="a", lease=600, attempt=1, epoch=c.epoch)
     version = model.version
-    model.refresh(store)
+    model.refresh(sweep_store)
     assert model.version == version
 
-    clock.now = 2020.0
-    _end(store, c, "FINISHED", 50, 0.5)
-    model.refresh(store)
+    sweep_clock.now = 2020.0
+    _end(sweep_store, c, "FINISHED", 50, 0.5)
+    model.refresh(sweep_store)
     agg = model.aggregate()
     assert agg.counts["FINISHED"] == 1 and agg.best == {
         "run_id": ids[0],
@@ -129,15 +104,15 @@ def test_the_model_reads_the_sweep_once_then_only_what_changed(
 
     # a write stamped earlier than the newest change seen (its transaction read the clock
     # first, committed last) is still found: within MARGIN of the newest
-    c2 = _claim(store, sweep)
-    clock.now = 2020.0 - _web_model.MARGIN / 2
-    _end(store, c2, "FINISHED", 10, 0.25)
-    model.refresh(store)
+    c2 = _claim(sweep_store, sweep)
+    sweep_clock.now = 2020.0 - _model.MARGIN / 2
+    _end(sweep_store, c2, "FINISHED", 10, 0.25)
+    model.refresh(sweep_store)
     assert model.aggregate().best == {"run_id": ids[1], "metric": 0.25, "index": 1}
 
 
 def test_best_so_far_follows_the_goal_and_stays_small(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    sweep_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     losses = [0.9, 0.5, 0.7, None, 0.2, 0.3, 0.2]
     for goal, best, steps in (
@@ -145,12 +120,12 @@ def test_best_so_far_follows_the_goal_and_stays_small(
         ("maximize", 0, [(0, 0.9), (6, 0.9)]),
     ):
         spec = {**SPEC, "metric": {"name": "loss", "goal": goal}}
-        sweep, ids = _sweep(store, len(losses), spec)
+        sweep, ids = _sweep(sweep_store, len(losses), spec)
         for loss in losses:
-            c = _claim(store, sweep)
-            _end(store, c, "FINISHED" if loss is not None else "FAILED", None, loss)
+            c = _claim(sweep_store, sweep)
+            _end(sweep_store, c, "FINISHED" if loss is not None else "FAILED", None, loss)
         model = SweepModel(sweep)
-        model.refresh(store)
+        model.refresh(sweep_store)
         agg = model.aggregate()
         assert agg.best is not None and agg.best["run_id"] == ids[best], goal
         assert agg.steps == steps, goal  # ties keep the first; the line runs to the last run
@@ -158,23 +133,23 @@ def test_best_so_far_follows_the_goal_and_stays_small(
         assert agg.counts["FINISHED"] == 6 and agg.counts["FAILED"] == 1
 
     # many runs: the dots are each range's lowest and highest, the line one point per range
-    monkeypatch.setattr(_web_model, "MAX_DOTS", 4)
-    monkeypatch.setattr(_web_model, "BINS", 3)
-    monkeypatch.setattr(_web_model, "MAX_STEPS", 2)
-    agg = _web_model._aggregate(model.order, model.rows, model.head["metric"])
+    monkeypatch.setattr(_model, "MAX_DOTS", 4)
+    monkeypatch.setattr(_model, "BINS", 3)
+    monkeypatch.setattr(_model, "MAX_STEPS", 2)
+    agg = _model._aggregate(model.order, model.rows, model.head["metric"])
     assert agg.binned and len(agg.dots) <= 2 * 3
     assert min(v for _, v in agg.dots) == 0.2 and max(v for _, v in agg.dots) == 0.9
     assert len(agg.steps) <= 3 + 1 and agg.steps[0] == (0, 0.9)
 
 
-def test_the_table_is_filtered_by_state_and_paged(store: Store, clock: Clock) -> None:
-    sweep, ids = _sweep(store, PAGE_ROWS + 30)
+def test_the_table_is_filtered_by_state_and_paged(sweep_store: Store, sweep_clock: Clock) -> None:
+    sweep, ids = _sweep(sweep_store, PAGE_ROWS + 30)
     for i in range(PAGE_ROWS + 10):
-        c = _claim(store, sweep)
+        c = _claim(sweep_store, sweep)
         if i % 2 == 0:
-            _end(store, c, "FINISHED", 5, float(i))
+            _end(sweep_store, c, "FINISHED", 5, float(i))
     model = SweepModel(sweep)
-    doc = sweep_document(model, store)
+    doc = sweep_document(model, sweep_store)
     assert doc["page"] == {
         "number": 1,
         "pages": 2,
@@ -187,13 +162,13 @@ def test_the_table_is_filtered_by_state_and_paged(store: Store, clock: Clock) ->
     assert doc["best"] == {"run_id": ids[0], "metric": 0.0}
     assert doc["counts"]["FINISHED"] == 55 and doc["counts"]["RUNNING"] == 55
 
-    doc = sweep_document(model, store, states=frozenset({"PENDING", "RUNNING"}), page=2)
+    doc = sweep_document(model, sweep_store, states=frozenset({"PENDING", "RUNNING"}), page=2)
     assert doc["filter"] == ["PENDING", "RUNNING"]
     assert doc["page"]["matching"] == 75 and doc["page"]["number"] == 1  # past the last: last
     assert {r["state"] for r in doc["runs"]} == {"PENDING", "RUNNING"}
     assert [r["index"] for r in doc["runs"]] == sorted(r["index"] for r in doc["runs"])
 
-    doc = sweep_document(model, store, states=frozenset({"FINISHED"}))
+    doc = sweep_document(model, sweep_store, states=frozenset({"FINISHED"}))
     assert len(doc["runs"]) == 55 and doc["page"]["pages"] == 1
     assert doc["sweep"]["name"] == EVIL and EVIL in doc["header"]
 
@@ -255,17 +230,13 @@ def test_envelope_keeps_the_shape_within_its_limit() -> None:
 
 
 # -- a run ------------------------------------------------------------------------------------
-def _attempt(number: int, ending: str | None, step: int | None) -> AttemptRow:
-    return AttemptRow("r", number, "a", "h", 0.0, None, ending, None, None, step, False, None, None)
-
-
 def test_interruptions_mark_each_stop_and_each_resume() -> None:
     marks = interruptions(
         [
-            _attempt(1, "PREEMPTED", 30),
-            _attempt(2, "CRASHED", None),  # lost before it saved: the next resumes from 30
-            _attempt(3, "PREEMPTED", 55),
-            _attempt(4, None, None),
+            attempt_row(1, "PREEMPTED", 30),
+            attempt_row(2, "CRASHED", None),  # lost before it saved: the next resumes from 30
+            attempt_row(3, "PREEMPTED", 55),
+            attempt_row(4, None, None),
         ]
     )
     assert [(m["kind"], m["attempt"], m["step"]) for m in marks] == [
@@ -275,20 +246,20 @@ def test_interruptions_mark_each_stop_and_each_resume() -> None:
         ("preempted", 3, 55),
         ("resumed", 4, 55),
     ]
-    over = interruptions([_attempt(1, "FAILED", None), _attempt(2, "FINISHED", 10)])
+    over = interruptions([attempt_row(1, "FAILED", None), attempt_row(2, "FINISHED", 10)])
     assert [(m["kind"], m["step"], m["label"]) for m in over] == [
         ("resumed", 0, "attempt 2 started over from step 0")
     ]
 
 
 def test_a_run_document_reads_its_files_bounded_and_escaped(
-    store: Store, tmp_path: Path, clock: Clock
+    sweep_store: Store, tmp_path: Path, sweep_clock: Clock
 ) -> None:
-    sweep, ids = _sweep(store, 2)
-    other, _ = _sweep(store, 1)
-    c = _claim(store, sweep)
-    _end(store, c, "PREEMPTED", 30, 0.7)
-    c2 = _claim(store, sweep)
+    sweep, ids = _sweep(sweep_store, 2)
+    other, _ = _sweep(sweep_store, 1)
+    c = _claim(sweep_store, sweep)
+    _end(sweep_store, c, "PREEMPTED", 30, 0.7)
+    c2 = _claim(sweep_store, sweep)
     home = tmp_path / "home"
     run_dir = home / "runs" / c.run_id
     (run_dir / "attempt-1").mkdir(parents=True)
@@ -298,7 +269,7 @@ def test_a_run_document_reads_its_files_bounded_and_escaped(
     )
     (run_dir / "attempt-1" / "record.json").write_text(f'{{"state": "{EVIL}", "step": 30}}')
     os.mkfifo(run_dir / "attempt-2" / "record.json")  # would block a careless reader
-    doc = run_document(store, sweep_id=sweep, run_id=c2.run_id, home=home, metric="loss")
+    doc = run_document(sweep_store, sweep_id=sweep, run_id=c2.run_id, home=home, metric="loss")
     assert doc is not None
     assert doc["state"] == "RUNNING" and doc["attempts"] == 2 and doc["checkpoint_step"] == 30
     assert [(m["kind"], m["step"]) for m in doc["marks"]] == [("preempted", 30), ("resumed", 30)]
@@ -313,16 +284,20 @@ def test_a_run_document_reads_its_files_bounded_and_escaped(
     assert 'class="ending-PREEMPTED"' in page and "2 (from step 30)" in page
 
     for bad in ("../x", "a/b", "", "-x", "x" * 200, ids[1] + "\n", c.run_id + "/.."):
-        assert run_document(store, sweep_id=sweep, run_id=bad, home=home, metric="loss") is None
-    assert run_document(store, sweep_id=other, run_id=c.run_id, home=home, metric="loss") is None
+        assert (
+            run_document(sweep_store, sweep_id=sweep, run_id=bad, home=home, metric="loss") is None
+        )
+    assert (
+        run_document(sweep_store, sweep_id=other, run_id=c.run_id, home=home, metric="loss") is None
+    )
 
 
-def test_the_page_escapes_what_the_queue_holds(store: Store) -> None:
+def test_the_page_escapes_what_the_queue_holds(sweep_store: Store) -> None:
     spec = {**SPEC, "metric": {"name": EVIL, "goal": "minimize"}}
-    sweep, ids = _sweep(store, 2, spec)
-    store.add_runs(sweep, [{"tag": '"><svg onload=alert(1)>'}])
-    c = _claim(store, sweep)
-    store.finish(
+    sweep, ids = _sweep(sweep_store, 2, spec)
+    sweep_store.add_runs(sweep, [{"tag": '"><svg onload=alert(1)>'}])
+    c = _claim(sweep_store, sweep)
+    sweep_store.finish(
         c.run_id,
         agent="a",
         attempt=1,
@@ -334,7 +309,7 @@ def test_the_page_escapes_what_the_queue_holds(store: Store) -> None:
     )
     model = SweepModel(sweep)
     states = frozenset({"FINISHED", "PENDING"})
-    doc = sweep_document(model, store, states=states)
+    doc = sweep_document(model, sweep_store, states=states)
     page = render_page(doc, None, nonce="n0nce", chart=best_chart(model), states=states)
     assert EVIL not in page and "<svg onload" not in page
     assert page.count("<script") == 1

@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from preemptible.sweeps._rows import AttemptRow
-from preemptible.sweeps._store import Store, open_store
-from preemptible.sweeps._web_run import (
+from preemptible.sweeps.store._queue import Store, open_store
+from preemptible.sweeps.web._run_page import (
     CURVE_POINTS,
     CURVE_SIZE,
     MAX_CURVES,
@@ -27,6 +26,7 @@ from preemptible.sweeps._web_run import (
     run_document,
     thin,
 )
+from tests.support.sweep_queue import attempt_row
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,13 +35,13 @@ HOSTILE = ("<script>alert('x')</script>", "\"&'", "loss</text><script>alert(1)</
 _LEFT, _RIGHT = 64, 16  # the plot's margins in _web_svg
 
 
-def _attempt(number: int, ending: str | None, step: int | None) -> AttemptRow:
-    return AttemptRow("r", number, "a", "h", 0.0, None, ending, None, None, step, False, None, None)
-
-
 # attempt 1 reported 0..30 and was preempted with a checkpoint at 30; attempt 2 resumed from
 # 30 (its points before were trimmed), reported 31..55, was preempted at 55; attempt 3 went on
-ATTEMPTS = [_attempt(1, "PREEMPTED", 30), _attempt(2, "PREEMPTED", 55), _attempt(3, None, 80)]
+ATTEMPTS = [
+    attempt_row(1, "PREEMPTED", 30),
+    attempt_row(2, "PREEMPTED", 55),
+    attempt_row(3, None, 80),
+]
 HISTORY = {
     "loss": [(s, 1.0 / (s + 1), 1 if s <= 30 else 2 if s <= 55 else 3) for s in range(81)],
     "acc": [(s, s / 80, 1 if s <= 30 else 2 if s <= 55 else 3) for s in range(0, 81, 10)],
@@ -233,3 +233,15 @@ def test_a_run_document_draws_the_stored_history(store: Store, tmp_path: Path) -
     assert name not in page and page.count("<script") == 1
     assert 'data-marker="preempted"' in page and 'data-marker="resumed"' in page
     assert 'data-attempt="1"' in page and 'data-attempt="2"' in page
+
+
+def test_a_charts_labels_show_control_characters_as_escapes() -> None:
+    """The charts escape through the page's one escape: an ESC in a metric's name is shown as
+    ``\\x1b`` (and the SVG stays XML), as everywhere else on the page."""
+    from preemptible.sweeps.web._svg import Chart, Series, render
+
+    line = Series(name="loss\x07", points=[(0.0, 1.0), (1.0, 0.5)], colour="#000")
+    svg = render(Chart(title="loss\x1b[31m", x_label="step", y_label="loss", series=[line]))
+    assert "\x1b" not in svg and "\x07" not in svg
+    assert "\\x1b[31m" in svg
+    assert ET.fromstring(svg) is not None

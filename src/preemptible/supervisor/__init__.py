@@ -1,6 +1,7 @@
 """The supervisor behind ``preemptible run``."""
 
-from ._classify import Ending, RunState, classify, exit_code_for
+from .._states import RunState
+from ._classify import Ending, classify, exit_code_for
 from ._config import SupervisorConfig
 from ._deadlines import term_timeout
 from ._journal import Attempt, Received

@@ -49,7 +49,7 @@ that any disappearance is a preemption (a spot-instance job, W&B's meaning).
 
 The record is the job's word (``RunRecord``, checked on read); only the exit status can make
 an attempt FINISHED, so no record turns a failure into the supervisor's exit code 0. What a
-sweep run becomes is the queue's to say (``sweeps/_endings.py``): in a cancelled sweep every
+sweep run becomes is the queue's to say (``sweeps/store/_endings.py``): in a cancelled sweep every
 ending but FINISHED ends the run CANCELLED, a ``cancel --now`` (a SIGKILL asked for) included.
 """
 
@@ -62,8 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigError
-from .._states import RecordState, StrState
-from .._states import RunState as RunState  # importable from here, as before
+from .._states import RecordState, RunState, StrState
 from ..stop._termination import signal_exit_code
 from ._record import RunRecord
 

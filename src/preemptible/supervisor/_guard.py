@@ -28,7 +28,7 @@ checked, so even that check cannot race with pid reuse.
 The guardian also fences an agent's attempt by its lease (``Fence``), when it is given the
 attempt's ``lease.json`` (``notices/_lease.py``): a sweep agent renews its lease from a thread
 of its own process, and its supervisor runs in that process too, so a SIGSTOP of the agent (a
-frozen VM, a paused container's agent, Ctrl+Z: ``sweeps/_pause.py`` stops the agent alone)
+frozen VM, a paused container's agent, Ctrl+Z: ``sweeps/store/_pause.py`` stops the agent alone)
 stops both, while its job, in a session of its own, trains on. A program with a handler
 watches the lease file itself and stops in time; a plain script does not, and an agent on
 another host (which cannot see these pids) would take the run over after the lease and run it
@@ -43,12 +43,12 @@ and none when the run record says the program is already stopping, so that a pro
 watches the lease stops by its own notice, as before), SIGKILL to every process of the attempt
 at the deadline or a term timeout after the SIGTERM, whichever comes first. The
 deadline is ``LEASE_MARGIN`` of the lease before another agent may take the run over
-(``sweeps/_endings.py``), so the attempt is gone before that, whether or not anyone runs on
+(``sweeps/store/_endings.py``), so the attempt is gone before that, whether or not anyone runs on
 the agent's side. It writes ``fence.json`` beside the lease file when it acts, so that the
 agent, continued, knows its attempt was stopped for its lease, and a replaced guardian does
 not send a second SIGTERM (a handler's second signal is a hard exit). A normal renewal
 rewrites the file with a later deadline before the earlier one comes: it never fires. The
-agent's watchdog thread (``sweeps/_holding.py``) leaves the signals to the guardian while one
+agent's watchdog thread (``sweeps/agent/_holding.py``) leaves the signals to the guardian while one
 fences, and sends them itself otherwise.
 
 This module imports the standard library only: the supervisor runs it as a plain script

@@ -14,9 +14,9 @@ from typing import Any, NamedTuple
 from .._files import open_in_place
 from .._paths import read_journal
 from .._run import read_record
-from .._states import RecordState
+from .._states import RecordState, RunState
 from ..stop._latch import signal_name
-from ._classify import Ending, RunState
+from ._classify import Ending
 from ._record import _time
 
 JOURNAL_TAIL_BYTES = 1 << 16  # the journal's last attempts; a line is ~300 bytes

@@ -50,16 +50,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._errors import PreemptibleError
-from .._errors import RunLockedError as RunLockedError  # its old home
 from .._paths import OWNER_NAME, RunPaths
 from .._run import current_run
-from .._states import HeartbeatState, RecordState
+from .._states import HeartbeatState, RecordState, RunState
 from ..stop._termination import signal_exit_code
 from . import _slurm
-from ._attempt_env import PASSED_UP as PASSED_UP  # its old home
 from ._attempt_env import attempt_environment, tell_parent
 from ._cgroup import Containment, cgroup_name, choose, remove_stale
-from ._classify import Ending, RunState, classify, exit_code_for
+from ._classify import Ending, classify, exit_code_for
 from ._config import SupervisorConfig
 from ._deadlines import Escalation, escalate, term_timeout
 from ._earlier import stop_earlier_attempts
@@ -69,7 +67,6 @@ from ._lock import lock_run
 from ._parent import find_parent, mark_attempt
 from ._policy import RestartPolicy
 from ._process import MAX_GUARDIAN_CRASHES, Lease, ProcessGroup, become_subreaper
-from ._process import EarlierAttempts as EarlierAttempts  # its old home
 from ._record import load_record
 from ._resume import Resumes
 from ._runfiles import RunFiles

@@ -1,0 +1,32 @@
+"""What the front ends' stop tests read back from a checkpoint folder: the committed
+checkpoints, the temporaries a stop must not leave, and whether two runs ended with the same
+weights; and the Lightning fit script's command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import python_args
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Two saved state dicts (``torch.save``) hold the same, non-empty, tensors bit for bit."""
+    import torch
+
+    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    return bool(wa) and wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def committed(folder: Path, pattern: str = "step-*.ckpt") -> list[str]:
+    """The names of the committed checkpoints in ``folder``, in order."""
+    return sorted(p.name for p in folder.glob(pattern))
+
+
+def temporaries(folder: Path, pattern: str = ".tmp-*") -> list[Path]:
+    """The temporaries left in ``folder`` (a save never finished)."""
+    return sorted(folder.glob(pattern))
+
+
+def fit_args(d: Path, *extra: str) -> list[str]:
+    """The command line of ``scripts/fit.py`` (a Lightning fit) saving to ``d``."""
+    return python_args("fit.py", "--save-dir", str(d), "--out", str(d / "o.pt"), *extra)
