@@ -65,6 +65,7 @@ class FakeScontrol:
         partition: str = "gpu",
         grace_time: int = 0,
         preempt_mode: str = "OFF",
+        reason: str = "None",
     ) -> None:
         (self.dir / "config").write_text(
             "Configuration data as of 2026-11-30T10:00:00\n"
@@ -72,7 +73,7 @@ class FakeScontrol:
             "MessageTimeout          = 10 sec\n"
         )
         job = (
-            f"JobId=12 JobName=train JobState={state} Requeue=1 Restarts=0 "
+            f"JobId=12 JobName=train JobState={state} Reason={reason} Requeue=1 Restarts=0 "
             f"TimeLimit={'01:00:00' if end else 'UNLIMITED'} "
             f"EndTime={slurm_time(end) if end else 'Unknown'} "
             f"PreemptTime={slurm_time(preempt) if preempt else 'None'} Partition={partition}\n"

@@ -219,4 +219,29 @@ def test_requeue_reports_scontrols_answer(
     with caplog.at_level(logging.ERROR, logger="preemptible"):
         assert not _slurm.requeue()
     assert "scontrol requeue 12 failed (exit 1): slurm_load_jobs error" in caplog.text
-    assert fake.calls == ["requeue 12"]
+    assert fake.calls[-1] == "requeue 12"  # the job could not be read either: requeued
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "preempt", "requeued"),
+    [
+        ("RUNNING", "None", None, True),  # a USR1 from --signal, a notice: the job runs on
+        ("COMPLETING", "TimeLimit", None, True),  # its time limit: the run continues
+        ("COMPLETING", "None", 1.0, True),  # picked for preemption
+        ("COMPLETING", "None", None, False),  # a plain scancel: the job is to end
+        ("CANCELLED", "None", None, False),
+    ],
+)
+def test_a_cancelled_job_is_not_requeued(
+    fake: FakeScontrol,
+    caplog: pytest.LogCaptureFixture,
+    state: str,
+    reason: str,
+    preempt: float | None,
+    requeued: bool,
+) -> None:
+    fake.answer(state=state, reason=reason, preempt=preempt)
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        assert _slurm.requeue() is requeued
+    assert ("requeue 12" in fake.calls) is requeued, fake.calls
+    assert ("was cancelled (scancel): not requeued" in caplog.text) is not requeued

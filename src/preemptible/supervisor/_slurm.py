@@ -222,10 +222,37 @@ def parse_time_left(text: str) -> float | None:
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
+def cancelled(job: dict[str, str]) -> bool:
+    """Whether ``scontrol show job`` shows a job that someone cancelled (``scancel``): it has
+    left RUNNING, not for its time limit (``Reason=TimeLimit``) nor for a preemption (a
+    ``PreemptTime``). A plain scancel and a time limit send the same SIGTERM, then SIGKILL
+    KillWait later; only SLURM's reason tells them apart (both show ``JobState=COMPLETING``)."""
+    if job.get("JobState", "") in _ALLOCATED:
+        return False
+    if parse_time(job.get("PreemptTime")) is not None:
+        return False
+    return not job.get("Reason", "").startswith("TimeLimit")
+
+
 def requeue() -> bool:
-    """``scontrol requeue`` this job; logs one clear line and returns False when it fails."""
+    """``scontrol requeue`` this job; logs one clear line and returns False when it fails.
+
+    A job someone cancelled is not requeued, though its attempt was PREEMPTED (stopped, its
+    newest checkpoint kept): ``scancel`` means the job should end, and a requeue would start it
+    again (``cancelled``). When the job cannot be read, it is requeued, as before."""
     job = job_id()
     if job is None:
+        return False
+    try:
+        info = job_fields(job)
+    except SlurmError:
+        info = {}
+    if info and cancelled(info):
+        logger.warning(
+            "preemptible: SLURM job %s was cancelled (scancel): not requeued; submitting the "
+            "same job script again resumes the run from its newest checkpoint",
+            job,
+        )
         return False
     try:
         scontrol("requeue", job, timeout=30.0, fail_fast=False)
