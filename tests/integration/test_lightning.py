@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.stop._latch import DUPLICATE_WINDOW
+from preemptible.stop._signals import DUPLICATE_WINDOW
 from tests.conftest import attempts, supervise, wait_for
 from tests.support.checkpoints import fit_args, same_weights
 from tests.support.reference import DIR, PORT, References

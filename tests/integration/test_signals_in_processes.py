@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.stop._latch import DUPLICATE_WINDOW
+from preemptible.stop._signals import DUPLICATE_WINDOW
 from tests.conftest import group_members, python_args, wait_for
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from preemptible.stop._latch import DUPLICATE_WINDOW
+from preemptible.stop._signals import DUPLICATE_WINDOW
 from tests.conftest import (
     PY,
     attempts,

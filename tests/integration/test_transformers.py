@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.stop._latch import DUPLICATE_WINDOW
+from preemptible.stop._signals import DUPLICATE_WINDOW
 from tests.conftest import Child, attempts, python_args, read_pid, supervise, wait_for
 from tests.support.checkpoints import same_weights, temporaries
 from tests.support.metadata import MetadataServer

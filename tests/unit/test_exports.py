@@ -51,10 +51,7 @@ KIT_SHARES = {
 }
 
 # Left for the work that is changing these folders now (the stop orchestrator, the save path).
-ALIASES_LEFT = {
-    "preemptible.stop._latch": {"KEEP_IGNORED", "signal_name"},
-    "preemptible.checkpoint._history": {"tail_lines"},
-}
+ALIASES_LEFT: dict[str, set[str]] = {}
 
 
 def _init(package: str) -> Path:

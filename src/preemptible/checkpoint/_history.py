@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from .._paths import RunPaths, read_journal
-from .._paths import tail_lines as tail_lines  # its old home
 from .._states import RecordState, RunState, parse
 
 HOUR = 3600.0

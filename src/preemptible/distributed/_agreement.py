@@ -30,7 +30,7 @@ from typing import Any
 from .._env import env_float
 from .._errors import AgreementError
 from ..stop._controller import Decision
-from ..stop._latch import signal_name
+from ..stop._signals import signal_name
 from ..stop._termination import Notice
 from ._group import DEFAULT_POLL, DEFAULT_TIMEOUT, Ranks
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .._env import env_float, env_str
 from .._errors import ConfigError
-from ..stop._latch import DEFAULT_SIGNALS, KEEP_IGNORED
+from ..stop._latch import DEFAULT_SIGNALS
+from ..stop._signals import KEEP_IGNORED
 from ._check import INFO, OK, WARN, Check
 from ._slurm import _read_slurm, _Slurm, _slurm_end, _slurm_job, _slurm_kill
 

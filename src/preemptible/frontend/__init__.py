@@ -44,7 +44,8 @@ from ..checkpoint._store import Checkpoint, CheckpointStore
 from ..distributed._savers import RankZeroSaver, ShardedSaver
 from ..distributed._staged import StagedSaver
 from ..stop._controller import Decision
-from ..stop._latch import DEFAULT_SIGNALS, SignalLatch, normalize_signals, signal_name
+from ..stop._latch import DEFAULT_SIGNALS, SignalLatch, normalize_signals
+from ..stop._signals import signal_name
 from ..stop._termination import Durations, Notice, TerminationConfig
 from ._config import (
     checkpoint_directory,

@@ -43,11 +43,13 @@ from typing import Any
 
 from .._logs import prefix
 from ._signals import (
-    DUPLICATE_WINDOW as DUPLICATE_WINDOW,  # importable from here, as before
+    DUPLICATE_WINDOW,
+    STOP_SIGNALS,
+    install_handlers,
+    restore_handlers,
+    signal_name,
+    within_duplicate_window,
 )
-from ._signals import KEEP_IGNORED as KEEP_IGNORED
-from ._signals import STOP_SIGNALS, install_handlers, restore_handlers, within_duplicate_window
-from ._signals import signal_name as signal_name
 from ._termination import Notice
 
 logger = logging.getLogger("preemptible")

@@ -14,7 +14,7 @@ from .._env import env_str
 from .._errors import ConfigError
 from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
 from ..notices import grace_period_from_env
-from ..stop._latch import signal_name
+from ..stop._signals import signal_name
 from . import _slurm
 from ._journal import Received
 from ._process import ProcessGroup

@@ -15,7 +15,7 @@ from .._files import open_in_place
 from .._paths import read_journal
 from .._run import read_record
 from .._states import RecordState, RunState
-from ..stop._latch import signal_name
+from ..stop._signals import signal_name
 from ._classify import Ending
 from ._record import _time
 
