@@ -19,8 +19,9 @@ from tests.conftest import PY, Child, python_args, supervise
 pytestmark = pytest.mark.timeout(120)
 
 CLI = [PY, "-m", "preemptible"]
-# prints the run it is an attempt of, then exits 0
-SHOW = "import os; print('inner', os.environ['PREEMPTIBLE_RUN_ID'], flush=True)"
+# prints the run it is an attempt of and exits 0; one write(2), as the agent's log shares the
+# pipe and print() under PYTHONUNBUFFERED writes word by word (a log line landed in between)
+SHOW = "import os; os.write(1, ('inner ' + os.environ['PREEMPTIBLE_RUN_ID'] + '\\n').encode())"
 
 
 def journal(run_dir: Path) -> list[dict[str, object]]:
