@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from preemptible import ConfigError
@@ -364,6 +364,18 @@ def test_random_proposals_are_within_the_declared_values(spec_: dict[str, Any], 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec_=valid_spec(method="bayes"), seed=st.integers(0, 2**32))
+@example(  # found by Hypothesis: a log range 2 ulps wide made TPE propose nan
+    spec_={
+        "program": "train.py",
+        "method": "bayes",
+        "parameters": {
+            "lr": {"value": None},
+            "bs": {"distribution": "log_uniform_values", "min": 9.0, "max": 9.000000000000002},
+        },
+        "metric": {"name": "loss", "goal": "minimize"},
+    },
+    seed=0,
+)
 def test_bayes_proposals_are_within_the_declared_values(spec_: dict[str, Any], seed: int) -> None:
     spec_.pop("run_cap", None)
     s = parse_spec(spec_)

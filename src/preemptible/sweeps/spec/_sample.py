@@ -196,7 +196,11 @@ def _quiet(optuna: Any) -> Iterator[None]:
 
 
 def _fixed(param: ParamSpec) -> bool:
-    return param.size == 1 or (param.low is not None and param.low == param.high)
+    """Nothing for TPE to search: one value, or a range a few ulps wide (its Parzen estimator
+    then has zero bandwidth and proposes nan; the random draw covers such a range)."""
+    if param.size == 1 or param.low is None or param.high is None:
+        return param.size == 1
+    return math.isclose(param.low, param.high, rel_tol=1e-9)
 
 
 def _distribution(optuna: Any, param: ParamSpec) -> Any:
