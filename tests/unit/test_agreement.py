@@ -210,10 +210,13 @@ def test_a_quiet_boundary_makes_no_store_call_in_the_training_thread() -> None:
     store = CountingStore(dist.HashStore())
     ag = StopAgreement(store, 0, 2, poll_interval=POLL)
     try:
-        started = time.perf_counter()
-        for _ in range(100_000):
-            assert ag.quiet()
-        per_boundary = (time.perf_counter() - started) / 100_000
+        batches = []  # the best of several: a loaded machine preempts a batch, not the code
+        for _ in range(5):
+            started = time.perf_counter()
+            for _ in range(20_000):
+                assert ag.quiet()
+            batches.append((time.perf_counter() - started) / 20_000)
+        per_boundary = min(batches)
     finally:
         ag.close()
     assert threading.current_thread().name not in store.calls
