@@ -111,7 +111,7 @@ def test_stops_in_validations_and_a_kill_mid_write(
     again.signal(signal.SIGTERM)
     assert again.wait(60) == 0, again.output
     assert "val 1" not in again.lines and "batch 0 4" not in again.lines
-    assert "already saved" in again.output and ckpt.read_bytes() == committed
+    assert "this step's checkpoint" in again.output and ckpt.read_bytes() == committed
 
     # 3. Resumed again: a stop whose write is killed halfway leaves the previous resume.ckpt
     # as it was (the write went to a temporary).

@@ -203,6 +203,25 @@ def test_the_next_attempt_resumes_from_where_the_job_saves(tmp_path: Path, spawn
     assert f"the job keeps its checkpoints in {tmp_path / 'own'}" in sup.output
 
 
+def test_a_job_with_its_own_directory_leaves_no_empty_one_and_is_said_once_per_run(
+    tmp_path: Path, spawn
+) -> None:
+    """The run's checkpoints/ the job never used is not left behind empty, and "the job keeps
+    its checkpoints in ..." is said once for the run, not again by the same command rerun."""
+    job = ("--", PY, "-c", CKPT_JOB, "own")
+    first = supervise(spawn, tmp_path, *job)
+    assert first.wait(60) == 0, first.output
+    [run_id] = runs(tmp_path)
+    run_dir = tmp_path / ".preemptible" / "runs" / run_id
+    assert not (run_dir / "checkpoints").exists(), sorted(p.name for p in run_dir.iterdir())
+    said = [line for line in first.lines if "keeps its checkpoints" in line]
+    assert len(said) == 1, first.output
+    again = supervise(spawn, tmp_path, *job)
+    assert again.wait(60) == 0, again.output
+    assert not any("keeps its checkpoints" in line for line in again.lines), again.output
+    assert not (run_dir / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("claimed", ["relative/dir", "/nonexistent/dir", "{own}/step-5.ckpt"])
 def test_a_checkpoint_dir_that_is_not_a_directory_is_not_trusted(
     claimed: str, tmp_path: Path, spawn

@@ -191,7 +191,7 @@ def test_gce_notice_trains_on_then_stops_before_the_deadline(
         exited = time.monotonic()
     lines = child.lines
     first = next(i for i, line in enumerate(lines) if "GCE" in line and "preempt" in line.lower())
-    stop = next(i for i, line in enumerate(lines) if "then stopping" in line)
+    stop = next(i for i, line in enumerate(lines) if re.search(r"at step \d+: .*stopping$", line))
     trained_on = [line for line in lines[first:stop] if line.startswith("step ")]
     assert len(trained_on) >= 3, f"training should go on in the window\n{child.output}"
     assert exited - noticed < WINDOW + 5, child.output
@@ -302,3 +302,27 @@ def test_under_preemptible_run_a_stop_is_preempted_and_the_restart_resumes_exact
     assert (first["state"], second["state"]) == ("PREEMPTED", "FINISHED"), (first, second)
     assert any("resumed from" in line and "checkpoint-" in line for line in sup.lines)
     assert same_weights(reference.weights(), tmp_path / "w.pt"), sup.output
+
+
+def test_a_rerun_of_a_finished_run_trains_nothing_and_keeps_its_results(
+    tmp_path: Path, spawn
+) -> None:
+    """The checkpoint found is the run's last step: the rerun exits 0 at once, with no step
+    past the end, no new checkpoint-N, and the first run's train_results.json left as it is
+    (the Trainer alone would train step 13 of 12 and write a one-step run's results). The
+    first run's log names the checkpoint it saved, not the temporary it was written in."""
+    out = tmp_path / "out"
+    info = {"TRANSFORMERS_VERBOSITY": "info"}
+    first = spawn(hf_args(out, "--save-steps", str(STEPS), "--results", "--resume"), env=info)
+    assert first.wait(180) == 0, first.output
+    # the Trainer's own line names the checkpoint as committed, not the temporary it writes
+    assert f"Saving model checkpoint to {out / f'checkpoint-{STEPS}'}" in first.output
+    assert ".tmp-" not in first.output, first.output
+    results = (out / "train_results.json").read_bytes()
+    assert checkpoints(out) == [f"checkpoint-{STEPS}"]
+    again = spawn(hf_args(out, "--save-steps", str(STEPS), "--results", "--resume"))
+    assert again.wait(180) == 0, again.output
+    assert f"step {STEPS + 1}" not in again.lines and "done" not in again.lines, again.output
+    assert f"{out / f'checkpoint-{STEPS}'} is of a finished run" in again.output
+    assert checkpoints(out) == [f"checkpoint-{STEPS}"] and temporaries(out) == []
+    assert (out / "train_results.json").read_bytes() == results

@@ -4,7 +4,10 @@ saves the final weights with ``--weights``.
 
     hf_train.py OUT [--steps N] [--save-steps N] [--workers N] [--sleep S] [--resume]
                     [--weights FILE] [--no-callback] [--jit] [--return] [--limit N]
-                    [--slow-at N] [--report mlflow|wandb]
+                    [--slow-at N] [--report mlflow|wandb] [--results]
+
+``--results``: after train(), what ``run_clm.py`` does: ``save_metrics("train", ...)``
+(``OUT/train_results.json``).
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ def main() -> int:
     p.add_argument("--no-callback", action="store_true")
     p.add_argument("--jit", action="store_true")
     p.add_argument("--return", dest="returns", action="store_true")
+    p.add_argument("--results", action="store_true")
     a = p.parse_args()
 
     config = GPT2Config(
@@ -133,10 +137,12 @@ def main() -> int:
     SlowSave.slow_at, SlowSave.slow_seconds = a.slow_at, a.slow_seconds
     trainer = SlowSave(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
     resume = get_last_checkpoint(a.out) if a.resume and os.path.isdir(a.out) else None
-    trainer.train(resume_from_checkpoint=resume)
+    result = trainer.train(resume_from_checkpoint=resume)
     if preemption is not None and preemption.stopped is not None:
         print(f"returned after a stop, exit code {preemption.exit_code}", flush=True)
         return preemption.exit_code or 0
+    if a.results:
+        trainer.save_metrics("train", result.metrics)
     if a.weights and trainer.is_world_process_zero():
         torch.save({k: v.clone() for k, v in model.state_dict().items()}, a.weights)
     print("done", flush=True)

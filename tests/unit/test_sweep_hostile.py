@@ -520,7 +520,7 @@ def test_a_grid_whose_runs_hold_too_many_values_in_all_is_refused() -> None:
 def test_sweep_create_refuses_a_huge_grid_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "spec.yaml"
     path.write_text(
-        "method: grid\nparameters:\n  a: {min: 0, max: 9007199254740992}\n"
+        "program: t.py\nmethod: grid\nparameters:\n  a: {min: 0, max: 9007199254740992}\n"
         "  b: {min: 0, max: 9007199254740992}\n"
     )
     started = time.monotonic()
@@ -560,7 +560,8 @@ def test_sweep_create_of_dev_zero_exits_2(tmp_path: Path) -> None:
     assert "regular file" in line
 
 
-# -- 7. duplicate keys ---------------------------------------------------------------------
+# -- 7. duplicate keys: the last wins, as in PyYAML (W&B's CLI), with a warning -----------------
+# (tests/unit/test_sweep_spec_as_written.py checks the warnings' words and lines)
 @pytest.mark.parametrize(
     ("name", "text", "key"),
     [
@@ -571,20 +572,29 @@ def test_sweep_create_of_dev_zero_exits_2(tmp_path: Path) -> None:
             "'lr'",
         ),
         ("c.yaml", "method: grid\nparameters: {x: {value: 1, value: 2}}\n", "'value'"),
-        ("d.json", '{"method": "grid", "method": "random", "parameters": {}}', "'method'"),
+        (
+            "d.json",
+            '{"method": "grid", "method": "random", "parameters": {"x": {"value": 1}}}',
+            "'method'",
+        ),
         ("e.json", '{"method": "grid", "parameters": {"x": {"value": 1, "value": 2}}}', "'value'"),
     ],
 )
-def test_a_duplicate_key_is_refused_naming_it(
+def test_a_duplicate_key_keeps_the_last_with_a_warning_naming_it(
     tmp_path: Path, name: str, text: str, key: str
 ) -> None:
     path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        load_spec(path)
-    message = str(info.value)
-    assert "\n" not in message and message.startswith(str(path)), message
-    assert f"duplicate key {key}" in message, message
+    path.write_text(text.replace('"method"', '"program": "t.py", "method"', 1))
+    if name.endswith(".yaml"):
+        path.write_text("program: t.py\n" + text)
+    s = load_spec(path)
+    assert [w for w in s.warnings if f"key {key} is written twice" in w], s.warnings
+    if key == "'method'":
+        assert s.method == "random"
+    elif key == "'lr'":
+        assert s.parameters["lr"].values == (2,)
+    else:
+        assert s.parameters["x"].value == 2
 
 
 def test_a_yaml_merge_may_still_be_overridden(tmp_path: Path) -> None:
@@ -822,7 +832,7 @@ def test_sweep_create_of_a_link_to_a_private_file_names_only_the_file(tmp_path: 
 def test_a_spec_with_mistakes_is_still_quoted(tmp_path: Path) -> None:
     """A document with a key of a spec is the user's spec: its keys and values are named."""
     cases = {
-        "method: grid\nmethod: random\n": "duplicate key 'method' (line 2, column 1)",
+        "method: grid\nmethod: randoms\nparameters: {x: {value: 1}}\n": "'randoms' is not valid",
         "method: hyperband\nparameters: {x: {value: 1}}\n": "method: 'hyperband' is not valid",
         "method: grid\nrun_caps: 3\n": "run_caps: not a sweep key",
         "method: grid\nparameters: {x: *nope}\n": "found undefined alias (line 2",

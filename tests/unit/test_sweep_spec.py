@@ -273,8 +273,8 @@ MACROS = "${env}, ${interpreter}, ${program}, ${args_json}, ${args_json_file}, $
         (param(min=True, max=3), "parameters.x.min: must be a number, not true/false"),
         (
             param(min="1e-5", max=0.1),
-            "parameters.x.min: must be a number, not text '1e-5' (YAML reads 1e-5 as text; "
-            "write it with a dot, e.g. 1.0e-5)",
+            "parameters.x.min: must be a number, not text '1e-5' (it is quoted, so it is "
+            "text; write the number without quotes)",
         ),
         (
             param(distribution="q_uniform", min=0, max=1, q=0),
@@ -488,11 +488,14 @@ def test_a_yaml_alias_bomb_is_refused_without_expanding_it(tmp_path: Path) -> No
 
 
 def _parse_or_one_line(data: object) -> SweepSpec | None:
+    """The spec, or None after checking the error is a line per problem, each naming the
+    source."""
     try:
         return parse_spec(data)
     except ConfigError as exc:
-        message = str(exc)
-        assert len(message.splitlines()) == 1 and message.startswith("spec: "), message
+        lines = str(exc).splitlines()
+        assert lines and all(line.startswith("spec: ") for line in lines), str(exc)
+        assert len(set(lines)) == len(lines), str(exc)
         return None
 
 
@@ -551,4 +554,5 @@ def test_any_file_gives_a_spec_or_one_line(
     try:
         load_spec(path)
     except ConfigError as exc:
-        assert len(str(exc).splitlines()) == 1, str(exc)
+        lines = str(exc).splitlines()
+        assert lines and all(line.startswith(f"{path}: ") for line in lines), str(exc)

@@ -47,6 +47,8 @@ def sweep_create(spec: Path, name: str | None, db: str | None) -> None:
         parsed = load_spec(spec)
         for key in parsed.ignored:
             click.echo(f"preemptible: {spec}: {key} is accepted and ignored", err=True)
+        for warning in parsed.warnings:
+            click.echo(f"preemptible: {spec}: warning: {warning}", err=True)
         with open_store(db) as store:
             seed = secrets.randbelow(2**31)
             sweep_id = store.create_sweep(

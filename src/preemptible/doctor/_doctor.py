@@ -22,11 +22,10 @@ from pathlib import Path
 from .._env import env_float, env_str
 from .._errors import ConfigError
 from ..stop._latch import DEFAULT_SIGNALS
+from ..stop._launcher import SHELLS, unforwarding_parent
 from ..stop._signals import KEEP_IGNORED
 from ._check import INFO, OK, WARN, Check
 from ._slurm import _read_slurm, _Slurm, _slurm_end, _slurm_job, _slurm_kill
-
-SHELLS = {"sh", "bash", "dash", "zsh", "ash", "ksh"}
 
 
 def _platform() -> tuple[Check, str]:
@@ -214,6 +213,32 @@ def _pid1() -> Check:
     return Check("pid 1", OK, f"PID 1 is {comm}" + (" (in a container)" if container else ""))
 
 
+def _launcher() -> Check:
+    """Whether a stop signal reaches training through the launcher (``stop/_launcher.py``)."""
+    if env_str("PREEMPTIBLE_RUN_ID"):
+        return Check(
+            "launcher",
+            OK,
+            "under preemptible run: a stop signal reaches the job's whole process group, "
+            "whatever launcher the job uses",
+        )
+    fix = "run the program under `preemptible run -- ...` (e.g. preemptible run -- accelerate "
+    fix += "launch train.py), which signals the whole process group"
+    found = unforwarding_parent()
+    if found is not None:
+        return Check(
+            "launcher", WARN, f"started by {found.name} (pid {found.pid}): {found.why}", fix
+        )
+    return Check(
+        "launcher",
+        INFO,
+        "torchrun, srun and accelerate launch --multi_gpu pass a stop signal on to training; "
+        "accelerate launch without --multi_gpu (also --cpu --num_processes N) and a shell "
+        "running the program among other commands do not",
+        fix.replace("run the program", "with those, run the program", 1),
+    )
+
+
 def _nccl() -> Check | None:
     distributed = any(env_str(v) for v in ("WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS"))
     if not distributed and shutil.which("nvidia-smi") is None:
@@ -388,6 +413,7 @@ def diagnose() -> list[Check]:
         *_run("notices", lambda: _notices(platform, slurm)),
         *_run("signals", _signals),
         *_run("pid 1", _pid1),
+        *_run("launcher", _launcher),
         *([bad_job] if bad_job else _run("slurm", lambda: _slurm_job(slurm))),
         *_run("nccl", _nccl),
         *_run("term-timeout", lambda: _term_timeout(platform, slurm)),

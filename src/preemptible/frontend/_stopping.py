@@ -156,13 +156,21 @@ class Stopping:
         self.stopping = True
         saved = self.saves.of(self._at) if ranks is None else None
         first = agreed or ctl.requests.first_stop()
-        logger.warning(
-            "preemptible: %s: %s %s at step %d, then stopping",
-            first.source if first is not None else "stop",
-            "saving" if saved is None else "already saved",
-            self.saver.target(self.step) if saved is None else saved,
-            self.step,
-        )
+        source = first.source if first is not None else "stop"
+        if saved is None:
+            logger.warning(
+                "preemptible: %s at step %d: saving %s, then stopping",
+                source,
+                self.step,
+                self.saver.target(self.step),
+            )
+        else:  # this step's checkpoint was committed just before (a periodic save, the Trainer's)
+            logger.warning(
+                "preemptible: %s at step %d: this step's checkpoint %s is committed; stopping",
+                source,
+                self.step,
+                saved,
+            )
         notice, path = ctl.finish(
             step=self.step,
             save=lambda: self._save(context, reuse=ranks is not None),

@@ -25,6 +25,14 @@ class Resumes:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._named: tuple[int, Path] | None = None  # (step, path) the record named
+        self._said: Path | None = None  # the job's own directory, said once per run
+
+    def said_before(self, record: RunRecord) -> None:
+        """An earlier ``preemptible run`` of this run ended with ``record``: the directory it
+        names was said then, and is not said again by this one (once per run, not per rerun
+        of the command)."""
+        if record.checkpoint_dir is not None:
+            self._said = Path(record.checkpoint_dir).resolve()
 
     def target(self) -> Path | None:
         """The checkpoint the next attempt resumes from: the newest ``step-N.ckpt`` of the
@@ -61,7 +69,11 @@ class Resumes:
             return
         if where.resolve() == self.directory.resolve():
             return  # the same directory (--checkpoint-dir ckpt, the job's ckpt/)
-        logger.info(
-            "preemptible: the job keeps its checkpoints in %s, not in %s", where, self.directory
-        )
+        if where.resolve() != self._said:
+            self._said = where.resolve()
+            logger.info(
+                "preemptible: the job keeps its checkpoints in %s, not in %s",
+                where,
+                self.directory,
+            )
         self.directory = where

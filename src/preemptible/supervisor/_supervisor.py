@@ -123,6 +123,7 @@ class Supervisor:
         self._lock_fd = -1
         self._exit_code: int | None = None
         self.containment: Containment | None = None
+        self._made_checkpoint_dir = False  # by _prepare: removed at the end when left empty
 
     @property
     def signals(self) -> list[Received]:
@@ -197,8 +198,17 @@ class Supervisor:
             self.forwarding.uninstall()
             self._heartbeat_final()
             self.files.remove_pid()
+            self._drop_unused_checkpoint_dir()
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)  # releases the run's lock
+
+    def _drop_unused_checkpoint_dir(self) -> None:
+        """The checkpoint directory this run made for its attempts, left empty (the job keeps
+        its checkpoints in a directory of its own, a Trainer's output_dir): removed, so that
+        it does not look like a run whose checkpoints were lost. A rerun makes it again."""
+        if self._made_checkpoint_dir:
+            with contextlib.suppress(OSError):
+                self.checkpoint_dir.rmdir()  # only an empty directory
 
     def _prepare(self) -> None:
         """Everything that can fail on bad input, before any job starts: one line each."""
@@ -213,8 +223,12 @@ class Supervisor:
         # the attempts are told this directory (PREEMPTIBLE_CHECKPOINT_DIR): it exists when
         # they start, as it always has; made here, on purpose, not by the resume lookup, which
         # only reads. One that cannot be made is the job's to report, with its own message.
+        self._made_checkpoint_dir = not self.checkpoint_dir.exists()
         with contextlib.suppress(OSError):
             self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        earlier = self.paths.attempt_numbers()
+        if earlier:  # a rerun of the command: what the run's last attempt said is known
+            self.resumes.said_before(load_record(self.paths.attempt(max(earlier))))
         self.containment = choose()
         if self.containment.parent is not None:
             remove_stale(self.containment.parent)

@@ -9,7 +9,9 @@ the Trainer wrote once it is complete:
   (and ``should_training_stop`` for a stop). Whenever a save of this step is coming (ours or the
   Trainer's own ``save_steps``/epoch/best), ``args.output_dir`` points for that save at a
   temporary directory of the checkpoint store (``.tmp-checkpoint-N....``), a name that neither
-  ``get_last_checkpoint`` nor the Trainer's rotation matches.
+  ``get_last_checkpoint`` nor the Trainer's rotation matches. The Trainer's own log lines of
+  that save (``Saving model checkpoint to ...``) name the ``checkpoint-N`` it is committed as
+  (``_FinalPaths``): the temporary is an implementation detail a user never finds on disk.
 - ``on_save``: the Trainer's ``checkpoint-N`` is complete in the temporary; the session commits
   it as ``output_dir/checkpoint-N`` (fsync, rename, fsync of the directory), then the Trainer's
   retention (``save_total_limit``, the best checkpoint kept) runs over committed ones only.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,6 +56,40 @@ _ARGS_FILE = "training_args.bin"
 _STATE_FILE = "trainer_state.json"
 
 
+# the loggers of transformers that name the directory of a save as they write it
+_SAVE_LOGGERS = (
+    "transformers.trainer",
+    "transformers.modeling_utils",
+    "transformers.configuration_utils",
+    "transformers.generation.configuration_utils",
+    "transformers.tokenization_utils_base",
+    "transformers.processing_utils",
+)
+
+
+class _FinalPaths(logging.Filter):
+    """While the Trainer saves into a temporary of the store, its log lines name the path the
+    save is committed to (``output_dir/checkpoint-N``) instead of the temporary's. A filter of
+    the loggers themselves, so that it applies whatever handlers the program set up."""
+
+    def __init__(self, temporary: str, final: str) -> None:
+        super().__init__()
+        self.temporary, self.final = temporary, final
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and self.temporary in record.msg:
+            record.msg = record.msg.replace(self.temporary, self.final)
+        return True
+
+    def attach(self) -> None:
+        for name in _SAVE_LOGGERS:
+            logging.getLogger(name).addFilter(self)
+
+    def detach(self) -> None:
+        for name in _SAVE_LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+
+
 @dataclasses.dataclass
 class _Staged:
     """A save of the Trainer's that writes into a temporary of the store."""
@@ -60,6 +97,7 @@ class _Staged:
     output_dir: str  # the user's output_dir, put back after the save
     step: int
     started: float  # time.monotonic() when the save was asked for
+    paths: _FinalPaths  # the Trainer's log lines of the save name output_dir
 
 
 class PreemptionCallback(TrainerCallback):
@@ -142,13 +180,7 @@ class PreemptionCallback(TrainerCallback):
                 found if found.is_dir() else found.parent, step=state.global_step, resumed=True
             )
             if state.max_steps and state.global_step >= state.max_steps:
-                logger.warning(
-                    "preemptible: %s is of a finished run (step %d of %d); the Trainer trains "
-                    "one step past it when resumed: load the model from it instead",
-                    found.name,
-                    state.global_step,
-                    state.max_steps,
-                )
+                self._finished_already(found, state)
         elif newest := _newest_checkpoint(saver):
             logger.warning(
                 "preemptible: training starts at step 0, but %s holds %s: to go on from it, "
@@ -156,6 +188,38 @@ class PreemptionCallback(TrainerCallback):
                 args.output_dir,
                 newest,
             )
+
+    def _finished_already(self, found: Path, state: Any) -> None:
+        """The checkpoint resumed is the run's last step: a rerun of a finished run trains
+        nothing. The Trainer would train one step past ``max_steps`` (its loop checks for the
+        end only after a step), save it and return a one-step run, whose metrics the program
+        then writes over its results (``train_results.json``); no callback can skip that
+        step, so the run ends here, as a run that finished (exit 0), and the program's code
+        after ``train()`` does not run: its results are the finished run's. With
+        ``exit=False`` (``train()`` must return) only the warning is left."""
+        session = self.session
+        assert session is not None
+        if self._config.exit_fn == self._returned:
+            logger.warning(
+                "preemptible: %s is of a finished run (step %d of %d); the Trainer trains one "
+                "step past it when resumed, as exit=False lets train() go on: load the model "
+                "from it instead",
+                found.name,
+                state.global_step,
+                state.max_steps,
+            )
+            return
+        session.finished(step=state.global_step, tell_tracker=not self._auto_tracker, commit=False)
+        session.close()
+        logger.warning(
+            "preemptible: step %d of %d is trained already: exiting 0 before train() trains "
+            "past it (the code after train() does not run; the run's results stay as they are)",
+            state.global_step,
+            state.max_steps,
+        )
+        self.exit_code = 0
+        exit_fn = self._config.exit_fn or sys.exit
+        exit_fn(0)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._unstage(args)  # a save that was possible (the best one) and did not come
@@ -260,8 +324,10 @@ class PreemptionCallback(TrainerCallback):
         if not (control.should_save or best) or self._staged is not None:
             return
         parent = self._saver().stage(state.global_step)
-        self._staged = _Staged(args.output_dir, state.global_step, time.monotonic())
+        paths = _FinalPaths(str(parent), args.output_dir)
+        self._staged = _Staged(args.output_dir, state.global_step, time.monotonic(), paths)
         args.output_dir = str(parent)
+        paths.attach()
 
     def _unstage(self, args: Any, *, discard: bool = True) -> None:
         """Put ``output_dir`` back; ``discard``: the save did not come, drop its temporary."""
@@ -269,6 +335,7 @@ class PreemptionCallback(TrainerCallback):
         if staged is None:
             return
         args.output_dir = staged.output_dir
+        staged.paths.detach()
         if discard:
             self._saver().discard()
 

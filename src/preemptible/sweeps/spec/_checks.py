@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from ..._text import short_repr
 from ._command import DEFAULT_COMMAND, macro_problem, uses_macro
-from ._fail import _fail, _is_spec, _key, _what, finite_number, kind_of
+from ._fail import _fail, _is_spec, _key, _soft, _what, finite_number, kind_of
 from ._hyperband import early_terminate_problem
 from ._model import (
     CONTROLLER_TYPES,
@@ -27,6 +27,7 @@ from ._model import (
     Goal,
     Method,
     Metric,
+    ParamSpec,
     SweepSpec,
 )
 from ._params import _check_grid, _check_grid_size, _parameters
@@ -43,65 +44,92 @@ def _parse(data: object) -> SweepSpec:
     if not _is_spec(data):  # nor is a mapping without one key of a spec: its keys are not named
         _fail("", f"a spec is a mapping of keys ({', '.join(TOP_KEYS)}); this one has none of them")
     raw = cast(dict[str, Any], _plain(data, "", 0, [0]))
+    # each key is checked on its own, so that all the problems of a file are reported at once
+    # (see _fail._soft); a check that needs another key's value runs only once that is valid
     for key in raw:
         if key not in TOP_KEYS and key not in WANDB_IGNORED and key != WANDB_CONTROLLER:
-            _fail(_key(key), f"not a sweep key; valid: {', '.join(_ALL_TOP_KEYS)}")
+            _soft(_fail, _key(key), f"not a sweep key; valid: {', '.join(_ALL_TOP_KEYS)}")
     ignored = [key for key in WANDB_IGNORED if key in raw]
     for key in ("description", "project", "entity"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
-            _fail(key, f"must be text, not {_what(raw[key])}")
+            _soft(_fail, key, f"must be text, not {_what(raw[key])}")
     if raw.get("early_terminate") is not None:  # checked here; the agent's judge acts on it
         problem = early_terminate_problem(raw["early_terminate"])
         if problem is not None:
-            _fail("", problem)  # the line names its own key path: early_terminate.eta: ...
+            _soft(_fail, "", problem)  # the line names its own key path: early_terminate.eta: ...
 
-    _controller(raw.get(WANDB_CONTROLLER), ignored)
-    method = raw.get("method")
-    if method is None:
-        _fail("method", f"required; valid: {', '.join(METHODS)}")
-    if method not in METHODS:
-        _fail("method", f"{short_repr(method)} is not valid; valid: {', '.join(METHODS)}")
-    if raw.get("parameters") is None:
-        _fail("parameters", "required: the parameters to sweep, e.g. {lr: {min: 0.0001, max: 0.1}}")
-    parameters = _parameters("parameters", raw["parameters"], 0)
-    metric = _metric(raw.get("metric"), ignored)
-    if metric is None and raw.get("early_terminate") is not None:
-        _fail("metric", "required for early_terminate, e.g. {name: val_loss, goal: minimize}")
-    if metric is None and method == "bayes":
-        _fail("metric", "required for method bayes, e.g. {name: val_loss, goal: minimize}")
-    run_cap = _count(raw, "run_cap", None, minimum=1)
-    if method == "grid":
-        parameters = _check_grid(parameters, "parameters", ignored)
-        _check_grid_size(parameters, run_cap)
+    _soft(_controller, raw.get(WANDB_CONTROLLER), ignored)
+    method = _soft(_method, raw.get("method"))
+    parameters = _soft(_parameters_of, raw)
+    metric = _soft(_metric, raw.get("metric"), ignored)
+    if raw.get("metric") is None:
+        if raw.get("early_terminate") is not None:
+            _soft(
+                _fail,
+                "metric",
+                "required for early_terminate, e.g. {name: val_loss, goal: minimize}",
+            )
+        if method == "bayes":
+            _soft(
+                _fail, "metric", "required for method bayes, e.g. {name: val_loss, goal: minimize}"
+            )
+    run_cap = _soft(_count, raw, "run_cap", None, 1)
+    if method == "grid" and parameters is not None:
+        grid = _soft(_check_grid, parameters, "parameters", ignored)
+        if grid is not None:
+            parameters = grid
+            if raw.get("run_cap") is None or run_cap is not None:  # against a valid run_cap
+                _soft(_check_grid_size, grid, run_cap)
 
     program = raw.get("program")
     if program is not None and (not isinstance(program, str) or not program):
-        _fail("program", f"must be the path of the program to run, not {_what(program)}")
-    command = _command(raw.get("command"))
-    if uses_macro(command, "program") and program is None:
+        _soft(_fail, "program", f"must be the path of the program to run, not {_what(program)}")
+    command = _soft(_command, raw.get("command"))
+    if command is not None and uses_macro(command, "program") and program is None:
         default = (
             ""
             if raw.get("command") is not None
             else " (the default command, ${env} ${interpreter} ${program} ${args})"
         )
-        _fail("program", f"required: the command{default} uses ${{program}}")
+        _soft(_fail, "program", f"required: the command{default} uses ${{program}}")
+    max_failures = _soft(_count, raw, "max_failures", DEFAULT_MAX_FAILURES, 0)
+    max_preemptions = _soft(_count, raw, "max_preemptions", DEFAULT_MAX_PREEMPTIONS, 0)
+    term_timeout = _soft(_term_timeout, raw.get("term_timeout"))
+    name = _soft(_name, raw.get("name"))
 
     return SweepSpec(
         program=program,
-        command=command,
+        command=cast(tuple[str, ...], command),
         method=cast(Method, method),
         metric=metric,
-        parameters=parameters,
+        parameters=cast(Mapping[str, Any], parameters),
         run_cap=run_cap,
-        max_failures=cast(int, _count(raw, "max_failures", DEFAULT_MAX_FAILURES, minimum=0)),
-        max_preemptions=cast(
-            int, _count(raw, "max_preemptions", DEFAULT_MAX_PREEMPTIONS, minimum=0)
-        ),
-        term_timeout=_term_timeout(raw.get("term_timeout")),
-        name=_name(raw.get("name")),
+        max_failures=cast(int, max_failures),
+        max_preemptions=cast(int, max_preemptions),
+        term_timeout=term_timeout,
+        name=name,
         raw=raw,
         ignored=tuple(ignored),
     )
+
+
+def _method(method: object) -> str:
+    if method is None:
+        _fail("method", f"required; valid: {', '.join(METHODS)}")
+    if method not in METHODS:
+        _fail("method", f"{short_repr(method)} is not valid; valid: {', '.join(METHODS)}")
+    return cast(str, method)
+
+
+def _parameters_of(raw: dict[str, Any]) -> Mapping[str, ParamSpec]:
+    if "parameters" not in raw:
+        _fail("parameters", "required: the parameters to sweep, e.g. {lr: {min: 0.0001, max: 0.1}}")
+    if raw["parameters"] is None:  # the key with nothing under it (or only comments)
+        _fail(
+            "parameters",
+            "is empty; list the parameters to sweep under it, e.g. {lr: {min: 0.0001, max: 0.1}}",
+        )
+    return _parameters("parameters", raw["parameters"], 0)
 
 
 def _controller(data: object, ignored: list[str]) -> None:
@@ -181,7 +209,7 @@ def _command(data: object) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _count(raw: dict[str, Any], key: str, default: int | None, *, minimum: int) -> int | None:
+def _count(raw: dict[str, Any], key: str, default: int | None, minimum: int) -> int | None:
     value = raw.get(key)
     if value is None:
         return default

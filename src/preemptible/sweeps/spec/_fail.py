@@ -1,5 +1,12 @@
-"""The words of the spec's errors: ``_fail`` and its exception, and how a value is named in
-a message without quoting a file that is not a spec (see ``_spec``)."""
+"""The words of the spec's errors: ``_fail`` and its exception, how a value is named in a
+message without quoting a file that is not a spec (see ``_spec``), and how the problems of one
+file are gathered into one error.
+
+A check raises at the first problem of the thing it checks (a parameter, a top-level key),
+because what follows may make no sense once that is wrong; ``_soft`` runs such a check and,
+inside ``_checked``, notes its problem and carries on with the next thing, so that a file with
+nine mistakes is answered with nine lines rather than nine attempts. ``_warn`` notes something
+accepted but doubtful (a form W&B deprecates), for the caller to show."""
 
 from __future__ import annotations
 
@@ -7,7 +14,8 @@ import math
 import numbers
 import re
 from collections.abc import Callable, Mapping
-from typing import NoReturn, TypeVar
+from contextvars import ContextVar
+from typing import Any, NoReturn, TypeVar, cast
 
 from ..._errors import ConfigError
 from ..._text import short_repr
@@ -19,7 +27,7 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class _Invalid(Exception):
-    """A problem a check found (``_fail``); ``_checked`` makes it one ConfigError line."""
+    """A problem a check found (``_fail``); ``_checked`` makes it a line of its ConfigError."""
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(path, problem)
@@ -31,21 +39,63 @@ def _fail(path: str, problem: str) -> NoReturn:
     raise _Invalid(path, problem)
 
 
-def _checked(check: Callable[[object], T], data: object, source: str) -> T:
-    """``check(data)``, with the problem it finds raised as one ConfigError line that names
-    ``source`` and the key path."""
+class _Notes:
+    """What one ``_checked`` call found: the problems ``_soft`` carried on past, and warnings."""
+
+    def __init__(self) -> None:
+        self.problems: list[_Invalid] = []
+        self.warnings: list[str] = []
+
+
+_NOTES: ContextVar[_Notes | None] = ContextVar("sweep_spec_notes", default=None)
+
+
+def _soft(check: Callable[..., T], *args: Any) -> T | None:
+    """``check(*args)``; inside ``_checked``, a problem it finds is noted and None returned,
+    so that the caller goes on to check the next thing (outside, the problem is raised)."""
+    notes = _NOTES.get()
     try:
-        return check(data)
+        return check(*args)
     except _Invalid as exc:
-        where = f"{exc.path}: " if exc.path else ""
-        raise ConfigError(f"{_clean(source)}: {where}{exc.problem}") from None
+        if notes is None:
+            raise
+        notes.problems.append(exc)
+        return None
+
+
+def _warn(path: str, text: str) -> None:
+    """Note something accepted but doubtful (outside ``_checked``, nothing is noted)."""
+    notes = _NOTES.get()
+    if notes is not None:
+        notes.warnings.append(f"{path}: {text}" if path else text)
+
+
+def _checked(check: Callable[[object], T], data: object, source: str) -> tuple[T, list[str]]:
+    """``check(data)`` and the warnings it noted. Every problem found is raised as one
+    ConfigError, a line per problem, each naming ``source`` and the key path."""
+    notes = _Notes()
+    token = _NOTES.set(notes)
+    result: T | None = None
+    try:
+        result = check(data)
+    except _Invalid as exc:
+        notes.problems.append(exc)
+    finally:
+        _NOTES.reset(token)
+    if notes.problems:
+        lines = []
+        for problem in notes.problems:
+            where = f"{problem.path}: " if problem.path else ""
+            lines.append(f"{_clean(source)}: {where}{problem.problem}")
+        raise ConfigError("\n".join(lines)) from None
+    return cast(T, result), notes.warnings
 
 
 def _number(path: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         hint = ""
         if isinstance(value, str) and _looks_like_float(value):
-            hint = f" (YAML reads {value} as text; write it with a dot, e.g. 1.0e-5)"
+            hint = " (it is quoted, so it is text; write the number without quotes)"
         _fail(path, f"must be a number, not {_what(value)}{hint}")
     return value
 

@@ -8,7 +8,7 @@ import functools
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal, cast
 
@@ -205,6 +205,9 @@ class SweepSpec:
     name: str | None
     raw: Mapping[str, Any]
     ignored: tuple[str, ...] = ()  # W&B keys accepted without effect, as key paths
+    # what was accepted but is doubtful (a deprecated form, a number YAML read as text), one
+    # line each naming its key path; not part of the spec itself, so not compared
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def grid_size(self) -> int | None:
         """The number of grid points, or None when the method is not grid."""

@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from ..._text import short_repr
-from ._fail import _fail, _integer, _key, _number, _what
+from ._fail import _fail, _integer, _key, _number, _soft, _warn, _what
 from ._model import (
     BETAS,
     DISTRIBUTIONS,
@@ -31,6 +31,12 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")  # W&B's pattern for parameter n
 _MAX_NESTING = 16  # of nested parameter groups
 _MAX_INT = 2**53  # integers beyond this are not exact as floats, which Optuna and JSON use
 _EXACT_DIGITS = 60  # a grid size up to this many digits is named exactly, else as 10^N
+# the natural-log forms W&B deprecates, and what it says to use instead
+_DEPRECATED = {
+    "log_uniform": "log_uniform_values",
+    "q_log_uniform": "q_log_uniform_values",
+    "inv_log_uniform": "inv_log_uniform_values",
+}
 _EXP_LIMIT = 700.0  # math.exp overflows above ~709.78
 _Z_RANGE = 10.0  # normal draws are kept within mu +- 10 sigma (see _sample.Z_MAX)
 
@@ -43,15 +49,19 @@ def _parameters(path: str, data: object, depth: int) -> Mapping[str, ParamSpec]:
     if not data:
         _fail(path, "must name at least one parameter")
     out: dict[str, ParamSpec] = {}
-    for name, spec in data.items():
+    for name, spec in data.items():  # each on its own: all their problems are reported
         where = f"{path}.{_key(name)}"
         if not _NAME.fullmatch(name):
-            _fail(
+            _soft(
+                _fail,
                 where,
                 "not a valid parameter name; use letters, digits, '_', '.' and '-', "
                 "starting with a letter or '_'",
             )
-        out[name] = _parameter(where, spec, depth)
+            continue
+        param = _soft(_parameter, where, spec, depth)
+        if param is not None:
+            out[name] = param
     return MappingProxyType(out)
 
 
@@ -81,6 +91,12 @@ def _parameter(path: str, data: object, depth: int) -> ParamSpec:
         _fail(
             f"{path}.distribution",
             f"{short_repr(dist)} is not valid; valid: {', '.join(DISTRIBUTIONS)}",
+        )
+    if dist in _DEPRECATED:  # W&B's words (its sweeps' config/schema.py)
+        _warn(
+            path,
+            f"uses {dist}, where min/max specify base-e exponents. Use {_DEPRECATED[dist]} to "
+            "specify limit values.",
         )
     keys = DISTRIBUTIONS[dist]
     for key in data:

@@ -12,8 +12,13 @@ checked as W&B checks it and ignored the same way (the queue is the controller).
 listed twice in ``values`` is drawn twice as often by random and bayes, and run once by a
 grid, as in W&B.
 
-Every problem is one ``ConfigError`` line that names the key path, e.g.
-``spec.yaml: parameters.lr.distribution: 'lognormal' is not valid; valid: constant, ...``.
+Every problem is one line of the ``ConfigError`` that names the key path, e.g.
+``spec.yaml: parameters.lr.distribution: 'lognormal' is not valid; valid: constant, ...``;
+all the problems of a file are reported at once, a line each (one per parameter and per
+top-level key: the first problem of each). What W&B runs but flags is accepted with a line in
+``SweepSpec.warnings``: a number YAML 1.1 reads as text (``1e-6``) is the number it spells, a
+key written twice keeps its last value (as PyYAML, which W&B's CLI uses), and the natural-log
+distributions (``log_uniform`` with base-e bounds) carry W&B's deprecation warning.
 The input is checked to be plain JSON data first (YAML can also give dates, sets and binary),
 so that ``raw`` can be stored in the queue and parsed again to the same spec by every agent.
 
@@ -25,6 +30,7 @@ stripped of the text it quotes. Values are quoted only from a document that is a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -36,11 +42,16 @@ from ._model import SweepSpec
 
 def load_spec(path: str | os.PathLike[str]) -> SweepSpec:
     """Read a spec from a YAML file (``yaml.safe_load``), or JSON when it ends in .json: a
-    regular file of at most 1 MiB, with no key written twice in one mapping."""
+    regular file of at most 1 MiB. What the file's syntax made doubtful (a key written twice,
+    ``1e-6`` read as text) comes first in ``warnings``."""
     source = _clean(str(path))
-    return parse_spec(load_data(Path(path), source), source=source)
+    data, warnings = load_data(Path(path), source)
+    spec = parse_spec(data, source=source)
+    return dataclasses.replace(spec, warnings=(*warnings, *spec.warnings))
 
 
 def parse_spec(data: object, *, source: str = "spec") -> SweepSpec:
-    """Validate ``data`` (the loaded YAML/JSON mapping); raise ConfigError with one line."""
-    return _checked(_parse, data, source)
+    """Validate ``data`` (the loaded YAML/JSON mapping); raise ConfigError with a line per
+    problem."""
+    spec, warnings = _checked(_parse, data, source)
+    return dataclasses.replace(spec, warnings=tuple(warnings)) if warnings else spec

@@ -1,0 +1,124 @@
+"""Whether the process that started this one passes a stop signal on.
+
+A stop signal is usually sent to one process: the one a platform started (a container's PID 1,
+a pod's main process), or the one a person or a script names (``kill PID``). When that is a
+launcher and training runs in its child, the child hears of the stop only if the launcher
+passes the signal on. What was seen on real processes (tests/integration/test_launchers.py):
+
+- ``torchrun`` (and ``accelerate launch --multi_gpu``, which runs torch's elastic agent in its
+  own process) sends the signal on to every worker, then exits 1 with a traceback.
+- ``accelerate launch`` without ``--multi_gpu`` (``--cpu`` with any ``--num_processes``, or one
+  process) uses its "simple launcher": ``subprocess.Popen`` and ``wait``, nothing else. SIGTERM
+  ends the launcher at once (143) and the trainer goes on as an orphan, to the end, without a
+  stop checkpoint; a shell or a scheduler sees 143, which reads as "checkpoint committed".
+- A shell that runs the program as one of several commands (``sh -c "python train.py; ..."``)
+  waits for it and does not pass a signal on either; a shell that is a container's PID 1 gets
+  ``docker stop``'s and Kubernetes' SIGTERM, and the program never does.
+
+``preemptible run -- LAUNCHER ...`` signals the job's whole process group, so training gets the
+signal whatever the launcher does. Only what can be told for sure is reported: the parent's
+command line (``/proc``) and torch's elastic agent's environment (``TORCHELASTIC_RUN_ID``,
+which every worker of torchrun and of accelerate's multi-process launcher has).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger("preemptible")
+
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
+_RUN_ENV = "PREEMPTIBLE_RUN_ID"  # set by `preemptible run` for its attempts
+_ELASTIC_ENV = "TORCHELASTIC_RUN_ID"  # set by torch's elastic agent for its workers
+_said = False
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """The parent process, which does not pass a stop signal on to this one."""
+
+    pid: int
+    name: str  # what it is, for a person: "accelerate launch", "sh (PID 1)"
+    why: str  # what happens to a signal sent to it
+
+
+def unforwarding_parent() -> Launcher | None:
+    """The parent of this process when it is known not to pass a stop signal on, and nothing
+    passes it on in its place (``preemptible run`` signals the whole group); else None."""
+    if os.environ.get(_RUN_ENV):
+        return None
+    ppid = os.getppid()
+    argv = _cmdline(ppid)
+    if argv is None:
+        return None
+    if _is_accelerate_launch(argv) and not os.environ.get(_ELASTIC_ENV):
+        return Launcher(
+            ppid,
+            "accelerate launch",
+            "its simple launcher (no --multi_gpu; --cpu with any --num_processes) ends on "
+            "SIGTERM without passing it on, and training goes on without a stop checkpoint",
+        )
+    if ppid == 1 and _comm(1) in SHELLS:
+        return Launcher(
+            ppid,
+            f"{_comm(1)} (PID 1)",
+            "a shell as a container's PID 1 does not pass docker stop's or Kubernetes' SIGTERM on",
+        )
+    return None
+
+
+def warn_if_unforwarded() -> None:
+    """A one-line warning, once per process, when the parent will not pass a stop on."""
+    global _said
+    if _said:
+        return
+    _said = True
+    try:
+        found = unforwarding_parent()
+    except Exception:  # a look at /proc must never keep training from starting
+        return
+    if found is not None:
+        logger.warning(
+            "preemptible: started by %s (pid %d): %s; run it under `preemptible run -- ...`, "
+            "which signals the whole process group",
+            found.name,
+            found.pid,
+            found.why,
+        )
+
+
+def _is_accelerate_launch(argv: list[str]) -> bool:
+    """``accelerate launch ...``, ``accelerate-launch ...`` or ``python -m
+    accelerate.commands.launch ...``: the program run, after its interpreter if any."""
+    if argv and Path(argv[0]).name.startswith("python"):
+        argv = argv[1:]  # the console script's interpreter
+    if not argv:
+        return False
+    program = Path(argv[0]).name
+    if program == "accelerate-launch":
+        return True
+    if program == "accelerate":
+        return argv[1:2] == ["launch"]
+    if argv[0] == "-m" and len(argv) > 1:
+        module, rest = argv[1], argv[2:3]
+        cli = module in ("accelerate", "accelerate.commands.accelerate_cli")
+        return module == "accelerate.commands.launch" or (cli and rest == ["launch"])
+    return False
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
