@@ -38,8 +38,8 @@ from .._errors import (
     ConfigError,
     PreemptibleError,
 )
+from ..checkpoint._payload import capture_rng, restore_rng
 from ..checkpoint._savers import BaseSaver, NamedSaver, PayloadSaver, Saved, SaveFnSaver, Saver
-from ..checkpoint._state import capture_rng, restore_rng
 from ..checkpoint._store import Checkpoint, CheckpointStore
 from ..distributed._savers import RankZeroSaver, ShardedSaver
 from ..distributed._staged import StagedSaver
