@@ -4,10 +4,11 @@ A front end (``PreemptionCheckpointHandler``, the Lightning callback, one for a 
 your own) tells the kit two things: *where its boundaries are* and *how to save*. It creates a
 ``StopSession`` with a ``Saver``, calls ``start()``, then ``at_boundary(Phase.STEP, step=...)``
 after every training step (``Phase.EVALUATION`` after an evaluation batch, ``Phase.END`` when
-training is over) and ``finished()`` when it ends. The session owns everything else, once:
-the signal latch and platform notices, the grace policy (insurance checkpoints, the last safe
-step), periodic saves, the agreement of every rank under torch.distributed, the directory lock,
-the run record, the tracker's one finalization, the exit code and the exit.
+training is over) and ``finished()`` when it ends. The session does the rest: the signal
+latch and platform notices, the grace policy (insurance checkpoints, the last safe step),
+periodic saves, the agreement of every rank under torch.distributed, the directory lock, the
+run record; a stop goes through its stop sequence (``_sequence.py``: save, record,
+acknowledge, tracker, exit).
 
 Savers:
 
