@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from .. import _report, _run
 from .._errors import PreemptibleError
@@ -47,6 +47,19 @@ from ._sequence import GivenFrontEnd, StopSequence
 logger = logging.getLogger("preemptible")
 
 
+T = TypeVar("T")
+
+
+class _OfSequence(Generic[T]):
+    """An attribute of the session that its stop sequence holds (read here, held once)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, session: StopSession, owner: type | None = None) -> T:
+        return cast(T, getattr(session.sequence, self.name))
+
+
 class StopSession:
     """The stop path of one run of a front end. See the module docstring.
 
@@ -58,6 +71,15 @@ class StopSession:
     front end's own last words (silence a framework's loggers; flush). The three are the
     stop sequence's ``FrontEnd``.
     """
+
+    # the stop sequence's: the ranks under torch.distributed (after ``start()``), their
+    # agreement, the exit code (None: 128 + signum, 143 for a notice), whether the stop's save
+    # is under way or done (``stopping``), whether the run stopped
+    ranks: _OfSequence[Ranks | None] = _OfSequence()
+    agreement: _OfSequence[StopAgreement | None] = _OfSequence()
+    exit_code: _OfSequence[int | None] = _OfSequence()
+    stopping: _OfSequence[bool] = _OfSequence()
+    stopped: _OfSequence[bool] = _OfSequence()
 
     def __init__(
         self,
@@ -182,29 +204,6 @@ class StopSession:
     def is_zero(self) -> bool:
         ranks = self.sequence.ranks
         return ranks.is_zero if ranks is not None else is_rank_zero()
-
-    @property
-    def ranks(self) -> Ranks | None:
-        """The process group's ranks under torch.distributed (after ``start()``)."""
-        return self.sequence.ranks
-
-    @property
-    def agreement(self) -> StopAgreement | None:
-        return self.sequence.agreement
-
-    @property
-    def exit_code(self) -> int | None:
-        """The code a stop exits with (None: 128 + signum, 143 for a notice)."""
-        return self.sequence.exit_code
-
-    @property
-    def stopping(self) -> bool:
-        """The stop's save is under way or done."""
-        return self.sequence.stopping
-
-    @property
-    def stopped(self) -> bool:
-        return self.sequence.stopped
 
     @property
     def pending(self) -> bool:
