@@ -130,6 +130,7 @@ class StopSequence:
         self.want_save = False  # rank 0: a periodic save in seconds is due (agreed first)
         self.seen = 0  # signals a boundary saw (and decided about)
         self._tracker_final: str | None = None
+        self._locked = False
 
     # -- 1. decide (one process) -----------------------------------------------------------
     def decide(self, step: int, at: int, context: Any) -> bool:
@@ -315,6 +316,12 @@ class StopSequence:
         if _tracker_call("finalize", tracker.finalize, status):
             self._tracker_final = status
 
+    def lock(self) -> None:
+        """Take the directory's lock (rank 0: the ranks share its directory); the exit, or
+        the session's close, releases it."""
+        self.saver.store.lock()
+        self._locked = True
+
     def close(self) -> None:
         """Finish any background save, restore the signal handlers (unless the exit of a
         committed stop is under way), stop the watcher, release the directory; idempotent."""
@@ -322,7 +329,9 @@ class StopSequence:
         self.controller.close()
         if self.agreement is not None:
             self.agreement.close()
-        self.saver.store.unlock()  # nothing when not held (a rank that is not rank 0)
+        if self._locked:  # only this run's lock (a front end may keep its store for the next)
+            self.saver.store.unlock()
+            self._locked = False
 
     def _acknowledge(self) -> None:
         for n in self.requests.notices:

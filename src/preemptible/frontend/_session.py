@@ -139,7 +139,7 @@ class StopSession:
             self.saver.attach(ranks)
             self._background = bool(self.saver.background)  # collect only what can finish
             if self.is_zero:  # under torch.distributed the ranks share rank 0's directory
-                self.store.lock()
+                seq.lock()
                 self.store.clean_stale_temporaries()
             installed = self.controller.start() if handle_signals else False
         except BaseException:
