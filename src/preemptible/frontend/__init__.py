@@ -7,8 +7,7 @@ after every training step (``Phase.EVALUATION`` after an evaluation batch, ``Pha
 training is over) and ``finished()`` when it ends. The session does the rest: the signal
 latch and platform notices, the grace policy (insurance checkpoints, the last safe step),
 periodic saves, the agreement of every rank under torch.distributed, the directory lock, the
-run record; a stop goes through its stop sequence (``_sequence.py``: save, record,
-acknowledge, tracker, exit).
+run record; a stop goes through its stop sequence (``_sequence.py``).
 
 Savers:
 

@@ -12,8 +12,7 @@ holds the run's position and life cycle:
   (``Saves``: commits, their cost, the newest one in the run record), the end of training
   (``finished``: the record, the end committed, the tracker told);
 - a boundary with a stop request pending is handed to its ``StopSequence``
-  (``_sequence.py``), which owns the stop sequence: decide, agree, save, record,
-  acknowledge, tracker, hold, exit.
+  (``_sequence.py``: the stop sequence, from the decision to the exit).
 
 Boundaries are counted in *positions*: the front end's own count of finished training steps
 (``step`` by default). A checkpoint is "of here" when it was committed at the current position,

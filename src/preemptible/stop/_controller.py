@@ -5,9 +5,8 @@
 - the boundary decision: continue, write an insurance checkpoint (a notice with time to
   spare), or stop now (the grace policy says one more step would risk the deadline).
 
-What a stop then does, in order (save, record, acknowledge, tracker, exit), is the kit's
-stop sequence: ``frontend/_sequence.py``. The per-step cost when nothing is pending is one
-truth test of a list (``pending``).
+What a stop then does, in order, is the kit's stop sequence (``frontend/_sequence.py``).
+The per-step cost when nothing is pending is one truth test of a list (``pending``).
 """
 
 from __future__ import annotations
