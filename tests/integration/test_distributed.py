@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from preemptible.checkpoint._state import read_payload
+from preemptible.checkpoint._payload import read_payload
 from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import PY, SCRIPTS, Child, attempts, read_pid, supervise, wait_for
 from tests.support.checkpoints import committed

@@ -13,7 +13,7 @@ import torch
 
 from preemptible import PreemptionCheckpointHandler, TerminationConfig
 from preemptible.checkpoint._async import AsyncSaver
-from preemptible.checkpoint._state import write_payload
+from preemptible.checkpoint._payload import write_payload
 from preemptible.checkpoint._store import CheckpointStore
 from tests.conftest import wait_for
 

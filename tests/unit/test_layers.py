@@ -20,6 +20,7 @@ import pytest
 import preemptible
 import preemptible.frontend
 import preemptible.trackers
+from preemptible.frontend import StopSession
 
 SRC = Path(preemptible.__file__).parent
 
@@ -124,6 +125,18 @@ def test_a_front_end_imports_only_the_kits_public_names(path: Path) -> None:
             f"{module_name(path)} imports {sorted(set(names) - public[target])} from {target}, "
             "which it does not export"
         )
+
+
+def test_the_stop_sequence_is_one_class_that_the_session_composes() -> None:
+    """Save, record, acknowledge, tracker, exit: the kit's ``StopSequence``, held by the session
+    (no mixin sharing its attributes); ``stop/`` (the latch, the requests, the grace policy)
+    writes no run record."""
+    assert StopSession.__bases__ == (object,), "StopSession composes its parts"
+    for path in sorted((SRC / "stop").glob("*.py")):
+        for target, _names in imports(path):
+            assert target != "preemptible._run", (
+                f"{module_name(path)} imports {target}: the stop's record is the stop sequence's"
+            )
 
 
 CHECKPOINT_WRITERS = {

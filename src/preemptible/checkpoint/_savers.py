@@ -31,7 +31,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 from .._errors import ConfigError
 from .._files import remove_path
 from ._async import AsyncSaver, holds_cuda
-from ._state import StateSpec, apply_payload, build_payload, read_payload, write_payload
+from ._payload import StateSpec, apply_payload, build_payload, read_payload, write_payload
 from ._store import _FINAL, Checkpoint, CheckpointStore, checkpoint_name
 
 logger = logging.getLogger("preemptible")

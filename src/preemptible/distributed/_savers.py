@@ -27,8 +27,7 @@ from typing import Any
 
 from .._errors import CheckpointLoadError, ConfigError
 from ..checkpoint._async import AsyncSaver
-from ..checkpoint._savers import BaseSaver, Saved, absorb_background, resume_hint
-from ..checkpoint._state import (
+from ..checkpoint._payload import (
     StateSpec,
     apply_payload,
     build_payload,
@@ -36,6 +35,7 @@ from ..checkpoint._state import (
     read_payload,
     write_payload,
 )
+from ..checkpoint._savers import BaseSaver, Saved, absorb_background, resume_hint
 from ..checkpoint._store import Checkpoint, CheckpointStore
 from ._group import (
     Ranks,

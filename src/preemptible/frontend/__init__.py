@@ -4,10 +4,10 @@ A front end (``PreemptionCheckpointHandler``, the Lightning callback, one for a 
 your own) tells the kit two things: *where its boundaries are* and *how to save*. It creates a
 ``StopSession`` with a ``Saver``, calls ``start()``, then ``at_boundary(Phase.STEP, step=...)``
 after every training step (``Phase.EVALUATION`` after an evaluation batch, ``Phase.END`` when
-training is over) and ``finished()`` when it ends. The session owns everything else, once:
-the signal latch and platform notices, the grace policy (insurance checkpoints, the last safe
-step), periodic saves, the agreement of every rank under torch.distributed, the directory lock,
-the run record, the tracker's one finalization, the exit code and the exit.
+training is over) and ``finished()`` when it ends. The session does the rest: the signal
+latch and platform notices, the grace policy (insurance checkpoints, the last safe step),
+periodic saves, the agreement of every rank under torch.distributed, the directory lock, the
+run record; a stop goes through its stop sequence (``_sequence.py``).
 
 Savers:
 
@@ -38,8 +38,8 @@ from .._errors import (
     ConfigError,
     PreemptibleError,
 )
+from ..checkpoint._payload import capture_rng, restore_rng
 from ..checkpoint._savers import BaseSaver, NamedSaver, PayloadSaver, Saved, SaveFnSaver, Saver
-from ..checkpoint._state import capture_rng, restore_rng
 from ..checkpoint._store import Checkpoint, CheckpointStore
 from ..distributed._savers import RankZeroSaver, ShardedSaver
 from ..distributed._staged import StagedSaver

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +24,21 @@ logger = logging.getLogger("preemptible")
 
 class Saves:
     """Commits of one session. ``save_times``: the grace policy's record of save durations;
-    ``is_zero``: whether this process writes the run record."""
+    ``records``: whether this process writes the run record (the session sets it once it
+    knows the ranks)."""
 
     def __init__(
         self,
         saver: Saver,
         periodic: Periodic | None,
         save_times: Durations,
-        is_zero: Callable[[], bool],
+        records: bool,
     ) -> None:
         self.saver = saver
         self.periodic = periodic
         self.save_times = save_times
         self.stall_times = Durations()  # what the training loop waited for each save
-        self.is_zero = is_zero
+        self.records = records
         self.last_end = time.monotonic()  # when the last save ended (the interval's start)
         self.newest: tuple[int, Path] | None = None  # (position, path) of the newest commit
         self.started: int | None = None  # the position of the newest save started
@@ -129,7 +129,7 @@ class Saves:
 
     def _record(self, path: Path, step: int, save_s: float | None = None) -> None:
         """The newest committed checkpoint, for the supervisor's next resume (rank 0)."""
-        if not self.is_zero():
+        if not self.records:
             return
         fields: dict[str, Any] = {"resume_from": str(path.resolve()), "resume_step": step}
         if save_s is not None:
@@ -138,4 +138,4 @@ class Saves:
 
     def _log(self, message: str, *args: Any) -> None:
         """Every rank saves together; one line of it (rank 0's) is enough at INFO."""
-        logger.log(logging.INFO if self.is_zero() else logging.DEBUG, message, *args)
+        logger.log(logging.INFO if self.records else logging.DEBUG, message, *args)

@@ -2,24 +2,21 @@
 
 A front end (the plain handler, the Lightning callback, one of your own) knows two things:
 where its boundaries are and how its framework saves (a ``Saver``). It calls
-``at_boundary(phase)`` at each boundary and ``finished()`` when training ends. Everything else
-happens here, once:
+``at_boundary(phase)`` at each boundary and ``finished()`` when training ends. The session
+holds the run's position and life cycle:
 
-- the signal latch and the platform watcher (``StopController``), the grace policy's decision
-  at each boundary (continue, insurance checkpoint, stop), periodic saves;
-- under torch.distributed: rank detection, the agreement on the step every rank acts at (no
-  collective per step), the meeting at the end of training, leaving together;
-- the saver's commits, their timing (the grace policy's and the save interval's input), the run
-  record (where checkpoints go, the newest one to resume from, ``finished``, ``save_s``), the
-  directory lock and stale temporaries, tracker finalize-once;
-- the exit: its code (128 + signum, 143 for a notice, or fixed), late signals, ``exit_fn``.
+- start and close: rank detection, the saver, the directory lock and stale temporaries, the
+  signal latch and the platform watcher (``StopController``), where checkpoints go in the run
+  record; resuming from the newest checkpoint that loads;
+- the boundaries: the position, the step timing (the grace policy's input), periodic saves
+  (``Saves``: commits, their cost, the newest one in the run record), the end of training
+  (``finished``: the record, the end committed, the tracker told);
+- a boundary with a stop request pending is handed to its ``StopSequence``
+  (``_sequence.py``: the stop sequence, from the decision to the exit).
 
 Boundaries are counted in *positions*: the front end's own count of finished training steps
 (``step`` by default). A checkpoint is "of here" when it was committed at the current position,
 so a stop right after an insurance checkpoint does not write a second one.
-
-What a boundary does once a stop is due (the decision, the agreement of the ranks, the
-insurance checkpoint, the stop's save, record and exit) is ``_stopping.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from .. import _report, _run
 from .._errors import PreemptibleError
@@ -44,12 +41,25 @@ from ._config import is_rank_zero, termination_config_of
 from ._periodic import Periodic
 from ._phase import _END, _STEP, Phase
 from ._saves import Saves
-from ._stopping import Stopping
+from ._sequence import GivenFrontEnd, StopSequence
 
 logger = logging.getLogger("preemptible")
 
 
-class StopSession(Stopping):
+T = TypeVar("T")
+
+
+class _OfSequence(Generic[T]):
+    """An attribute of the session that its stop sequence holds (read here, held once)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, session: StopSession, owner: type | None = None) -> T:
+        return cast(T, getattr(session.sequence, self.name))
+
+
+class StopSession:
     """The stop path of one run of a front end. See the module docstring.
 
     ``saver``: how checkpoints are written and found. ``termination_config``, ``signals``,
@@ -57,8 +67,18 @@ class StopSession(Stopping):
     ``exit_code``: the code a stop exits with (None: 128 + signum, 143 for a notice).
     ``save_failed``: called when the final save raises; returns a path to upload anyway (else
     the stop records ``save_failed`` and raises). ``after_tracker`` and ``before_exit``: the
-    front end's own last words (silence a framework's loggers; flush).
+    front end's own last words (silence a framework's loggers; flush). The three are the
+    stop sequence's ``FrontEnd``.
     """
+
+    # the stop sequence's: the ranks under torch.distributed (after ``start()``), their
+    # agreement, the exit code (None: 128 + signum, 143 for a notice), whether the stop's save
+    # is under way or done (``stopping``), whether the run stopped
+    ranks: _OfSequence[Ranks | None] = _OfSequence()
+    agreement: _OfSequence[StopAgreement | None] = _OfSequence()
+    exit_code: _OfSequence[int | None] = _OfSequence()
+    stopping: _OfSequence[bool] = _OfSequence()
+    stopped: _OfSequence[bool] = _OfSequence()
 
     def __init__(
         self,
@@ -77,32 +97,29 @@ class StopSession(Stopping):
         self.saver = saver
         self.store = saver.store
         self.periodic = periodic
-        self.exit_code = exit_code
-        self.controller = StopController(self.config, normalize_signals(signals), tracker=tracker)
+        self.controller = StopController(self.config, normalize_signals(signals))
         self.latch = self.controller.latch
         self._step_times = self.controller.step_times  # read at every step: held, not looked up
-        self._save_failed = save_failed
-        self._after_tracker = after_tracker
-        self._before_exit = before_exit
-        self.ranks: Ranks | None = None
-        self.agreement: StopAgreement | None = None
         self.step = 0  # what a checkpoint and the record say
         _report.follow_steps(self)  # report() without step= reports at this step
         self.resume_path: Path | None = None
-        self.stopping = False  # the stop's save is under way or done
-        self.stopped = False
-        self.saves = Saves(saver, periodic, self.controller.save_times, lambda: self.is_zero)
+        self.saves = Saves(saver, periodic, self.controller.save_times, is_rank_zero())
+        self.sequence = StopSequence(
+            self.config,
+            self.controller,
+            saver,
+            self.saves,
+            GivenFrontEnd(save_failed, after_tracker, before_exit),
+            exit_code=exit_code,
+            tracker=tracker,
+        )
         self._at = 0  # the current position
         self._boundary = 0  # the position of the last step boundary
         self._left_at: float | None = None  # when the last boundary was left (monotonic)
-        self._want_save = False  # rank 0: a periodic save in seconds is due (agreed first)
-        self._agreed_stop: Notice | None = None
         self._announced = False
         self._resumed = False
-        self._locked = False
         self._background = False
         self._finished = False  # finished() ran: a signal after it is passed on at close()
-        self._seen = 0  # signals a boundary saw (and decided about)
 
     # -- life cycle ------------------------------------------------------------------------
     def start(self, *, handle_signals: bool = True) -> bool:
@@ -111,16 +128,17 @@ class StopSession(Stopping):
         checkpoints go. False when the handlers could not be installed (off the main thread).
         ``handle_signals=False``: neither handlers nor watcher (a process that is not the one
         the front end was made in: its signals are not ours)."""
+        seq = self.sequence
         try:
-            self.ranks = Ranks.detect()
-            if self.ranks is not None:
-                self.agreement = agreement_of(self.ranks)
-                set_rank(self.ranks.rank)
-            self.saver.attach(self.ranks)
+            seq.ranks = ranks = Ranks.detect()
+            if ranks is not None:
+                seq.agreement = agreement_of(ranks)
+                set_rank(ranks.rank)
+            self.saves.records = self.is_zero
+            self.saver.attach(ranks)
             self._background = bool(self.saver.background)  # collect only what can finish
             if self.is_zero:  # under torch.distributed the ranks share rank 0's directory
-                self.store.lock()
-                self._locked = True
+                seq.lock()
                 self.store.clean_stale_temporaries()
             installed = self.controller.start() if handle_signals else False
         except BaseException:
@@ -140,16 +158,10 @@ class StopSession(Stopping):
         process as it would have without preemptible (the run's end is committed, so a rerun
         trains nothing); a handler of the program's own gets it."""
         late = self._finished and not self.stopped  # a signal no boundary saw: pass it on
-        self.saver.close()
-        self.controller.close()
-        if self.agreement is not None:
-            self.agreement.close()
-        if self._locked:
-            self.store.unlock()
-            self._locked = False
+        self.sequence.close()
         if late:
             self._finished = False  # once
-            self.latch.pass_on(self._seen)
+            self.latch.pass_on(self.sequence.seen)
 
     def begin(self) -> None:
         """Training (re)starts here: resume unless done, guard DataLoader workers (torch may
@@ -189,7 +201,8 @@ class StopSession(Stopping):
     # -- state -----------------------------------------------------------------------------
     @property
     def is_zero(self) -> bool:
-        return self.ranks.is_zero if self.ranks is not None else is_rank_zero()
+        ranks = self.sequence.ranks
+        return ranks.is_zero if ranks is not None else is_rank_zero()
 
     @property
     def pending(self) -> bool:
@@ -245,16 +258,16 @@ class StopSession(Stopping):
         elif seconds is not None:
             self._step_times.add(seconds)
         stopped = False
-        if act and not self.stopped:
+        seq = self.sequence
+        if act and not seq.stopped:
             if self._background:
                 self.saves.collect()
             if phase is _END:
-                stopped = self._at_end(context)
-            elif self.agreement is not None:
-                stopped = phase is _STEP and self._agree(act=True, context=context)
-            elif self.controller.requests:
-                self._seen = len(self.latch.received)
-                stopped = self._decide(context)
+                stopped = seq.at_end(self.step, pos, context)
+            elif seq.agreement is not None:
+                stopped = phase is _STEP and seq.agree(self.step, pos, context, act=True)
+            elif seq.requests:
+                stopped = seq.decide(self.step, pos, context)
         self._left_at = time.monotonic()
         return stopped
 
@@ -281,12 +294,13 @@ class StopSession(Stopping):
         if at != self._boundary:
             self._advance(at, None, None, ctx)
         self._left_at = time.monotonic()
-        if self.agreement is not None:
-            stop = self._agreed_stop is not None or self._agree(act=False, context=ctx)
+        seq = self.sequence
+        if seq.agreement is not None:
+            stop = seq.agreed is not None or seq.agree(self.step, at, ctx, act=False)
             return Decision.STOP if stop else Decision.CONTINUE
         if not self.pending:
             return Decision.CONTINUE
-        self._seen = len(self.latch.received)
+        seq.seen = len(self.latch.received)
         if insurance:
             return self.controller.decide(saved_here=self.saved_here)
         self.latch.log_pending()
@@ -305,19 +319,20 @@ class StopSession(Stopping):
         torch.distributed every rank calls it at the same step (or when ``should_stop``)."""
         if self.stopped:
             raise PreemptibleError("this run has already stopped; create a new one")
-        self._where(step, position)
-        if self._agreed_stop is None:  # not the stop all ranks agreed on: this rank asks
+        at = self._where(step, position)
+        seq = self.sequence
+        if seq.agreed is None:  # not the stop all ranks agreed on: this rank asks
             self.controller.request_stop(source, detail)
-            agreement = self.agreement
-            if agreement is not None and not self._agree(
-                act=False, context=context, local=Decision.STOP
+            agreement = seq.agreement
+            if agreement is not None and not seq.agree(
+                self.step, at, context, act=False, local=Decision.STOP
             ):
                 raise PreemptibleError(
                     f"rank {agreement.rank}: under torch.distributed call stop() on every rank "
                     "at the same step, or when should_stop is True; another rank was already "
                     "past this step"
                 )
-        self._stop(context, self._agreed_stop)
+        seq.stop(self.step, at, context, seq.agreed)
 
     def save(
         self, *, step: int | None = None, context: Any = None, started: float | None = None
@@ -367,7 +382,7 @@ class StopSession(Stopping):
         if self.is_zero:
             _run.update_record(state=RecordState.FINISHED, step=self.step)
         if tell_tracker:
-            self.controller.tell_tracker("finished")
+            self.sequence.tell_tracker("finished")
 
     def _commit_end(self, context: Any) -> None:
         """``finished(always=True)``'s commit of a run that never saved: insurance for a stop
@@ -385,9 +400,12 @@ class StopSession(Stopping):
 
     def failed(self) -> None:
         """Training raised: the tracker is told (once)."""
-        self.controller.tell_tracker("failed")
+        self.sequence.tell_tracker("failed")
 
     # -- internals -------------------------------------------------------------------------
+    def _save(self, context: Any) -> Path:
+        return self.saves.save(self.step, self._at, context)
+
     def _where(self, step: int | None, position: int | None) -> int:
         if step is not None:
             self.step = step
@@ -398,7 +416,7 @@ class StopSession(Stopping):
         """A step boundary at ``pos``: time the steps since the last one, save if due."""
         since, left = self._boundary, self._left_at
         self._boundary = pos
-        if pos <= since or left is None or self.stopped:
+        if pos <= since or left is None or self.sequence.stopped:
             return  # the same boundary, or the loop went back (a step set by hand)
         now = time.monotonic()
         self._step_times.add((now - left) / (pos - since) if seconds is None else seconds)
@@ -411,9 +429,10 @@ class StopSession(Stopping):
         periodic = self.periodic
         if periodic is None or not self.saves.due(pos, since, total):
             return
-        if periodic.by_time and self.ranks is not None and pos != total:
+        ranks = self.sequence.ranks
+        if periodic.by_time and ranks is not None and pos != total:
             # a clock is not the same on every rank: rank 0 asks, all save where agreed
-            self._want_save = self.ranks.is_zero
+            self.sequence.want_save = ranks.is_zero
         elif self.saver.background and pos != total:
             self.saves.in_background(self.step, pos, context)
         else:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
 from ..checkpoint._async import POLICIES
+from ..checkpoint._payload import check_state
 from ..checkpoint._savers import BaseSaver, PayloadSaver, Saved, SaveFnSaver
-from ..checkpoint._state import check_state
 from ..checkpoint._store import CheckpointStore
 from ..distributed._savers import RankZeroSaver, ShardedSaver
 from ..distributed._sharded import has_dtensor

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from preemptible import CheckpointLoadError, ConfigError, PreemptionCheckpointHandler
-from preemptible.checkpoint._state import apply_payload, build_payload, check_state, read_payload
+from preemptible.checkpoint._payload import apply_payload, build_payload, check_state, read_payload
 from preemptible.checkpoint._store import LOCK_NAME
 
 
