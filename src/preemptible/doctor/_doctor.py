@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .._env import env_float, env_str
 from .._errors import ConfigError
+from .._run import current_run
 from ..stop._latch import DEFAULT_SIGNALS
 from ..stop._launcher import SHELLS, unforwarding_parent
 from ..stop._signals import KEEP_IGNORED
@@ -215,7 +216,7 @@ def _pid1() -> Check:
 
 def _launcher() -> Check:
     """Whether a stop signal reaches training through the launcher (``stop/_launcher.py``)."""
-    if env_str("PREEMPTIBLE_RUN_ID"):
+    if current_run().run_id:
         return Check(
             "launcher",
             OK,
@@ -224,7 +225,7 @@ def _launcher() -> Check:
         )
     fix = "run the program under `preemptible run -- ...` (e.g. preemptible run -- accelerate "
     fix += "launch train.py), which signals the whole process group"
-    found = unforwarding_parent()
+    found = unforwarding_parent(supervised=False)
     if found is not None:
         return Check(
             "launcher", WARN, f"started by {found.name} (pid {found.pid}): {found.why}", fix

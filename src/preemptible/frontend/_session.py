@@ -36,6 +36,7 @@ from ..distributed._agreement import StopAgreement, agreement_of
 from ..distributed._group import Ranks
 from ..stop._controller import Decision, StopController
 from ..stop._latch import normalize_signals, patch_dataloader_workers
+from ..stop._launcher import warn_if_unforwarded
 from ..stop._termination import Durations, Notice, TerminationConfig
 from ._config import is_rank_zero, termination_config_of
 from ._periodic import Periodic
@@ -141,6 +142,8 @@ class StopSession:
                 seq.lock()
                 self.store.clean_stale_temporaries()
             installed = self.controller.start() if handle_signals else False
+            if installed:  # a launcher that keeps the signals from us: said at start
+                warn_if_unforwarded(supervised=_run.current_run().run_id is not None)
         except BaseException:
             self.close()
             raise

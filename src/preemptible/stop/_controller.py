@@ -15,7 +15,6 @@ import enum
 import time
 
 from ._latch import SignalLatch, patch_dataloader_workers
-from ._launcher import warn_if_unforwarded
 from ._termination import Durations, Notice, StopRequests, TerminationConfig, Watcher
 
 
@@ -44,7 +43,6 @@ class StopController:
         installed = self.latch.install()
         if installed:
             patch_dataloader_workers()
-            warn_if_unforwarded()  # a launcher that keeps the signals from us: said at start
         fn = self.config.termination_watcher_fn
         if fn is not None and self.watcher is None:
             self.watcher = Watcher(fn, self.requests.add, interval=self.config.poll_interval)

@@ -31,7 +31,6 @@ from pathlib import Path
 logger = logging.getLogger("preemptible")
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
-_RUN_ENV = "PREEMPTIBLE_RUN_ID"  # set by `preemptible run` for its attempts
 _ELASTIC_ENV = "TORCHELASTIC_RUN_ID"  # set by torch's elastic agent for its workers
 _said = False
 
@@ -45,10 +44,10 @@ class Launcher:
     why: str  # what happens to a signal sent to it
 
 
-def unforwarding_parent() -> Launcher | None:
+def unforwarding_parent(*, supervised: bool) -> Launcher | None:
     """The parent of this process when it is known not to pass a stop signal on, and nothing
     passes it on in its place (``preemptible run`` signals the whole group); else None."""
-    if os.environ.get(_RUN_ENV):
+    if supervised:  # under `preemptible run`, which signals the whole group
         return None
     ppid = os.getppid()
     argv = _cmdline(ppid)
@@ -70,14 +69,14 @@ def unforwarding_parent() -> Launcher | None:
     return None
 
 
-def warn_if_unforwarded() -> None:
+def warn_if_unforwarded(*, supervised: bool) -> None:
     """A one-line warning, once per process, when the parent will not pass a stop on."""
     global _said
     if _said:
         return
     _said = True
     try:
-        found = unforwarding_parent()
+        found = unforwarding_parent(supervised=supervised)
     except Exception:  # a look at /proc must never keep training from starting
         return
     if found is not None:
