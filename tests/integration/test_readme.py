@@ -33,12 +33,14 @@ from tests.support.readme import (
     start_commands,
     stop_commands,
     timeout_of,
+    unique_blocks,
 )
 
 PAGES: dict[str, Parsed] = {
     page_name(path): parse_readme(path.read_text(), page_name(path)) for path in documents()
 }
-BLOCKS = [block for parsed in PAGES.values() for block in parsed.blocks]
+# a block repeated word for word on another page (the README's examples) runs once
+BLOCKS = unique_blocks([block for parsed in PAGES.values() for block in parsed.blocks])
 
 
 def _marks(block: Block) -> list[pytest.MarkDecorator]:

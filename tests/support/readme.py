@@ -242,6 +242,23 @@ def plan(block: Block) -> Plan:
     return Plan(tokens[0], options)
 
 
+def unique_blocks(blocks: list[Block]) -> list[Block]:
+    """``blocks`` without the repeats: a block with the same language, marker and code as an
+    earlier one (the README's Lightning example is also on the Lightning page) is the same
+    test, so it runs once, as the first one. Blocks of a group are never repeats: what runs
+    depends on the other blocks of their page."""
+    seen: set[tuple[str, str | None, str]] = set()
+    out = []
+    for block in blocks:
+        what = _plan_or_none(block)
+        key = (block.lang, block.marker, block.text)
+        if what is not None and "group" not in what.options and key in seen:
+            continue
+        seen.add(key)
+        out.append(block)
+    return out
+
+
 def needs_framework(block: Block) -> bool:
     """Whether ``block`` runs a framework's fit (its test goes to the ``frameworks`` lane)."""
     what = _plan_or_none(block)

@@ -25,6 +25,7 @@ from tests.support.readme import (
     plan,
     shape,
     timeout_of,
+    unique_blocks,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -237,6 +238,16 @@ def test_framework_blocks_go_to_the_frameworks_lane(marker: str, framework: bool
     assert needs_framework(one(f"<!-- readme-test: {marker} -->\n```python\nx\n```\n")) == framework
 
 
+def test_a_block_repeated_on_another_page_runs_once() -> None:
+    loop = "<!-- readme-test: loop setup=plain -->\n```python\nx = 1\n```\n"
+    other = "<!-- readme-test: loop setup=plain at=5 -->\n```python\nx = 1\n```\n"
+    grouped = "<!-- readme-test: python setup=bare group=g -->\n```python\ny = 1\n```\n"
+    readme = parse_readme(loop + grouped).blocks
+    page = parse_readme(loop + other + grouped, "docs/p.md").blocks
+    kept = unique_blocks(readme + page)
+    assert kept == [*readme, page[1], page[2]], "the repeat goes; another marker or a group stays"
+
+
 def test_transformers_set_up_is_for_python_blocks() -> None:
     block = one("<!-- readme-test: loop setup=transformers -->\n```python\nx\n```\n")
     with pytest.raises(AssertionError, match="setup=transformers is for python blocks"):
@@ -351,3 +362,15 @@ def test_sample_output_is_compared_without_paths_ids_ages_or_numbers() -> None:
         ]
     )
     assert shape("agent exit 143") != shape("agent exit code 143")
+
+
+def test_the_readme_s_relative_links_name_files_that_exist() -> None:
+    """The README links into docs/ with relative links, which work on GitHub as they are; the
+    site's own links are checked by `make docs` (strict)."""
+    import re
+
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text())
+    relative = [link for link in links if "://" not in link]
+    assert any(link.startswith("docs/") for link in relative)
+    missing = [link for link in relative if not (README.parent / link).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
