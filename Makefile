@@ -45,7 +45,7 @@ unit: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# The README's pictures of the web page (docs/status-page.png, docs/status-run-page.png): the
+# The pictures of the web page on docs/sweeps.md (docs/status-page.png, docs/status-run-page.png): the
 # demo's test takes them in headless chromium (Debian's: apt-get install -y chromium).
 screenshots: $(STAMP)
 	PREEMPTIBLE_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/integration/test_sweep_demo.py -k serves_its_page
