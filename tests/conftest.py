@@ -211,7 +211,8 @@ FRAMEWORK_FILES = frozenset(
 def pytest_itemcollected(item: pytest.Item) -> None:
     """A test that submits SLURM jobs runs in the ``waits`` lane (tests/services/lanes.sh): all
     of them in one lane, so that their jobs never queue behind each other on the one node. The
-    framework files' tests are marked for the ``frameworks`` lane."""
+    framework files' tests are marked for the ``frameworks`` lane (test_readme.py marks its
+    framework blocks itself)."""
     if "sbatch" in getattr(item, "fixturenames", ()):
         item.add_marker(pytest.mark.waits)
     if item.path.name in FRAMEWORK_FILES and item.path.parent.name == "integration":

@@ -1,6 +1,10 @@
-"""Every code block of README.md is executed or checked, so an example cannot drift.
+"""Every code block of README.md and of the docs site (docs/**/*.md) is executed or checked,
+so an example cannot drift.
 
-One test per fenced block; the marker before each block says what is done with it, and the
+One test per fenced block, named after its page (``README/03-...``,
+``frontends/lightning/00-...``); a block that runs a framework's fit is marked
+``frameworks`` (its lane in tests/services/lanes.sh). The marker before each block says what
+is done with it, and the
 harness that does it is tests/support/readme.py (its docstring lists the kinds; its own unit
 tests are tests/unit/test_readme_harness.py). Commands named by ``make run=`` and
 ``output of=`` start in the background when this module starts and their items run last, so
@@ -17,18 +21,33 @@ import pytest
 
 from tests.support.readme import (
     KINDS,
-    README,
     Block,
     Ctx,
+    Parsed,
     commands_of,
+    documents,
+    needs_framework,
+    page_name,
     parse_readme,
     plan,
     start_commands,
     stop_commands,
     timeout_of,
+    unique_blocks,
 )
 
-PARSED = parse_readme(README.read_text())
+PAGES: dict[str, Parsed] = {
+    page_name(path): parse_readme(path.read_text(), page_name(path)) for path in documents()
+}
+# a block repeated word for word on another page (the README's examples) runs once
+BLOCKS = unique_blocks([block for parsed in PAGES.values() for block in parsed.blocks])
+
+
+def _marks(block: Block) -> list[pytest.MarkDecorator]:
+    marks = [pytest.mark.timeout(timeout_of(block))]
+    if needs_framework(block):
+        marks.append(pytest.mark.frameworks)
+    return marks
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,21 +69,23 @@ def background_commands(
 @pytest.mark.parametrize(
     "block",
     [
-        pytest.param(b, id=b.id, marks=pytest.mark.timeout(timeout_of(b)))
+        pytest.param(b, id=b.id, marks=_marks(b))
         # the blocks that wait for a background command last
-        for b in sorted(PARSED.blocks, key=lambda b: bool(commands_of(b)))
+        for b in sorted(BLOCKS, key=lambda b: bool(commands_of(b)))
     ],
 )
 def test_readme_block(
     block: Block, tmp_path: Path, spawn: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     what = plan(block)
-    KINDS[what.kind].run(block, what.options, Ctx(tmp_path, spawn, tmp_path_factory, PARSED.blocks))
+    page = PAGES[block.page].blocks
+    KINDS[what.kind].run(block, what.options, Ctx(tmp_path, spawn, tmp_path_factory, page))
 
 
 def test_markers_sit_right_before_a_fence() -> None:
-    assert PARSED.blocks, "no code blocks found in README.md"
-    assert not PARSED.problems, "\n".join(PARSED.problems)
+    assert PAGES["README.md"].blocks, "no code blocks found in README.md"
+    problems = [p for parsed in PAGES.values() for p in parsed.problems]
+    assert not problems, "\n".join(problems)
 
 
 # -- the harness, running blocks (what runs nothing: tests/unit/test_readme_harness.py) -------

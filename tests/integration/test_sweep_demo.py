@@ -134,11 +134,11 @@ def _browse(
     request: pytest.FixtureRequest, address: str, sweep_id: str, tmp_path: Path, step: int | None
 ) -> None:
     """The demo's pages in the session's browser (where there is one): screenshots for the
-    README (``make screenshots``)."""
+    docs/sweeps.md (``make screenshots``)."""
     try:
         browser = request.getfixturevalue("browser")
     except pytest.skip.Exception as exc:
-        if SCREENSHOTS:  # asked for the README's pictures: no browser is a failure here
+        if SCREENSHOTS:  # asked for the docs' pictures: no browser is a failure here
             raise AssertionError(f"PREEMPTIBLE_SCREENSHOTS is set, but: {exc}") from None
         return
     tab = Tab(browser)

@@ -1,9 +1,10 @@
-"""Run README.md code blocks as one program: ``python run_blocks.py SPEC.json``.
+"""Run code blocks of one page (README.md or docs/**/*.md) as one program:
+``python run_blocks.py SPEC.json``.
 
-SPEC is ``{"setup": "plain", "blocks": [[line, text], ...]}``. The setup module (a file beside
-this one) and then each block run in one namespace, named ``__main__``; a block is compiled
-as ``README.md`` at its own line numbers, so a traceback points at the README. The setup's
-``finish()`` runs after the last block (it writes what the test compares).
+SPEC is ``{"setup": "plain", "page": "README.md", "blocks": [[line, text], ...]}``. The setup
+module (a file beside this one) and then each block run in one namespace, named ``__main__``;
+a block is compiled as its page at its own line numbers, so a traceback points at the page.
+The setup's ``finish()`` runs after the last block (it writes what the test compares).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def main() -> None:
     setup = HERE / f"{spec['setup']}.py"
     exec(compile(setup.read_text(), str(setup), "exec"), namespace)
     for line, text in spec["blocks"]:
-        exec(compile("\n" * (line - 1) + text, "README.md", "exec"), namespace)
+        exec(compile("\n" * (line - 1) + text, spec.get("page", "README.md"), "exec"), namespace)
     finish = namespace.get("finish")
     if callable(finish):
         finish()

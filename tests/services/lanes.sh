@@ -6,8 +6,9 @@
 # Lane "waits" runs the tests marked `waits` (they wait on SLURM's time limit or a lease;
 # tests/conftest.py also marks every test that submits SLURM jobs, so that jobs never queue
 # behind each other on the one node). Lane "frameworks" runs the Lightning, Hugging Face, Keras
-# and torch.distributed files (marked `frameworks` in tests/conftest.py); lane "rest" runs the
-# others. One test at a time per lane: measured alone, a lane keeps about one core busy (most
+# and torch.distributed files (marked `frameworks` in tests/conftest.py) and the code blocks of
+# the README and the docs that run those frameworks (marked in test_readme.py); lane "rest" runs
+# the others. One test at a time per lane: measured alone, a lane keeps about one core busy (most
 # of a test is one process importing a framework and training, or waiting on it), so two
 # computing lanes fill the two cores of these machines and the waiting one costs them little.
 # (pytest-xdist's loadgroup would do this in one process, but xdist 3.8 sets a node id that

@@ -9,7 +9,7 @@ slurm     a fake ``scontrol``; fixtures ``slurm`` and ``sbatch`` for the real cl
 postgres  fixtures ``pg_server`` (one per session), ``own_pg_server`` (one test's, to stop) and
           ``store_url`` (an empty sweep database)
 reference fixture ``reference_runs``: one uninterrupted run per command for the session
-readme    the harness that runs or checks every README.md code block
+readme    the harness that runs or checks every code block of README.md and docs/**/*.md
 files     a directory whose entries cannot be removed; a file touched anew
 sweeps    ``preemptible sweep create`` and friends as real processes
 sweep_queue  fixtures ``sweep_clock`` and ``sweep_store``: a real SQLite queue on a set clock

@@ -4,7 +4,7 @@ either is missing; ``Tab``, a page of it that fails the test on any script error
 (an injected ``alert``) and keeps screenshots.
 
 ``PREEMPTIBLE_SCREENSHOTS=DIR``: the screenshots also go to DIR (``make screenshots``
-refreshes the README's pictures in docs/ that way).
+refreshes the pictures of docs/sweeps.md that way).
 """
 
 from __future__ import annotations

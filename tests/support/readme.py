@@ -1,5 +1,6 @@
-"""The README harness: every code block of README.md is executed or checked, so an example
-cannot drift (tests/integration/test_readme.py makes one test of each block).
+"""The README harness: every code block of README.md and of the docs site's pages
+(docs/**/*.md) is executed or checked, so an example cannot drift
+(tests/integration/test_readme.py makes one test of each block, named after its page).
 
 Each fenced block gets one test item, chosen by a one-line HTML comment right before its
 opening fence::
@@ -12,8 +13,9 @@ python    run it (the venv's python, a tmp working directory) after ``setup=NAME
           in tests/readme/ that defines the names the block uses but does not define:
           ``plain`` (default: model, opt, state, train_step, total_steps, batch, train_batch,
           validate, ...), ``lightning`` (a LightningModule model, train_loader, val_loader,
-          an active MLflow run), ``keras`` (``make_model()``, ``x``, ``y``: a Keras model on
-          the torch backend), ``bare`` (nothing). ``exit=N`` (default 0).
+          an active MLflow run), ``transformers`` (``model``, ``args``, ``data``: a tiny
+          GPT-2 and a few Trainer steps; python only), ``keras`` (``make_model()``, ``x``,
+          ``y``: a Keras model on the torch backend), ``bare`` (nothing). ``exit=N`` (default 0).
 loop      a training loop: run it uninterrupted, and again with a SIGTERM once the setup
           printed step ``at=N`` (default 13); that run must exit with the setup's stop code
           (``exit=`` overrides) leaving a checkpoint, and the same program run once more must
@@ -37,6 +39,11 @@ output    a sample of output, not code: skipped. ``of="make demo"`` (or any comm
           compared line by line with that command's real output, numbers and paths aside
           (run with an empty matplotlib cache, so a library's first-run line shows up).
 skip:     ``<!-- readme-test: skip: REASON -->``.
+
+A page's blocks are a program of their own: ``group=`` joins blocks of one page only, and a
+traceback names the page and its line. Blocks that need a framework (``setup=lightning``,
+``setup=keras``, ``setup=transformers``, ``trainer``, ``torchrun``) are marked ``frameworks``
+by test_readme.py, so they run in that lane (tests/services/lanes.sh).
 
 Commands named by ``make run=`` and ``output of=`` start in the background when the module
 starts and their items run last, so the demo (a sweep: about a minute) overlaps the other items.
@@ -63,6 +70,7 @@ import pytest
 from tests.conftest import ROOT, Child
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 HELPERS = ROOT / "tests" / "readme"
 BIN = Path(sys.executable).parent
 STEP = re.compile(r"readme-step (\d+)")
@@ -86,8 +94,21 @@ SETUPS = {
         checkpoint="ckpt/keras-*.npz",
         resumed="preemptible: resumed from ckpt/keras-{step}.npz at step {step}",
     ),
+    "transformers": Setup("transformers_trainer"),  # python only: a few Trainer steps
     "bare": Setup("bare"),  # nothing defined: for blocks that need no names
 }
+FRAMEWORK_SETUPS = frozenset({"lightning", "keras", "transformers"})
+FRAMEWORK_KINDS = frozenset({"trainer", "torchrun"})
+
+
+def documents() -> list[Path]:
+    """The Markdown files whose blocks are tested: README.md, then the docs site's pages."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def page_name(path: Path) -> str:
+    """``README.md``, ``docs/frontends/lightning.md``: how a block's place is written."""
+    return path.relative_to(ROOT).as_posix()
 
 
 @dataclass(frozen=True)
@@ -97,21 +118,25 @@ class Block:
     lang: str
     text: str
     marker: str | None  # the marker's text after "readme-test:", or None
+    page: str = "README.md"  # the file, relative to the repository
 
     @property
     def line(self) -> int:
-        """The README line of the block's first line of code."""
+        """The page line of the block's first line of code."""
         return self.fence_line + 1
 
     @property
     def where(self) -> str:
-        return f"README.md:{self.fence_line} (```{self.lang})"
+        return f"{self.page}:{self.fence_line} (```{self.lang})"
 
     @property
     def id(self) -> str:
+        """``README/03-import-preemptible``, ``frontends/lightning/00-import-lightning``: the
+        page, then the block's place on it and its first line."""
         first = next((ln for ln in self.text.splitlines() if ln.strip()), "empty")
         slug = re.sub(r"[^A-Za-z0-9]+", "-", first).strip("-")[:40]
-        return f"{self.index:02d}-{slug}"
+        page = self.page.removeprefix("docs/").removesuffix(".md")
+        return f"{page}/{self.index:02d}-{slug}"
 
 
 @dataclass
@@ -120,8 +145,9 @@ class Parsed:
     problems: list[str] = field(default_factory=list)
 
 
-def parse_readme(text: str) -> Parsed:
-    """The fenced blocks of a Markdown text, each with the marker on the line before it."""
+def parse_readme(text: str, page: str = "README.md") -> Parsed:
+    """The fenced blocks of a Markdown text (the file ``page``), each with the marker on the
+    line before it."""
     lines = text.splitlines()
     out = Parsed()
     used_markers: set[int] = set()
@@ -137,18 +163,18 @@ def parse_readme(text: str) -> Parsed:
         while j < len(lines) and not close.match(lines[j]):
             j += 1
         if j == len(lines):
-            out.problems.append(f"README.md:{i + 1}: a fence that is never closed")
+            out.problems.append(f"{page}:{i + 1}: a fence that is never closed")
         body = "\n".join(ln[indent:] if ln[:indent].isspace() else ln for ln in lines[i + 1 : j])
         marker = None
         if i > 0 and (mm := MARKER.match(lines[i - 1])):
             marker = mm.group(1).strip()
             used_markers.add(i - 1)
-        out.blocks.append(Block(len(out.blocks), i + 1, lang, body + "\n", marker))
+        out.blocks.append(Block(len(out.blocks), i + 1, lang, body + "\n", marker, page))
         i = j + 1
     for n, line in enumerate(lines):
         if "readme-test:" in line and n not in used_markers:
             out.problems.append(
-                f"README.md:{n + 1}: a readme-test marker must be one line "
+                f"{page}:{n + 1}: a readme-test marker must be one line "
                 "(<!-- readme-test: ... -->) right before an opening fence"
             )
     return out
@@ -211,7 +237,34 @@ def plan(block: Block) -> Plan:
         )
     if "setup" in kind.options and options.get("setup", "plain") not in SETUPS:
         raise AssertionError(f"{block.where}: setup= is one of {', '.join(SETUPS)}")
+    if tokens[0] == "loop" and options.get("setup") == "transformers":
+        raise AssertionError(f"{block.where}: setup=transformers is for python blocks")
     return Plan(tokens[0], options)
+
+
+def unique_blocks(blocks: list[Block]) -> list[Block]:
+    """``blocks`` without the repeats: a block with the same language, marker and code as an
+    earlier one (the README's Lightning example is also on the Lightning page) is the same
+    test, so it runs once, as the first one. Blocks of a group are never repeats: what runs
+    depends on the other blocks of their page."""
+    seen: set[tuple[str, str | None, str]] = set()
+    out = []
+    for block in blocks:
+        what = _plan_or_none(block)
+        key = (block.lang, block.marker, block.text)
+        if what is not None and "group" not in what.options and key in seen:
+            continue
+        seen.add(key)
+        out.append(block)
+    return out
+
+
+def needs_framework(block: Block) -> bool:
+    """Whether ``block`` runs a framework's fit (its test goes to the ``frameworks`` lane)."""
+    what = _plan_or_none(block)
+    if what is None:
+        return False
+    return what.kind in FRAMEWORK_KINDS or what.options.get("setup") in FRAMEWORK_SETUPS
 
 
 # -- python and loop -----------------------------------------------------------------------
@@ -225,7 +278,8 @@ def _plan_or_none(block: Block) -> Plan | None:
 
 
 def _members(block: Block, options: dict[str, str], document: list[Block]) -> list[Block]:
-    """The blocks of ``block``'s group in README order (just ``block`` without a group)."""
+    """The blocks of ``block``'s group in page order (just ``block`` without a group); a
+    group never spans pages (``document`` is the page's blocks)."""
     name = options.get("group")
     if name is None:
         return [block]
@@ -234,13 +288,15 @@ def _members(block: Block, options: dict[str, str], document: list[Block]) -> li
     for b in document:
         other = _plan_or_none(b)
         if other is not None and other.options.get("group") == name:
+            if b.page != block.page:
+                continue
             if (other.kind, other.options.get("setup")) != (own.kind, options.get("setup")):
                 raise AssertionError(f"{b.where}: group {name} mixes kinds or setups")
             members.append(b)
     return members
 
 
-_group_outcome: dict[str, str | None] = {}
+_group_outcome: dict[tuple[str, str], str | None] = {}  # (page, group) -> failure or None
 
 
 def _once_per_group(block: Block, options: dict[str, str], body: Callable[[], None]) -> None:
@@ -249,14 +305,15 @@ def _once_per_group(block: Block, options: dict[str, str], body: Callable[[], No
     if name is None:
         body()
         return
-    if name not in _group_outcome:
+    key = (block.page, name)
+    if key not in _group_outcome:
         try:
             body()
         except AssertionError as exc:
-            _group_outcome[name] = str(exc)
+            _group_outcome[key] = str(exc)
             raise
-        _group_outcome[name] = None
-    failure = _group_outcome[name]
+        _group_outcome[key] = None
+    failure = _group_outcome[key]
     if failure is not None:
         pytest.fail(f"group {name} (run at its first block) failed:\n{failure}")
 
@@ -264,7 +321,10 @@ def _once_per_group(block: Block, options: dict[str, str], body: Callable[[], No
 def _program(tmp: Path, blocks: list[Block], setup: str) -> list[str]:
     spec = tmp / "readme-blocks.json"
     module = SETUPS[setup].module
-    spec.write_text(json.dumps({"setup": module, "blocks": [[b.line, b.text] for b in blocks]}))
+    page = blocks[0].page
+    spec.write_text(
+        json.dumps({"setup": module, "page": page, "blocks": [[b.line, b.text] for b in blocks]})
+    )
     return [sys.executable, str(HELPERS / "run_blocks.py"), str(spec)]
 
 

@@ -1,7 +1,7 @@
 """Options come only from documented variables: no automatic ``PREEMPTIBLE_<OPTION>`` names,
-every variable an option reads is named in its command's ``--help`` and in the README, and
-nothing destructive (``--now``) or set by a supervisor for its attempts (``--run-id``,
-``--pid-file``) reads one."""
+every variable an option reads is named in its command's ``--help`` and in the table of
+docs/reference/environment.md, and nothing destructive (``--now``) or set by a supervisor for
+its attempts (``--run-id``, ``--pid-file``) reads one."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from preemptible.cli._main import main
 from tests.conftest import ROOT
 
-# Each variable an option reads, by command; a new one must be documented (README) and added.
+# Each variable an option reads, by command; a new one must be documented
+# (docs/reference/environment.md) and added.
 DOCUMENTED = {
     "run": {
         "--checkpoint-dir": "PREEMPTIBLE_CHECKPOINT_DIR",
@@ -67,7 +68,7 @@ def test_no_command_maps_options_to_variables_automatically() -> None:
 
 
 def test_every_variable_is_the_documented_one_and_named_in_help() -> None:
-    readme = (ROOT / "README.md").read_text()
+    table = (ROOT / "docs" / "reference" / "environment.md").read_text()  # every variable
     runner = CliRunner()
     seen = {}
     for path, command in commands():
@@ -77,7 +78,9 @@ def test_every_variable_is_the_documented_one_and_named_in_help() -> None:
         text = runner.invoke(main, [*path.split(), "--help"], terminal_width=200).output
         for option, var in found.items():
             assert f"env var: {var}" in text, (path, option, text)
-            assert var in readme, f"{var} ({path} {option}) is not in the README"
+            assert f"`{var}`" in table, (
+                f"{var} ({path} {option}) is not in docs/reference/environment.md"
+            )
         for never_path, option in NEVER:
             if never_path == path:
                 assert option not in found, (path, option)

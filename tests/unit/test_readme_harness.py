@@ -17,11 +17,15 @@ from tests.support.readme import (
     Plan,
     check_options,
     commands_of,
+    documents,
     makefile_recipes,
+    needs_framework,
+    page_name,
     parse_readme,
     plan,
     shape,
     timeout_of,
+    unique_blocks,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -80,7 +84,7 @@ def test_blocks_their_lines_languages_and_markers() -> None:
     ]
     assert parsed.blocks[2].text == "for step in handler.steps(total): train_step(step)\n"
     assert parsed.blocks[2].line == 14 and parsed.blocks[2].where == "README.md:13 (```python)"
-    assert [b.id for b in parsed.blocks[:2]] == ["00-print-no-marker", "01-rm-rf"]
+    assert [b.id for b in parsed.blocks[:2]] == ["README/00-print-no-marker", "README/01-rm-rf"]
     assert parsed.problems == [
         "README.md:16: a readme-test marker must be one line (<!-- readme-test: ... -->) "
         "right before an opening fence"
@@ -138,7 +142,7 @@ def test_plans_of_the_sample() -> None:
         ("yaml exit=1", "yaml", r"option 'exit' is not one of yaml's \(none\)"),
         ("python", "bash", r"python is for ```python blocks"),
         ("shell", "python", r"shell is for ```bash/sh/shell blocks"),
-        ("loop setup=tensorflow", "python", "setup= is one of plain, lightning, keras, bare"),
+        ("loop setup=tensorflow", "python", "setup= is one of plain, lightning, keras, trans"),
         ('make why="unbalanced', "bash", "No closing quotation"),
     ],
 )
@@ -187,11 +191,67 @@ def test_a_group_may_not_mix_kinds_or_setups(tmp_path: Path) -> None:
         KINDS["python"].run(blocks[0], plan(blocks[0]).options, ctx(tmp_path, blocks))
 
 
-def test_every_block_of_the_readme_has_a_plan() -> None:
-    parsed = parse_readme(README.read_text())
-    assert parsed.blocks and not parsed.problems, parsed.problems
-    kinds = {plan(block).kind for block in parsed.blocks}  # each raises with the block's line
-    assert {"python", "loop", "shell", "yaml", "make", "output"} <= kinds
+def test_every_block_of_the_readme_and_the_docs_has_a_plan() -> None:
+    pages = documents()
+    assert pages[0] == README and len(pages) > 1, "the docs site's pages are read too"
+    kinds = set()
+    for path in pages:
+        parsed = parse_readme(path.read_text(), page_name(path))
+        assert not parsed.problems, parsed.problems
+        kinds |= {plan(block).kind for block in parsed.blocks}  # each raises with its line
+    assert {"python", "loop", "shell", "yaml", "make", "output", "trainer", "torchrun"} <= kinds
+
+
+def test_a_page_names_its_blocks_and_its_problems() -> None:
+    text = "<!-- readme-test: python setup=bare -->\n```python\nx = 1\n```\n\n```python\n"
+    parsed = parse_readme(text, "docs/frontends/keras.md")
+    block = parsed.blocks[0]
+    assert block.where == "docs/frontends/keras.md:2 (```python)"
+    assert block.id == "frontends/keras/00-x-1"
+    assert parsed.problems == ["docs/frontends/keras.md:6: a fence that is never closed"]
+
+
+def test_a_group_is_one_page_s(tmp_path: Path) -> None:
+    marker = "<!-- readme-test: python setup=bare group=g -->\n```python\nx = 1\n```\n"
+    a = parse_readme(marker, "docs/a.md").blocks
+    b = parse_readme(marker * 2, "docs/b.md").blocks
+    from tests.support.readme import _members
+
+    assert _members(a[0], plan(a[0]).options, a + b) == a
+    assert _members(b[1], plan(b[1]).options, a + b) == b
+
+
+@pytest.mark.parametrize(
+    ("marker", "framework"),
+    [
+        ("loop setup=lightning", True),
+        ("loop setup=keras", True),
+        ("python setup=transformers", True),
+        ("trainer", True),
+        ("torchrun launcher=accelerate", True),
+        ("loop setup=plain", False),
+        ("python setup=bare", False),
+        ("skip: shown only", False),
+    ],
+)
+def test_framework_blocks_go_to_the_frameworks_lane(marker: str, framework: bool) -> None:
+    assert needs_framework(one(f"<!-- readme-test: {marker} -->\n```python\nx\n```\n")) == framework
+
+
+def test_a_block_repeated_on_another_page_runs_once() -> None:
+    loop = "<!-- readme-test: loop setup=plain -->\n```python\nx = 1\n```\n"
+    other = "<!-- readme-test: loop setup=plain at=5 -->\n```python\nx = 1\n```\n"
+    grouped = "<!-- readme-test: python setup=bare group=g -->\n```python\ny = 1\n```\n"
+    readme = parse_readme(loop + grouped).blocks
+    page = parse_readme(loop + other + grouped, "docs/p.md").blocks
+    kept = unique_blocks(readme + page)
+    assert kept == [*readme, page[1], page[2]], "the repeat goes; another marker or a group stays"
+
+
+def test_transformers_set_up_is_for_python_blocks() -> None:
+    block = one("<!-- readme-test: loop setup=transformers -->\n```python\nx\n```\n")
+    with pytest.raises(AssertionError, match="setup=transformers is for python blocks"):
+        plan(block)
 
 
 # -- checks that run no block --------------------------------------------------------------
@@ -302,3 +362,15 @@ def test_sample_output_is_compared_without_paths_ids_ages_or_numbers() -> None:
         ]
     )
     assert shape("agent exit 143") != shape("agent exit code 143")
+
+
+def test_the_readme_s_relative_links_name_files_that_exist() -> None:
+    """The README links into docs/ with relative links, which work on GitHub as they are; the
+    site's own links are checked by `make docs` (strict)."""
+    import re
+
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text())
+    relative = [link for link in links if "://" not in link]
+    assert any(link.startswith("docs/") for link in relative)
+    missing = [link for link in relative if not (README.parent / link).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
