@@ -77,6 +77,7 @@ from ._buckets import first_line, open_bucket
 from ._location import Location
 
 if TYPE_CHECKING:
+    from ..stop._termination import StopRequests
     from ._store import CheckpointStore
 
 logger = logging.getLogger("preemptible")
@@ -97,6 +98,18 @@ EXIT_FLUSH_SECONDS = 600.0
 """How long a normal interpreter exit waits for uploads still queued."""
 
 _CHUNK = 8 * 1024 * 1024
+_MISSING = {"NoSuchBucket", "ContainerNotFound", "BucketNotFound"}
+_REFUSED = {
+    "AccessDenied",
+    "AllAccessDisabled",
+    "AuthenticationFailed",
+    "AuthorizationFailure",
+    "AuthorizationPermissionMismatch",
+    "ExpiredToken",
+    "InvalidAccessKeyId",
+    "InvalidToken",
+    "SignatureDoesNotMatch",
+}
 _GEN = re.compile(r"^(\d{10})\.json$")
 _FINAL = re.compile(r"^step-(\d+)\.ckpt$")
 
@@ -133,6 +146,7 @@ class _Job:
 
 _mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
 _exit_registered = False
+_exit_flushed = False
 _registry_guard = threading.Lock()
 
 
@@ -222,27 +236,32 @@ class Mirror:
             raise self._refused(exc) from None
 
     def _refused(self, exc: BaseException) -> CheckpointRemoteError:
-        text = first_line(exc)
-        lower = str(exc).lower()
-        if "nosuchbucket" in lower or ("does not exist" in lower and "bucket" in lower):
-            why = f"bucket {self.location.bucket!r} does not exist; create it or fix the URL"
-        elif (
-            _is(exc, "PermissionDeniedError")
-            or _is(exc, "UnauthenticatedError")
-            or any(
-                word in lower
-                for word in ("accessdenied", "invalidaccesskeyid", "signaturedoesnotmatch", "403")
+        """One line for a bucket we cannot use, from the service's error code."""
+        text = str(exc)
+        found = re.search(r"<Code>([A-Za-z]+)</Code>", text)
+        status = re.search(r"status code: (\d{3})", text)
+        code = found.group(1) if found else ""
+        said = code or (f"HTTP {status.group(1)}" if status else first_line(exc))
+        if code in _MISSING or (not code and status and status.group(1) == "404"):
+            why = (
+                f"bucket or container {self.location.bucket!r} does not exist ({said}); "
+                "create it or fix the URL"
             )
+        elif (
+            code in _REFUSED
+            or _is(exc, "PermissionDeniedError")
+            or _is(exc, "UnauthenticatedError")
+            or (status is not None and status.group(1) in ("401", "403"))
         ):
             why = (
-                "the credentials were refused (AWS_ACCESS_KEY_ID/AWS_PROFILE/instance role for "
-                "S3, application default credentials for GCS, AZURE_STORAGE_* or managed "
-                f"identity for Azure): {text}"
+                f"the credentials were refused ({said}); check the cloud's standard chain: "
+                "AWS_ACCESS_KEY_ID or AWS_PROFILE or the instance role for S3, application "
+                "default credentials for GCS, AZURE_STORAGE_* or a managed identity for Azure"
             )
-        elif "credential" in lower or "token" in lower:
-            why = f"no usable credentials from the cloud's standard chain: {text}"
+        elif "credential" in text.lower():
+            why = f"no usable credentials from the cloud's standard chain ({first_line(exc)})"
         else:
-            why = f"cannot be reached: {text}"
+            why = f"cannot be reached ({first_line(exc)})"
         return CheckpointRemoteError(f"checkpoint location {self.location}: {why}", None)
 
     # -- who writes ----------------------------------------------------------------------------
@@ -769,17 +788,38 @@ def _register(mirror: Mirror) -> None:
             atexit.register(_flush_at_exit)
 
 
-def flush_all(deadline: float | None = None) -> bool:
-    """Flush every mirror of this process (see ``Mirror.flush``); True when all are done."""
+def flush_all(deadline: float | None = None, *, final: bool = False) -> bool:
+    """Flush every mirror of this process (see ``Mirror.flush``); True when all are done.
+    ``final``: the process exits next (a stop): when this flush gave up, the exit does not
+    wait again."""
+    global _exit_flushed
     ok = True
     for mirror in list(_mirrors):
         ok = mirror.flush(deadline) and ok
+    if final and not ok:
+        _exit_flushed = True
     return ok
+
+
+EXIT_MARGIN = 1.0
+"""Seconds kept, before a notice's deadline, for the process to exit after the upload."""
+
+
+def upload_deadline(requests: StopRequests) -> float:
+    """How long a stop waits for its upload (a ``time.monotonic()`` value): until the notice's
+    deadline less ``EXIT_MARGIN`` when it has one (a platform's notice, a grace period), else
+    ``EXIT_FLUSH_SECONDS`` (a plain signal: nothing says the machine goes away soon)."""
+    timed = [n for n in requests.stopping if n.deadline is not None]
+    if timed or requests.grace_period is not None:
+        wall = requests.deadline()
+        if wall is not None:
+            return time.monotonic() + (wall - time.time()) - EXIT_MARGIN
+    return time.monotonic() + EXIT_FLUSH_SECONDS
 
 
 def _flush_at_exit() -> None:
     busy = [m for m in list(_mirrors) if m.busy]
-    if not busy:
+    if not busy or _exit_flushed:  # a stop waited already, as long as its deadline allowed
         return
     logger.warning(
         "preemptible: waiting up to %d s for the upload to %s before exiting",
