@@ -186,6 +186,8 @@ class Mirror:
         self.bucket = open_bucket(location)
         self.epoch: int | None = None
         self._writer_etag: str | None = None
+        self._writer_body: dict[str, Any] | None = None  # what this writer put in writer.json
+        self._bodies: dict[str, dict[str, Any]] = {}  # manifests read (a key is written once)
         self._seq = 0
         self._cond = threading.Condition()
         self._pending: _Job | None = None
@@ -288,6 +290,7 @@ class Mirror:
                     continue  # another writer took over meanwhile: read again
                 raise self._refused(exc) from None
             self.epoch, self._writer_etag, self.fenced = epoch, put.get("e_tag"), False
+            self._writer_body = body
             break
         else:
             raise CheckpointRemoteError(
@@ -344,7 +347,11 @@ class Mirror:
             m = _GEN.match(gen)
             if not m or "/" in gen or rest in quarantined:
                 continue
-            body, _ = self._get_json(key)
+            body = self._bodies.get(key)
+            if body is None:
+                body, _ = self._get_json(key)
+                if body:
+                    self._bodies[key] = body
             if not body:
                 continue
             if int(body.get("epoch", 0)) > epoch:
@@ -590,7 +597,6 @@ class Mirror:
             raise _Fenced(f"another writer took over {self.location}", None)
         if self.epoch is None:
             self.take_over()
-        self._check_fence()
         upload = f"{self.epoch}-{os.urandom(8).hex()}"
         base = f"{UPLOADS}{upload}/{job.name}"
         files: list[dict[str, Any]] = []
@@ -626,7 +632,12 @@ class Mirror:
         from .. import _run
 
         _run.update_record(remote_checkpoint=f"{self.location}/{job.name}")
-        self._retire_after(job.name)
+        try:
+            self._retire_after(job.name)
+        except Exception as exc:  # the commit stands; the next upload retires again
+            logger.info(
+                "preemptible: retention in %s postponed: %s", self.location, first_line(exc)
+            )
 
     def _commit_manifest(self, name: str, body: dict[str, Any]) -> str:
         obs = _obstore()
@@ -657,7 +668,7 @@ class Mirror:
 
     # -- retention and cleaning ----------------------------------------------------------------
     def _retire_after(self, name: str) -> None:
-        remotes = self.committed()
+        remotes = self._valid(self._writer_body)  # this writer's view: it just checked the fence
         newest: dict[str, Remote] = {}
         for remote in remotes:  # newest first: older generations of a name are superseded
             if remote.name in newest:
@@ -688,7 +699,13 @@ class Mirror:
         upload = str(remote.body.get("upload", ""))
         if not upload or "/" in upload:
             return
-        keys = [m["path"] for m in self._list(f"{UPLOADS}{upload}/")]
+        self._bodies.pop(remote.key, None)
+        base = f"{UPLOADS}{upload}/{remote.name}"
+        files = remote.body.get("files") or []
+        if remote.body.get("kind") == "dir":
+            keys = [f"{base}/{f['path']}" for f in files if _safe_rel(str(f.get("path", "")))]
+        else:
+            keys = [base]
         if keys:
             obs.delete(self.bucket, keys)
 
