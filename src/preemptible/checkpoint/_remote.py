@@ -47,6 +47,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,7 @@ class RemoteCheckpoints:
         self._writer_body: dict[str, Any] | None = None  # what this writer put in writer.json
         self._bodies: dict[str, dict[str, Any]] = {}  # manifests read (a key is written once)
         self._seq = 0
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="preemptible-sha256")
         self._check()
 
     def __repr__(self) -> str:
@@ -381,7 +383,6 @@ class RemoteCheckpoints:
             return None
 
     def _upload(self, name: str, local: Path) -> str:
-        obs = _obstore()
         if self.fenced:
             raise _Fenced(f"another writer took over {self.location}", None)
         if self.epoch is None:
@@ -393,13 +394,11 @@ class RemoteCheckpoints:
         if local.is_dir():
             kind = "dir"
             for rel, path in _walk(local, dirs):
-                size, sha = _sha256_file(path)
-                obs.put(self.bucket, f"{base}/{rel}", path)
+                size, sha = self._put_file(f"{base}/{rel}", path)
                 files.append({"path": rel, "size": size, "sha256": sha})
         else:
             kind = "file"
-            size, sha = _sha256_file(local)
-            obs.put(self.bucket, base, local)
+            size, sha = self._put_file(base, local)
             files.append({"path": "", "size": size, "sha256": sha})
         self._seq += 1
         body = {
@@ -415,6 +414,16 @@ class RemoteCheckpoints:
             "dirs": dirs,
         }
         return self._commit_manifest(name, body)
+
+    def _put_file(self, key: str, path: Path) -> tuple[int, str]:
+        """Upload one file and return its size and sha256, computed in a second thread while
+        obstore sends it (both release the GIL; the file is committed, nobody writes it)."""
+        hashing = self._hasher.submit(_sha256_file, path)
+        try:
+            _obstore().put(self.bucket, key, path)
+        finally:
+            size, sha = hashing.result()
+        return size, sha
 
     def _commit_manifest(self, name: str, body: dict[str, Any]) -> str:
         obs = _obstore()
