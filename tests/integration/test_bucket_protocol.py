@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from preemptible import CheckpointStore
+from preemptible.checkpoint import _remote
 from tests.support.buckets import Bucket
 from tests.support.faults import fault_proxy
 
@@ -51,6 +52,11 @@ def test_files_without_a_manifest_are_never_read(
     # a takeover leaves another writer's upload in progress alone (it is not an hour old)
     assert reader.lock()
     assert "uploads/9-00aa/step-0000000009.ckpt" in s3_bucket.objects()
+    # an hour later (the hour made nothing here), the next takeover removes it, and only it
+    monkeypatch.setattr(_remote, "ABANDONED_AFTER", -60.0)
+    before = set(s3_bucket.objects())
+    assert store_on(s3_bucket, monkeypatch, tmp_path, "c").lock()
+    assert before - set(s3_bucket.objects()) == {"uploads/9-00aa/step-0000000009.ckpt"}
 
 
 def test_two_writers_cannot_commit_the_same_name(

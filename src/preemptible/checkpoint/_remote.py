@@ -158,6 +158,15 @@ class RemoteCheckpoints:
         etag = result.meta.get("e_tag")
         return (body if isinstance(body, dict) else {}), etag
 
+    def _body(self, key: str) -> dict[str, Any] | None:
+        """A manifest's content, read once (a key is written once, create-only)."""
+        body = self._bodies.get(key)
+        if body is None:
+            body, _ = self._get_json(key)
+            if body:
+                self._bodies[key] = body
+        return body
+
     def _check(self) -> None:
         """One request at start: the bucket exists and takes our credentials."""
         try:
@@ -247,11 +256,7 @@ class RemoteCheckpoints:
             m = _GEN.match(gen)
             if not m or "/" in gen or rest in quarantined:
                 continue
-            body = self._bodies.get(key)
-            if body is None:
-                body, _ = self._get_json(key)
-                if body:
-                    self._bodies[key] = body
+            body = self._body(key)
             if not body:
                 continue
             if int(body.get("epoch", 0)) > epoch:
@@ -488,7 +493,7 @@ class RemoteCheckpoints:
     def _clean_abandoned(self) -> None:
         referenced = set()
         for meta in self._list(MANIFESTS):
-            body, _ = self._get_json(meta["path"])
+            body = self._body(meta["path"])
             if body and isinstance(body.get("upload"), str):
                 referenced.add(body["upload"])
         groups: dict[str, list[dict[str, Any]]] = {}
