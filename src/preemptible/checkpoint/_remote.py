@@ -104,6 +104,9 @@ def _obstore() -> Any:
 
 
 def _is(exc: BaseException, name: str) -> bool:
+    """Whether obstore raised its error ``name`` (a missing object is a FileNotFoundError)."""
+    if name == "NotFoundError" and isinstance(exc, FileNotFoundError):
+        return True
     return type(exc).__name__ == name
 
 
@@ -254,8 +257,8 @@ class RemoteCheckpoints:
             rest = key[len(MANIFESTS) :]
             name, _, gen = rest.partition("/")
             m = _GEN.match(gen)
-            if not m or "/" in gen or rest in quarantined:
-                continue
+            if not m or "/" in gen or rest in quarantined or name.startswith("."):
+                continue  # a name of ours is a plain file name: never .preemptible.lock
             body = self._body(key)
             if not body:
                 continue
