@@ -14,14 +14,17 @@ and sets the same in the test process.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import tempfile
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +171,25 @@ def own_s3_server() -> Iterator[S3Server]:
     """An S3 server for this test alone, for the tests that kill or stall theirs."""
     with started_s3() as server:
         yield server
+
+
+def store_on(
+    bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, machine: str, **kw: Any
+) -> Any:
+    """A ``CheckpointStore`` of ``bucket`` as a machine of its own (its own staging directory)
+    sees it."""
+    from preemptible import CheckpointStore
+
+    monkeypatch.setenv("PREEMPTIBLE_STAGING_DIR", str(tmp_path / machine))
+    return CheckpointStore(bucket.url, **kw)
+
+
+def save_and_flush(store: Any, step: int, data: bytes) -> bool:
+    """Save ``data`` as step ``step`` and wait for its upload: True once it is committed."""
+    store.save(step, lambda tmp: tmp.write_bytes(data))
+    return bool(store.flush(time.monotonic() + 60))
+
+
+def manifests(bucket: Bucket) -> dict[str, dict[str, Any]]:
+    """The bucket's manifests (key relative to the prefix -> content)."""
+    return {k: json.loads(v) for k, v in bucket.objects().items() if k.startswith("manifests/")}
