@@ -142,8 +142,9 @@ class RemoteCheckpoints:
             found.extend(batch)
         return found
 
-    def _get_json(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
-        """The JSON object at ``key`` and its etag; (None, None) when there is none."""
+    def _get_json(self, key: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The JSON object at ``key`` and its version (etag, and the generation on GCS: what
+        a conditional update names); (None, None) when there is none."""
         obs = _obstore()
         try:
             result = obs.get(self.bucket, key)
@@ -158,8 +159,8 @@ class RemoteCheckpoints:
             body = json.loads(data)
         except ValueError:
             body = None
-        etag = result.meta.get("e_tag")
-        return (body if isinstance(body, dict) else {}), etag
+        version = {k: v for k in ("e_tag", "version") if (v := result.meta.get(k)) is not None}
+        return (body if isinstance(body, dict) else {}), version
 
     def _body(self, key: str) -> dict[str, Any] | None:
         """A manifest's content, read once (a key is written once, create-only)."""
@@ -186,7 +187,7 @@ class RemoteCheckpoints:
         without a manifest older than ``ABANDONED_AFTER``."""
         obs = _obstore()
         for _ in range(8):
-            current, etag = self._get_json(WRITER)
+            current, version = self._get_json(WRITER)
             adopted = [r.key for r in self._valid(current)]
             epoch = int((current or {}).get("epoch", 0)) + 1
             body = {
@@ -196,7 +197,7 @@ class RemoteCheckpoints:
                 "since": time.time(),
                 "adopted": adopted,
             }
-            mode: Any = {"e_tag": etag} if etag else "create"
+            mode: Any = version if version else "create"  # If-Match, or If-None-Match: *
             try:
                 put = obs.put(self.bucket, WRITER, json.dumps(body).encode(), mode=mode)
             except Exception as exc:
@@ -238,7 +239,7 @@ class RemoteCheckpoints:
     def committed(self) -> list[Remote]:
         """The checkpoints committed in the bucket, newest first."""
         for _ in range(4):
-            writer, _etag = self._get_json(WRITER)
+            writer, _version = self._get_json(WRITER)
             try:
                 return self._valid(writer)
             except _Retry:
