@@ -69,6 +69,7 @@ QUARANTINE = "quarantine/"
 ABANDONED_AFTER = 3600.0
 """Seconds after which files without a manifest count as abandoned and may be removed."""
 
+_PARALLEL_FILES = 4  # files of a checkpoint downloaded at once (as an upload sends parts)
 _RANGE = 128 * 1024 * 1024  # bytes per GET of a download: >= 2.2 MB/s within the timeout
 
 _GEN = re.compile(r"^(\d{10})\.json$")
@@ -305,21 +306,25 @@ class RemoteCheckpoints:
                 if not safe_rel(str(d)):
                     raise _Corrupt(f"{remote.key}: a directory name escapes: {d!r}", None)
                 (tmp / d).mkdir(parents=True, exist_ok=True)
-        total = sum(int(entry.get("size", 0)) for entry in files)
+        jobs = []
+        for entry in files:
+            rel = str(entry.get("path", ""))
+            if kind == "dir" and not safe_rel(rel):
+                raise _Corrupt(f"{remote.key}: a file name escapes: {rel!r}", None)
+            target = tmp / rel if kind == "dir" else tmp
+            target.parent.mkdir(parents=True, exist_ok=True)
+            key = f"{base}/{rel}" if kind == "dir" else base
+            jobs.append((key, target, int(entry["size"]), str(entry["sha256"])))
+        total = sum(job[2] for job in jobs)
         with progress(total, f"{remote.name} from {self.location}") as advance:
-            for entry in files:
-                rel = str(entry.get("path", ""))
-                if kind == "dir" and not safe_rel(rel):
-                    raise _Corrupt(f"{remote.key}: a file name escapes: {rel!r}", None)
-                key = f"{base}/{rel}" if kind == "dir" else base
-                target = tmp / rel if kind == "dir" else tmp
-                target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    self._get_file(key, target, int(entry["size"]), str(entry["sha256"]), advance)
-                except Exception as exc:
-                    if _is(exc, "NotFoundError"):
-                        raise _Corrupt(f"{key}: missing from the bucket", None) from None
-                    raise
+            with ThreadPoolExecutor(_PARALLEL_FILES, thread_name_prefix="preemptible-get") as pool:
+                done = [pool.submit(self._get_file, *job, advance) for job in jobs]
+            for job, future in zip(jobs, done, strict=True):
+                exc = future.exception()
+                if exc is not None and _is(exc, "NotFoundError"):
+                    raise _Corrupt(f"{job[0]}: missing from the bucket", None)
+                if exc is not None:
+                    raise exc
 
     def _get_file(
         self, key: str, target: Path, size: int, sha: str, advance: Callable[[int], None]
