@@ -19,6 +19,7 @@ import pytest
 # the shared fixtures, registered once for every test (tests/support/__init__.py lists them)
 pytest_plugins = [
     "tests.support.browser",
+    "tests.support.buckets",
     "tests.support.cpu",
     "tests.support.env",
     "tests.support.metadata",

@@ -31,10 +31,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from .._errors import CheckpointLoadError, CheckpointLockError, CheckpointSaveError, ConfigError
 from .._files import (
+    describe_unopenable,
     fsync_dir,
     fsync_path,
     host_tag,
@@ -42,7 +43,11 @@ from .._files import (
     pid_alive,
     remove_path,
 )
-from .._paths import MAX_STEP, file_kind
+from .._paths import MAX_STEP
+from ._location import Location, is_url, staging_dir
+
+if TYPE_CHECKING:
+    from ._mirror import Mirror
 
 logger = logging.getLogger("preemptible")
 
@@ -111,41 +116,43 @@ def _describe_holder(fd: int) -> str:
     return f"held by pid {pid} on host {host}"
 
 
-def _what_is(path: Path, exc: OSError) -> str:
-    """What stands at ``path`` instead of a lock file we can open, for one line."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return f"not a file we can open ({exc.strerror or exc})"
-    if stat.S_ISLNK(st.st_mode):
-        with contextlib.suppress(OSError):
-            return f"a symbolic link (to {os.readlink(path)})"
-        return "a symbolic link"
-    if not stat.S_ISREG(st.st_mode):
-        return file_kind(st.st_mode)
-    if st.st_nlink != 1:
-        return f"a file with {st.st_nlink} names (a hard link)"
-    return f"a file this process cannot open ({exc.strerror or exc})"
-
-
 class CheckpointStore:
     """Committed checkpoints in one directory, newest (highest step) first."""
 
     def __init__(
-        self, directory: str | os.PathLike[str], *, keep: int = 2, create: bool = True
+        self, directory: str | os.PathLike[str] | Location, *, keep: int = 2, create: bool = True
     ) -> None:
         """``create=False``: for a reader (a supervisor's resume lookup, ``preemptible
         runs``), which must not leave behind a directory it looked into; a missing one has no
-        checkpoints."""
+        checkpoints.
+
+        A URL (``s3://``, ``gs://``, ``az://``; see ``_location``, ``_mirror``) commits in local
+        staging (``directory``), mirrored to the bucket; ``file:///path`` is ``/path``."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"keep={keep!r} is not valid; use an integer >= 1")
-        self.directory = Path(directory)
+        self.location: Location | None = None
+        self.mirror: Mirror | None = None
+        if is_url(directory):
+            location = Location.parse(cast("str | Location", directory))
+            self.location = None if location.is_local else location
+            directory = location.prefix if location.is_local else staging_dir(location)
+        self.directory = Path(cast("str | os.PathLike[str]", directory))
         self.keep = keep
         self._lock_fd: int | None = None
         self._lock_key: tuple[int, int] | None = None
         self._warned_foreign: set[str] = set()
-        if not create and not os.path.lexists(self.directory):
-            return
+        if self.location is not None:
+            with contextlib.suppress(OSError):  # private when we make it
+                self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._open_directory(True)
+            from ._mirror import Mirror
+
+            self.mirror = Mirror(self.location, self.directory, keep=keep)
+            self.mirror.restore(self)
+        elif create or os.path.lexists(self.directory):
+            self._open_directory(create)
+
+    def _open_directory(self, create: bool) -> None:
         try:
             if create:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -286,6 +293,15 @@ class CheckpointStore:
         protocol of every checkpoint (temporary in the same directory, fsync, rename, fsync of
         the directory); an existing ``name`` is replaced only once the new one is complete.
         Nothing is pruned: a name of one's own (``resume.ckpt``) is not a ``step-N.ckpt``."""
+        final = self.commit_local(name, write, tmp=tmp)
+        if self.mirror is not None:
+            self.mirror.enqueue(name, final)
+        return final
+
+    def commit_local(
+        self, name: str, write: Callable[[Path], None], *, tmp: Path | None = None
+    ) -> Path:
+        """``commit`` here only, with no upload (a download committed into staging)."""
         if name in ("", ".", "..") or "/" in name or name.startswith(".tmp-"):
             raise ConfigError(f"checkpoint name {name!r} is not valid; use a plain file name")
         final = self.directory / name
@@ -333,6 +349,8 @@ class CheckpointStore:
         not written by this run (a copied or foreign file, one that does not load), so it is
         neither counted nor deleted; counting it would prune the good ones.
         """
+        if self.mirror is not None:
+            self.mirror.retain(pattern)  # the bucket's retention runs after each upload
         committed = self.committed(pattern)
         if upto is not None:
             above = [c.path.name for c in committed if c.step > upto]
@@ -430,7 +448,7 @@ class CheckpointStore:
                     exc.strerror or exc,
                 )
                 return False
-            raise self._unusable(path, _what_is(path, exc)) from exc
+            raise self._unusable(path, describe_unopenable(path, exc)) from exc
         locked = False
         try:
             st = os.fstat(fd)
@@ -462,7 +480,17 @@ class CheckpointStore:
             if not locked:
                 os.close(fd)
         self._lock_fd, self._lock_key = fd, key
+        if self.mirror is not None:
+            try:
+                self.mirror.take_over()
+            except BaseException:
+                self.unlock()
+                raise
         return True
+
+    def flush(self, deadline: float | None = None) -> bool:
+        """A URL's ``Mirror.flush`` (``deadline``: monotonic); True at once for a directory."""
+        return True if self.mirror is None else self.mirror.flush(deadline)
 
     def unlock(self) -> None:
         """Release the lock taken by ``lock()``; does nothing when not held. The file stays:

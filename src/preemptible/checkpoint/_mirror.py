@@ -1,0 +1,368 @@
+"""The mirror of a checkpoint URL: committed checkpoints go up to the bucket, and come back.
+
+A URL never reaches the POSIX commit: a store for ``s3://bucket/prefix`` commits every save in
+a local staging directory (``_location.staging_dir``) exactly as for any directory, and this
+mirror uploads each committed checkpoint in a background thread by the bucket's own commit
+protocol (``_remote``), and at start brings the newest one committed in the bucket back into
+staging when staging has nothing as new (verified; committed into staging by the POSIX
+commit, so a kill during the download leaves only a temporary).
+
+Uploads run one at a time: a checkpoint committed while another is uploading waits, and a
+newer one replaces a waiting older one (which is then never uploaded; the bucket keeps its
+previous ones). The committed checkpoint is hard-linked into ``.upload-*`` in staging first,
+so the local retention may remove it meanwhile. A failed upload is logged once; the next save
+uploads anew. ``flush`` waits for the queue with a deadline; a stop flushes by its notice's
+deadline (``upload_deadline``), and a normal interpreter exit flushes every mirror of the
+process (``atexit``, up to ``EXIT_FLUSH_SECONDS``).
+
+Staging remembers, in ``.preemptible-mirror.json``, where each local checkpoint came from or
+went up as (a manifest's key), or when it was committed here and not yet uploaded: that is how
+a start knows that staging has the bucket's newest already, or something newer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .._files import host_tag, pid_alive, remove_path, write_text_atomic
+from ._buckets import first_line
+from ._location import Location
+from ._remote import Remote, RemoteCheckpoints
+
+if TYPE_CHECKING:
+    from ..stop._termination import StopRequests
+
+logger = logging.getLogger("preemptible")
+
+STATE_NAME = ".preemptible-mirror.json"
+SNAPSHOT_PREFIX = ".upload-"
+
+EXIT_FLUSH_SECONDS = 600.0
+"""How long a normal interpreter exit (or a stop without a deadline) waits for uploads."""
+
+EXIT_MARGIN = 1.0
+"""Seconds kept, before a notice's deadline, for the process to exit after the upload."""
+
+_FINAL = re.compile(r"^step-(\d+)\.ckpt$")
+
+
+class Staging(Protocol):
+    """What the mirror needs of its store (``CheckpointStore``)."""
+
+    def commit_local(self, name: str, write: Callable[[Path], None]) -> Path: ...
+
+    def committed(self, pattern: re.Pattern[str]) -> list[Any]: ...
+
+
+@dataclass
+class _Job:
+    name: str
+    snapshot: Path
+    queued: float = field(default_factory=time.monotonic)
+
+
+_mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
+_exit_registered = False
+_exit_flushed = False
+_registry_guard = threading.Lock()
+
+
+class Mirror:
+    """Uploads a staging directory's committed checkpoints to ``location``; brings the newest
+    back. One per ``CheckpointStore`` of a URL. Raises ``CheckpointRemoteError`` at
+    construction when the bucket cannot be used."""
+
+    def __init__(self, location: Location, staging: Path, *, keep: int) -> None:
+        self.location = location
+        self.staging = staging
+        self.remote = RemoteCheckpoints(location, keep=keep)
+        self._cond = threading.Condition()
+        self._pending: _Job | None = None
+        self._active: _Job | None = None
+        self._thread: threading.Thread | None = None
+        self._patterns: list[re.Pattern[str]] = [_FINAL]
+        self.uploaded: str | None = None  # the newest name this process put in the bucket
+        self.newest_remote: str | None = None  # the newest committed one seen in the bucket
+        self.failed: str | None = None  # why the last upload failed, until one succeeds
+        self.upload_seconds: float | None = None  # how long the last upload took (measured)
+        _register(self)
+
+    def __repr__(self) -> str:
+        return f"Mirror({self.location})"
+
+    def take_over(self) -> None:
+        """Become the location's writer (``RemoteCheckpoints.take_over``); remove the upload
+        snapshots of this host's dead processes."""
+        self.remote.take_over()
+        me = host_tag()
+        for entry in self.staging.glob(f"{SNAPSHOT_PREFIX}*"):
+            parts = entry.name[len(SNAPSHOT_PREFIX) :].split(".")
+            mine = len(parts) == 3 and parts[0] == me and parts[1].isdecimal()
+            if mine and not pid_alive(int(parts[1])):
+                remove_path(entry)
+
+    # -- bringing the newest back --------------------------------------------------------------
+    def restore(self, store: Staging) -> list[Path]:
+        """Bring the newest committed checkpoint of each family of names (``step-N.ckpt``,
+        ``checkpoint-N``, ``resume.ckpt``: a name with its last number as the step) into
+        staging, unless staging has one as new; one that does not verify is quarantined and
+        the next older one of its family is tried. Returns what was brought back."""
+        try:
+            remotes = self.remote.committed()
+        except Exception as exc:
+            raise self.remote.refused(exc) from None
+        if not remotes:
+            return []
+        self.newest_remote = remotes[0].name
+        families: dict[str, list[Remote]] = {}
+        for remote in remotes:  # newest first, so is each family's list
+            families.setdefault(_family(remote.name)[0], []).append(remote)
+        brought = []
+        for members in families.values():
+            for remote in members:
+                if self._staging_as_new(remote, store):
+                    break
+                path = self.remote.bring_back(remote, store.commit_local)
+                if path is None:  # it did not verify: quarantined, try the next older one
+                    continue
+                self._mark(remote.name, remote.key)
+                logger.warning(
+                    "preemptible: brought %s back from %s into %s",
+                    remote.name,
+                    self.location,
+                    self.staging,
+                )
+                brought.append(path)
+                break
+        return brought
+
+    def _staging_as_new(self, remote: Remote, store: Staging) -> bool:
+        """Whether staging holds this very checkpoint, or a newer one of its family."""
+        mark = self._read_state().get(remote.name)
+        if os.path.lexists(self.staging / remote.name):
+            if mark == remote.key:
+                return True
+            if isinstance(mark, dict) and "local" in mark:  # committed here, maybe not uploaded
+                return float(mark["local"]) >= float(remote.body.get("committed_at", 0))
+        _key, pattern = _family(remote.name)
+        m = pattern.match(remote.name) if pattern is not None else None
+        if pattern is None or m is None:
+            return False
+        return any(c.step >= int(m.group(1)) for c in store.committed(pattern))
+
+    # -- state of staging ----------------------------------------------------------------------
+    def _read_state(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.staging / STATE_NAME).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _mark(self, name: str, value: Any) -> None:
+        with self._cond:  # one writer of the state file in this process
+            state = self._read_state()
+            state[name] = value
+            live = {p.name for p in self.staging.iterdir()} if self.staging.is_dir() else set()
+            try:
+                write_text_atomic(
+                    self.staging / STATE_NAME,
+                    json.dumps({k: v for k, v in state.items() if k in live}),
+                )
+            except OSError as exc:  # only costs a download at the next start
+                logger.info("preemptible: could not note %s in %s: %s", name, self.staging, exc)
+
+    # -- uploading -----------------------------------------------------------------------------
+    def enqueue(self, name: str, path: Path) -> None:
+        """Upload the checkpoint just committed at ``path`` (in the background)."""
+        self._mark(name, {"local": time.time()})
+        if self.remote.fenced:
+            return
+        snapshot = self._snapshot(path)
+        with self._cond:
+            superseded, self._pending = self._pending, _Job(name, snapshot)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="preemptible-upload", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+        if superseded is not None:
+            logger.info("preemptible: %s is not uploaded: %s replaces it", superseded.name, name)
+            remove_path(superseded.snapshot.parent)
+
+    def retain(self, pattern: re.Pattern[str]) -> None:
+        """After each upload of a name ``pattern`` matches, keep the newest ``keep`` of them in
+        the bucket (at or below the uploaded step)."""
+        with self._cond:
+            if pattern not in self._patterns:
+                self._patterns.append(pattern)
+
+    def _snapshot(self, path: Path) -> Path:
+        holder = self.staging / (
+            f"{SNAPSHOT_PREFIX}{host_tag()}.{os.getpid()}.{os.urandom(4).hex()}"
+        )
+        holder.mkdir()
+        target = holder / path.name
+        try:
+            if path.is_dir():
+                shutil.copytree(path, target, copy_function=_link_or_copy, symlinks=False)
+            else:
+                _link_or_copy(str(path), str(target))
+        except BaseException:
+            remove_path(holder)
+            raise
+        return target
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None:
+                    self._cond.wait()
+                job, self._pending = self._pending, None
+                self._active = job
+            try:
+                self._upload(job)
+            except Exception as exc:
+                self.failed = f"{type(exc).__name__}: {first_line(exc)}"
+                logger.warning(
+                    "preemptible: upload of %s to %s failed (%s); the next save uploads again; "
+                    "the newest checkpoint in the bucket is %s",
+                    job.name,
+                    self.location,
+                    self.failed,
+                    self.newest_in_bucket(),
+                )
+            finally:
+                remove_path(job.snapshot.parent)
+                with self._cond:
+                    self._active = None
+                    self._cond.notify_all()
+
+    def _upload(self, job: _Job) -> None:
+        started = time.monotonic()
+        key = self.remote.upload(job.name, job.snapshot)
+        self.upload_seconds = time.monotonic() - started
+        if key is None:  # fenced: said once; no upload of this process counts any more
+            self.failed = f"another writer took over {self.location}"
+            return
+        self.failed = None
+        self.uploaded = self.newest_remote = job.name
+        self._mark(job.name, key)
+        logger.info("preemptible: uploaded %s to %s", job.name, self.location)
+        from .. import _run
+
+        _run.update_record(remote_checkpoint=f"{self.location}/{job.name}")
+        try:
+            with self._cond:
+                patterns = list(self._patterns)
+            self.remote.retire_after(job.name, patterns)
+        except Exception as exc:  # the commit stands; the next upload retires again
+            logger.info(
+                "preemptible: retention in %s postponed: %s", self.location, first_line(exc)
+            )
+
+    # -- waiting -------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self._pending is not None or self._active is not None
+
+    def newest_in_bucket(self) -> str:
+        return self.newest_remote or "none"
+
+    def flush(self, deadline: float | None = None) -> bool:
+        """Wait until every queued upload is done (``deadline``: ``time.monotonic()`` value).
+        False, with one line naming the newest checkpoint in the bucket, when the deadline
+        passed first or the last upload failed."""
+        with self._cond:
+            while self._pending is not None or self._active is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    waiting = self._pending or self._active
+                    logger.warning(
+                        "preemptible: the upload of %s to %s did not finish in time; the newest "
+                        "checkpoint in the bucket is %s",
+                        waiting.name if waiting else "?",
+                        self.location,
+                        self.newest_in_bucket(),
+                    )
+                    return False
+                self._cond.wait(left)
+        return self.failed is None
+
+
+def _family(name: str) -> tuple[str, re.Pattern[str] | None]:
+    """A name's family: its last run of digits is the step (``checkpoint-500`` ->
+    ``checkpoint-#``, with a pattern that reads the step back); a name without digits is a
+    family of its own."""
+    runs = list(re.finditer(r"\d+", name))
+    if not runs:
+        return name, None
+    last = runs[-1]
+    before, after = name[: last.start()], name[last.end() :]
+    return f"{before}#{after}", re.compile(f"^{re.escape(before)}(\\d+){re.escape(after)}$")
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
+def _register(mirror: Mirror) -> None:
+    global _exit_registered
+    with _registry_guard:
+        _mirrors.add(mirror)
+        if not _exit_registered:
+            _exit_registered = True
+            atexit.register(_flush_at_exit)
+
+
+def flush_all(deadline: float | None = None, *, final: bool = False) -> bool:
+    """Flush every mirror of this process (see ``Mirror.flush``); True when all are done.
+    ``final``: the process exits next (a stop): when this flush gave up, the exit does not
+    wait again."""
+    global _exit_flushed
+    ok = True
+    for mirror in list(_mirrors):
+        ok = mirror.flush(deadline) and ok
+    if final and not ok:
+        _exit_flushed = True
+    return ok
+
+
+def upload_deadline(requests: StopRequests) -> float:
+    """How long a stop waits for its upload (a ``time.monotonic()`` value): until the notice's
+    deadline less ``EXIT_MARGIN`` when it has one (a platform's notice, a grace period), else
+    ``EXIT_FLUSH_SECONDS`` (a plain signal: nothing says the machine goes away soon)."""
+    timed = [n for n in requests.stopping if n.deadline is not None]
+    if timed or requests.grace_period is not None:
+        wall = requests.deadline()
+        if wall is not None:
+            return time.monotonic() + (wall - time.time()) - EXIT_MARGIN
+    return time.monotonic() + EXIT_FLUSH_SECONDS
+
+
+def _flush_at_exit() -> None:
+    busy = [m for m in list(_mirrors) if m.busy]
+    if not busy or _exit_flushed:  # a stop waited already, as long as its deadline allowed
+        return
+    logger.warning(
+        "preemptible: waiting up to %d s for the upload to %s before exiting",
+        EXIT_FLUSH_SECONDS,
+        ", ".join(str(m.location) for m in busy),
+    )
+    flush_all(time.monotonic() + EXIT_FLUSH_SECONDS)
