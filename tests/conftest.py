@@ -18,6 +18,7 @@ import pytest
 
 # the shared fixtures, registered once for every test (tests/support/__init__.py lists them)
 pytest_plugins = [
+    "tests.support.azure_blob",
     "tests.support.browser",
     "tests.support.cpu",
     "tests.support.env",

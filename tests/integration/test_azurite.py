@@ -1,0 +1,44 @@
+"""The Azure test server itself: what the az:// checkpoint tests rely on Azurite for.
+
+The object-store commit protocol needs two things from the server: a create-only put that fails
+when the name exists (the manifest is written last, once), and an update that fails when the
+ETag it names is stale. These tests check that Azurite, reached through the client preemption
+uses (obstore) configured from the environment alone (as ``tests.support.azure_blob`` sets it
+for child processes), honours both.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from tests.support.azure_blob import AzureContainer
+
+obstore = pytest.importorskip("obstore")
+
+
+def _store(container: AzureContainer):  # type: ignore[no-untyped-def]
+    from obstore.store import AzureStore
+
+    # nothing but the environment the fixture set: the same chain a child process reads
+    return AzureStore(
+        container.name,
+        prefix=container.prefix,
+        client_options={"timeout": "10s", "connect_timeout": "2s"},
+        retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=5)},
+    )
+
+
+def test_conditional_puts_are_honoured(az_container: AzureContainer) -> None:
+    store = _store(az_container)
+    obstore.put(store, "manifest.json", b"first", mode="create")
+    with pytest.raises(obstore.exceptions.AlreadyExistsError):
+        obstore.put(store, "manifest.json", b"second", mode="create")
+
+    old = obstore.head(store, "manifest.json")["e_tag"]
+    obstore.put(store, "manifest.json", b"updated", mode={"e_tag": old})
+    with pytest.raises(obstore.exceptions.PreconditionError):
+        obstore.put(store, "manifest.json", b"stale", mode={"e_tag": old})
+    # read back with Azure's own SDK, not the client under test
+    assert az_container.objects() == {"manifest.json": b"updated"}
