@@ -20,6 +20,7 @@ import pytest
 pytest_plugins = [
     "tests.support.azure_blob",
     "tests.support.browser",
+    "tests.support.buckets",
     "tests.support.cpu",
     "tests.support.env",
     "tests.support.metadata",

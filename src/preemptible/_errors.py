@@ -6,7 +6,8 @@
     ├── CheckpointError            a checkpoint problem; the message names the path
     │   ├── CheckpointSaveError    writing or committing failed; older ones are untouched
     │   ├── CheckpointLoadError    checkpoints exist but none of them loads (or does not fit)
-    │   └── CheckpointLockError    another writer holds the checkpoint directory
+    │   ├── CheckpointLockError    another writer holds the checkpoint directory
+    │   └── CheckpointRemoteError  a checkpoint URL's bucket is missing, unreachable or refuses us
     ├── AgreementError             the ranks could not agree on the stop (timeout, a rank ahead)
     ├── NoticeError (ValueError)   a platform notice source answered what it cannot understand
     ├── RunLockedError             another live supervisor holds the run (its supervisor.lock)
@@ -56,6 +57,11 @@ class CheckpointLoadError(CheckpointError):
 
 class CheckpointLockError(CheckpointError):
     """Another handler or process already writes checkpoints to this directory."""
+
+
+class CheckpointRemoteError(CheckpointError):
+    """A checkpoint URL's bucket or container cannot be used: it does not exist, the credentials
+    of the cloud's standard chain are missing or refused, or it cannot be reached in time."""
 
 
 class AgreementError(PreemptibleError):

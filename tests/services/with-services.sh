@@ -52,6 +52,17 @@ else
     fi
 fi
 
+# An S3-protocol server (moto's) for the checkpoint URL tests; without moto[server] they skip.
+s3dir=$(mktemp -d "${TMPDIR:-/tmp}/preemptible-s3.XXXXXX")
+if endpoint=$(bash "$here/s3.sh" up "$s3dir/s3" 2>"$logs/s3-up.log"); then
+    export PREEMPTIBLE_TEST_S3_ENDPOINT=$endpoint
+    stops+=('bash "$here/s3.sh" down "$s3dir/s3" >"$logs/s3-down.log" 2>&1; rmdir "$s3dir"')
+else
+    rm -rf "$s3dir"
+    export PREEMPTIBLE_TEST_S3_SKIP="could not start the S3 test server: $(tail -1 "$logs/s3-up.log")"
+    echo "with-services: $PREEMPTIBLE_TEST_S3_SKIP (object storage tests will skip)" >&2
+fi
+
 # Azurite (Azure Blob's emulator; installed with npm into a cache directory the first time) for
 # the az:// checkpoint tests. Exit code 3: no node/npm or no install here, and those tests skip;
 # any other failure is reported here and the tests try once more themselves.

@@ -9,6 +9,8 @@ slurm     a fake ``scontrol``; fixtures ``slurm`` and ``sbatch`` for the real cl
 postgres  fixtures ``pg_server`` (one per session), ``own_pg_server`` (one test's, to stop) and
           ``store_url`` (an empty sweep database)
 reference fixture ``reference_runs``: one uninterrupted run per command for the session
+buckets   object storage: fixtures ``s3_server`` (moto's S3 server, one per session),
+          ``own_s3_server`` (one test's, to kill) and ``s3_bucket`` (a fresh bucket + AWS_* env)
 readme    the harness that runs or checks every README.md code block
 files     a directory whose entries cannot be removed; a file touched anew
 sweeps    ``preemptible sweep create`` and friends as real processes

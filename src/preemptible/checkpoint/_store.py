@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from .._errors import CheckpointLoadError, CheckpointLockError, CheckpointSaveError, ConfigError
 from .._files import (
@@ -43,6 +43,10 @@ from .._files import (
     remove_path,
 )
 from .._paths import MAX_STEP, file_kind
+from ._location import Location, is_url, staging_dir
+
+if TYPE_CHECKING:
+    from ._mirror import Mirror
 
 logger = logging.getLogger("preemptible")
 
@@ -132,20 +136,57 @@ class CheckpointStore:
     """Committed checkpoints in one directory, newest (highest step) first."""
 
     def __init__(
-        self, directory: str | os.PathLike[str], *, keep: int = 2, create: bool = True
+        self, directory: str | os.PathLike[str] | Location, *, keep: int = 2, create: bool = True
     ) -> None:
         """``create=False``: for a reader (a supervisor's resume lookup, ``preemptible
         runs``), which must not leave behind a directory it looked into; a missing one has no
-        checkpoints."""
+        checkpoints.
+
+        ``directory`` may be a URL (``s3://bucket/prefix``, ``gs://``, ``az://``; see
+        ``_location``): checkpoints are then committed in a local staging directory
+        (``directory`` is that one) and mirrored to the bucket (``mirror``); the newest one
+        committed in the bucket is brought back into staging here unless staging has one as
+        new. ``file:///path`` is the plain directory ``/path``."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"keep={keep!r} is not valid; use an integer >= 1")
-        self.directory = Path(directory)
+        self.location: Location | None = None
+        self.mirror: Mirror | None = None
+        if is_url(directory):
+            location = Location.parse(cast("str | Location", directory))
+            if location.is_local:
+                directory = location.prefix
+            else:
+                self.location = location
+                directory = staging_dir(location)
+                create = True  # staging is ours, a cache; the bucket is the location
+        self.directory = Path(cast("str | os.PathLike[str]", directory))
         self.keep = keep
         self._lock_fd: int | None = None
         self._lock_key: tuple[int, int] | None = None
         self._warned_foreign: set[str] = set()
+        if self.location is not None:
+            self._open_staging()
+            from ._mirror import Mirror
+
+            self.mirror = Mirror(self.location, self.directory, keep=keep)
+            self.mirror.restore(self)
+            return
         if not create and not os.path.lexists(self.directory):
             return
+        self._open_directory(create)
+
+    def _open_staging(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise CheckpointSaveError(
+                f"staging directory {self.directory} of {self.location} cannot be created: "
+                f"{exc.strerror or exc}; set PREEMPTIBLE_STAGING_DIR to a writable directory",
+                self.directory,
+            ) from exc
+        self._open_directory(False)
+
+    def _open_directory(self, create: bool) -> None:
         try:
             if create:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -286,6 +327,16 @@ class CheckpointStore:
         protocol of every checkpoint (temporary in the same directory, fsync, rename, fsync of
         the directory); an existing ``name`` is replaced only once the new one is complete.
         Nothing is pruned: a name of one's own (``resume.ckpt``) is not a ``step-N.ckpt``."""
+        final = self.commit_local(name, write, tmp=tmp)
+        if self.mirror is not None:
+            self.mirror.enqueue(name, final)
+        return final
+
+    def commit_local(
+        self, name: str, write: Callable[[Path], None], *, tmp: Path | None = None
+    ) -> Path:
+        """``commit`` in this directory only: nothing is uploaded (a download being committed
+        into staging)."""
         if name in ("", ".", "..") or "/" in name or name.startswith(".tmp-"):
             raise ConfigError(f"checkpoint name {name!r} is not valid; use a plain file name")
         final = self.directory / name
@@ -333,6 +384,8 @@ class CheckpointStore:
         not written by this run (a copied or foreign file, one that does not load), so it is
         neither counted nor deleted; counting it would prune the good ones.
         """
+        if self.mirror is not None:
+            self.mirror.retain(pattern)  # the bucket's retention runs after each upload
         committed = self.committed(pattern)
         if upto is not None:
             above = [c.path.name for c in committed if c.step > upto]
@@ -462,7 +515,20 @@ class CheckpointStore:
             if not locked:
                 os.close(fd)
         self._lock_fd, self._lock_key = fd, key
+        if self.mirror is not None:
+            try:
+                self.mirror.take_over()
+            except BaseException:
+                self.unlock()
+                raise
         return True
+
+    def flush(self, deadline: float | None = None) -> bool:
+        """Wait until every checkpoint committed here reached the bucket (a URL's store;
+        ``deadline``: a ``time.monotonic()`` value). False, after one line naming the newest
+        checkpoint in the bucket, when the deadline came first or the upload failed. True at
+        once for a plain directory."""
+        return True if self.mirror is None else self.mirror.flush(deadline)
 
     def unlock(self) -> None:
         """Release the lock taken by ``lock()``; does nothing when not held. The file stays:

@@ -10,6 +10,7 @@ from pathlib import Path
 from .._errors import ConfigError
 from .._run import current_run
 from .._torch import initialized_dist
+from ..checkpoint._location import is_url
 from ..stop._termination import TerminationConfig
 
 logger = logging.getLogger("preemptible")
@@ -47,9 +48,10 @@ def exit_code_of(code: int | None) -> int | None:
     return code
 
 
-def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path:
+def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path | str:
     """The front end's own directory, else the supervisor's (``PREEMPTIBLE_CHECKPOINT_DIR``);
-    warn once when they differ."""
+    warn once when they differ. A URL (``s3://...``) stays the string it is: ``Path`` would
+    collapse its ``//`` into a relative directory named ``s3:``."""
     global _warned_dirs
     run = current_run()
     from_env = None if run.checkpoint_dir is None else str(run.checkpoint_dir)
@@ -59,9 +61,9 @@ def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path:
                 "no checkpoint directory: pass checkpoint_dir, or run under "
                 "`preemptible run`, which sets PREEMPTIBLE_CHECKPOINT_DIR"
             )
-        return Path(from_env)
-    path = Path(given)
-    if from_env is not None and Path(from_env).resolve() != path.resolve():
+        return from_env if is_url(from_env) else Path(from_env)
+    place: Path | str = given if isinstance(given, str) and is_url(given) else Path(given)
+    if from_env is not None and _same_place(from_env, place) is False:
         defaulted = run.checkpoint_dir_default
         if not defaulted and not _warned_dirs:
             _warned_dirs = True
@@ -69,10 +71,16 @@ def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path:
                 "preemptible: checkpoints go to %s (the handler's checkpoint_dir), not to %s "
                 "(preemptible run's --checkpoint-dir); pass checkpoint_dir=None to use the "
                 "supervisor's, or give both the same directory",
-                path,
+                place,
                 from_env,
             )
-    return path
+    return place
+
+
+def _same_place(from_env: str, place: Path | str) -> bool:
+    if isinstance(place, str) or is_url(from_env):
+        return str(place).rstrip("/") == from_env.rstrip("/")
+    return Path(from_env).resolve() == place.resolve()
 
 
 def is_rank_zero() -> bool:

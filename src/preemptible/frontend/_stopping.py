@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CheckpointSaveError
+from ..checkpoint._mirror import flush_all, upload_deadline
 from ..checkpoint._savers import Saver
 from ..distributed._agreement import StopAgreement
 from ..distributed._group import Ranks
@@ -173,6 +174,8 @@ class Stopping:
             notice=agreed,  # the record and the tracker tell the agreed stop's story
         )
         code = self.exit_code if self.exit_code is not None else notice.exit_code
+        # a URL's checkpoint goes up before the exit, by the notice's deadline if it has one
+        flush_all(upload_deadline(ctl.requests), final=True)
         logger.warning(
             "preemptible: stopped at step %d on %s; checkpoint %s; exiting with %d",
             self.step,

@@ -1,0 +1,117 @@
+"""The object-store client of a checkpoint URL: obstore, imported only when a URL is used.
+
+obstore (one Rust wheel for S3, GCS and Azure) does conditional puts (``mode="create"`` is
+``If-None-Match: *``; an ``e_tag`` is ``If-Match``), multipart uploads with parts in flight
+at once, timeouts, and retries of 5xx answers and dropped connections with exponential
+backoff. Credentials and endpoints come only from each cloud's standard chain, which obstore
+reads from the environment (``AWS_*`` including ``AWS_ENDPOINT_URL``; Google's application
+default credentials; ``AZURE_STORAGE_*``) or the instance's metadata service; an AWS profile
+(``AWS_PROFILE`` or ``~/.aws``) is read through boto3 when it is installed. Nothing here
+logs a credential: errors are mapped to one line that names the URL and what was refused.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._errors import CheckpointRemoteError, ConfigError
+from ._location import Location
+
+if TYPE_CHECKING:
+    from obstore.store import ObjectStore
+
+REQUEST_TIMEOUT = 60.0
+"""Seconds one request may take end to end (a multipart upload's part, a manifest, a GET)."""
+
+CONNECT_TIMEOUT = 5.0
+
+RETRY_TIMEOUT = 60.0
+"""Seconds after the first try of a request when retries of 5xx and SlowDown stop."""
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _client_options() -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "timeout": timedelta(seconds=REQUEST_TIMEOUT),
+        "connect_timeout": timedelta(seconds=CONNECT_TIMEOUT),
+    }
+    # explicit client options replace obstore's reading of these from the environment
+    if os.environ.get("AWS_ALLOW_HTTP", "").lower() in _TRUE or (
+        os.environ.get("AZURE_STORAGE_ALLOW_HTTP", "").lower() in _TRUE
+    ):
+        options["allow_http"] = True
+    return options
+
+
+def _retry() -> dict[str, Any]:
+    return {
+        "max_retries": 10,
+        "retry_timeout": timedelta(seconds=RETRY_TIMEOUT),
+        "backoff": {
+            "init_backoff": timedelta(milliseconds=100),
+            "max_backoff": timedelta(seconds=5),
+            "base": 2,
+        },
+    }
+
+
+def _aws_profile_provider() -> Any | None:
+    """boto3's credential chain when an AWS profile is configured and no keys are exported
+    (obstore reads keys, web identity and the instance role, but not ``~/.aws``)."""
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        return None
+    configured = os.environ.get("AWS_PROFILE") or any(
+        (Path.home() / ".aws" / name).is_file() for name in ("credentials", "config")
+    )
+    if not configured:
+        return None
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        return None
+    try:
+        return Boto3CredentialProvider(boto3.Session())
+    except Exception:  # no usable profile: obstore's own chain (instance role) is tried
+        return None
+
+
+def open_bucket(location: Location) -> ObjectStore:
+    """An obstore store rooted at ``location``'s prefix."""
+    try:
+        from obstore import store as obs
+    except ImportError:
+        extra = {"s3": "s3", "gs": "gcs", "az": "azure"}.get(location.scheme, "cloud")
+        raise ConfigError(
+            f"checkpoint location {location}: the object-store client is not installed; "
+            f"pip install 'preemptible[{extra}]'"
+        ) from None
+    prefix = location.prefix or None
+    common: dict[str, Any] = {"client_options": _client_options(), "retry_config": _retry()}
+    try:
+        if location.scheme == "s3":
+            provider = _aws_profile_provider()
+            if provider is not None:
+                common["credential_provider"] = provider
+            return obs.S3Store(location.bucket, prefix=prefix, **common)
+        if location.scheme == "gs":
+            return obs.GCSStore(location.bucket, prefix=prefix, **common)
+        if location.scheme == "az":
+            return obs.AzureStore(location.bucket, prefix=prefix, **common)
+    except Exception as exc:  # a configuration obstore refuses (a bad variable)
+        raise CheckpointRemoteError(
+            f"checkpoint location {location}: cannot set up the client "
+            f"({type(exc).__name__}: {first_line(exc)})",
+            None,
+        ) from None
+    raise ConfigError(f"checkpoint location {location}: not an object-store URL")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an obstore error (the rest is a debug dump of the request)."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

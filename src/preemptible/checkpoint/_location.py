@@ -1,0 +1,146 @@
+"""Where checkpoints live: a local directory or an object-store URL, parsed once.
+
+A checkpoint location given as a string is a URL when it starts with ``scheme://``; anything
+else is a local path, as it always was. A URL is checked here, before anything touches the
+network or the disk, so that a typo is one line at start (``ConfigError``) instead of a
+directory named ``s3:`` in the working directory (``Path("s3://b/p")`` collapses the ``//``,
+which is how a URL used to be taken for a relative directory).
+
+Valid: ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix`` (also
+``azure://``) and ``file:///absolute/path`` (a plain local directory). The prefix may be empty;
+it never contains ``..`` or ``.`` parts, a query string or a fragment, and the URL carries no
+credentials: those come from each cloud's standard chain (environment, profile, instance role).
+
+A URL's checkpoints are committed first in a local *staging* directory (the POSIX commit, as
+for any directory) and mirrored to the bucket: ``staging_dir`` names that directory after the
+URL, readable and short, with a hash so that two URLs never share one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from .._errors import ConfigError
+
+_SCHEMES = {"s3": "s3", "gs": "gs", "az": "az", "azure": "az", "file": "file"}
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# S3, GCS and Azure differ in the details; this is what all three can hold, roughly: lower case
+# letters, digits, dots, dashes (GCS also takes underscores), 3 to 222 characters
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_VALID = (
+    "use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or file:///ABSOLUTE/PATH"
+)
+
+
+def is_url(value: object) -> bool:
+    """Whether ``value`` is a location string written as a URL (``scheme://...``)."""
+    return isinstance(value, str | Location) and (
+        isinstance(value, Location) or bool(_URL.match(value))
+    )
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed checkpoint location. ``scheme`` is ``s3``, ``gs``, ``az`` or ``file``;
+    ``bucket`` the bucket or container (empty for ``file``); ``prefix`` the path inside it
+    without leading or trailing slash (for ``file``: the absolute local path)."""
+
+    scheme: str
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, value: str | os.PathLike[str] | Location) -> Location:
+        if isinstance(value, Location):
+            return value
+        text = os.fspath(value)
+        if not _URL.match(text):
+            raise ConfigError(f"checkpoint location {text!r} is not a URL; {_VALID}")
+        scheme_given = text.split("://", 1)[0]
+        scheme = _SCHEMES.get(scheme_given.lower())
+        if scheme is None:
+            raise ConfigError(
+                f"checkpoint location {scheme_given}://...: unknown scheme {scheme_given!r}; "
+                f"{_VALID}"
+            )
+        parts = urlsplit(text)
+        shown = f"{scheme_given}://{parts.hostname or ''}{parts.path}"  # never the secrets
+        if parts.query or parts.fragment or text.endswith(("?", "#")):
+            raise ConfigError(
+                f"checkpoint location {shown}: a query string or fragment is not valid; {_VALID}"
+            )
+        if "@" in parts.netloc:
+            raise ConfigError(
+                f"checkpoint location {shown}: credentials in the URL are not valid; give them "
+                "the cloud's usual way (environment variables, profile, instance role)"
+            )
+        if scheme == "file":
+            if parts.netloc not in ("", "localhost"):
+                raise ConfigError(
+                    f"checkpoint location {text}: file:// URLs name a local path "
+                    "(file:///absolute/path), not a host"
+                )
+            path = unquote(parts.path)
+            if not path.startswith("/"):
+                raise ConfigError(f"checkpoint location {text}: {_VALID}")
+            return cls("file", "", os.path.normpath(path))
+        bucket = parts.netloc
+        if not bucket:
+            raise ConfigError(f"checkpoint location {shown}: no bucket or container; {_VALID}")
+        if parts.port is not None or not _BUCKET.match(bucket):
+            raise ConfigError(
+                f"checkpoint location {shown}: {bucket!r} is not a valid bucket or container "
+                "name (3 to 222 lower-case letters, digits, dots, dashes or underscores)"
+            )
+        pieces = [p for p in unquote(parts.path).split("/") if p]
+        if any(p in (".", "..") for p in pieces):
+            raise ConfigError(
+                f"checkpoint location {shown}: '.' and '..' are not valid in the prefix; "
+                "name the prefix as it is"
+            )
+        if any(ord(c) < 32 or c == "\x7f" for c in text):
+            raise ConfigError(f"checkpoint location {shown!r}: control characters are not valid")
+        return cls(scheme, bucket, "/".join(pieces))
+
+    @property
+    def is_local(self) -> bool:
+        return self.scheme == "file"
+
+    @property
+    def url(self) -> str:
+        if self.is_local:
+            return f"file://{self.prefix}"
+        return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
+
+    def __str__(self) -> str:
+        return self.url
+
+    def key(self, name: str) -> str:
+        """The full object key of ``name`` under this location's prefix (for messages)."""
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def slug(self) -> str:
+        """A directory name for this location: readable, short, and unique by its hash."""
+        readable = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{self.scheme}-{self.bucket}-{self.prefix}")
+        digest = hashlib.sha256(self.url.encode()).hexdigest()[:12]
+        return f"{readable.strip('_-.')[:60]}-{digest}"
+
+
+def staging_root() -> Path:
+    """``$PREEMPTIBLE_STAGING_DIR``, else ``$XDG_CACHE_HOME/preemptible/staging``, else
+    ``~/.cache/preemptible/staging``: where URLs' checkpoints are committed before the upload."""
+    given = os.environ.get("PREEMPTIBLE_STAGING_DIR")
+    if given:
+        return Path(given)
+    cache = os.environ.get("XDG_CACHE_HOME")
+    base = Path(cache) if cache else Path.home() / ".cache"
+    return base / "preemptible" / "staging"
+
+
+def staging_dir(location: Location) -> Path:
+    return staging_root() / location.slug()

@@ -1,0 +1,70 @@
+"""A checkpoint store on a URL, against a real S3-protocol server (moto's, tests/services/s3.sh):
+each save commits in local staging and goes up; a store on a fresh staging directory (a new
+machine) brings the newest committed checkpoint back, verified."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from preemptible import CheckpointStore
+from tests.support.buckets import Bucket
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def new_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> None:
+    monkeypatch.setenv("PREEMPTIBLE_STAGING_DIR", str(tmp_path / name))
+
+
+def write_dir(tmp: Path) -> None:
+    (tmp / "sub").mkdir(parents=True)
+    (tmp / "model.bin").write_bytes(b"m" * 70_000)
+    (tmp / "sub" / "opt.bin").write_bytes(b"o" * 10)
+
+
+def test_saves_go_up_and_a_new_machine_brings_the_newest_back(
+    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    store = CheckpointStore(s3_bucket.url, keep=2)
+    assert store.lock()
+    payloads = {step: os.urandom(50_000 + step) for step in range(1, 5)}
+    for step, data in payloads.items():
+        store.save(step, lambda tmp, data=data: tmp.write_bytes(data))
+        assert store.flush(time.monotonic() + 60)
+    store.commit("named.ckpt", write_dir)
+    assert store.flush(time.monotonic() + 60)
+    store.unlock()
+    # the bucket holds the newest two step checkpoints, each behind its manifest
+    keys = s3_bucket.objects()
+    manifests = sorted(k for k in keys if k.startswith("manifests/step-"))
+    assert [k.split("/")[1] for k in manifests] == ["step-0000000003.ckpt", "step-0000000004.ckpt"]
+
+    new_machine(monkeypatch, tmp_path, "elsewhere")
+    again = CheckpointStore(s3_bucket.url, keep=2)
+    assert again.directory != store.directory
+    newest = again.latest()
+    assert newest is not None and newest.step == 4
+    assert newest.path.read_bytes() == payloads[4]
+    named = again.directory / "named.ckpt"
+    assert (named / "model.bin").read_bytes() == b"m" * 70_000
+    assert (named / "sub" / "opt.bin").read_bytes() == b"o" * 10
+
+
+def test_a_staging_copy_as_new_is_used_as_it_is(
+    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    store = CheckpointStore(s3_bucket.url)
+    assert store.lock()
+    store.save(7, lambda tmp: tmp.write_bytes(b"seven"))
+    assert store.flush(time.monotonic() + 60)
+    store.unlock()
+    newest = store.latest()
+    assert newest is not None
+    before = newest.path.stat().st_ino
+    again = CheckpointStore(s3_bucket.url)  # the same machine: staging has it already
+    latest = again.latest()
+    assert latest is not None and latest.path.stat().st_ino == before

@@ -1,0 +1,75 @@
+"""Checkpoint locations: a URL is parsed once, a bad one is one line naming what is valid, and a
+URL is never taken for a relative directory (``Path("s3://b/p")`` collapses the ``//``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from preemptible import ConfigError
+from preemptible.checkpoint._location import Location, is_url, staging_dir, staging_root
+from preemptible.frontend import checkpoint_directory
+
+
+@pytest.mark.parametrize(
+    ("url", "scheme", "bucket", "prefix"),
+    [
+        ("s3://bucket/prefix", "s3", "bucket", "prefix"),
+        ("s3://bucket/a/b/", "s3", "bucket", "a/b"),
+        ("s3://bucket", "s3", "bucket", ""),
+        ("gs://my_bucket.example/runs/1", "gs", "my_bucket.example", "runs/1"),
+        ("az://container/p", "az", "container", "p"),
+        ("azure://container/p", "az", "container", "p"),
+        ("file:///abs/path/", "file", "", "/abs/path"),
+    ],
+)
+def test_valid_urls(url: str, scheme: str, bucket: str, prefix: str) -> None:
+    assert is_url(url)
+    loc = Location.parse(url)
+    assert (loc.scheme, loc.bucket, loc.prefix) == (scheme, bucket, prefix)
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("ftp://bucket/p", "unknown scheme 'ftp'"),
+        ("s3:///prefix", "no bucket"),
+        ("s3://bucket/a/../b", "'..' are not valid"),
+        ("s3://bucket/p?versionId=3", "query string"),
+        ("s3://bucket/p#x", "query string"),
+        ("s3://Bucket_Upper/p", "not a valid bucket"),
+        ("s3://key:secret@bucket/p", "credentials in the URL"),
+        ("file://host/p", "not a host"),
+    ],
+)
+def test_a_bad_url_is_one_line_naming_what_is_valid(url: str, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Location.parse(url)
+    message = str(info.value)
+    assert says in message and "\n" not in message
+    assert "secret" not in message
+
+
+def test_plain_paths_are_not_urls() -> None:
+    assert not is_url("ckpt/s3")
+    assert not is_url("/abs/s3:/x")
+    assert not is_url(Path("s3://b/p"))
+
+
+def test_a_url_stays_a_url_for_the_front_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PREEMPTIBLE_CHECKPOINT_DIR", raising=False)
+    assert checkpoint_directory("s3://ckpt/plain/") == "s3://ckpt/plain/"
+    assert checkpoint_directory("ckpt/plain") == Path("ckpt/plain")
+
+
+def test_staging_is_named_after_the_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("PREEMPTIBLE_STAGING_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert staging_root() == tmp_path / "cache" / "preemptible" / "staging"
+    a, b = Location.parse("s3://bucket/a/b"), Location.parse("s3://bucket/a_b")
+    assert staging_dir(a).parent == staging_root()
+    assert staging_dir(a).name.startswith("s3-bucket-a_b-")
+    assert staging_dir(a) != staging_dir(b)
+    monkeypatch.setenv("PREEMPTIBLE_STAGING_DIR", str(tmp_path / "st"))
+    assert staging_dir(a).parent == tmp_path / "st"
