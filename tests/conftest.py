@@ -18,9 +18,9 @@ import pytest
 
 # the shared fixtures, registered once for every test (tests/support/__init__.py lists them)
 pytest_plugins = [
-    "tests.support.azure_blob",
     "tests.support.browser",
     "tests.support.buckets",
+    "tests.support.azure_blob",  # after buckets: it imports it (assertion rewriting)
     "tests.support.cpu",
     "tests.support.env",
     "tests.support.metadata",

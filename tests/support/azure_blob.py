@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.buckets import Bucket
+
 AZURITE_SCRIPT = Path(__file__).resolve().parent.parent / "services" / "azurite.sh"
 
 # Azurite's development account: public, documented, the same in every emulator (not a secret)
@@ -196,3 +198,18 @@ def own_azurite() -> Iterator[AzuriteServer]:
     """An Azurite for this test alone, for the tests that stop theirs."""
     with started_azurite() as server:
         yield server
+
+
+AnyBucket = Bucket | AzureContainer
+"""What the ``bucket`` fixture gives: the same ``url``, ``env``, ``objects()`` and ``put()``."""
+
+
+@pytest.fixture(params=["s3", "az"])
+def bucket(request: pytest.FixtureRequest) -> AnyBucket:
+    """A fresh bucket on each protocol server in turn: moto's S3 (``s3_bucket``) and Azurite
+    (``az_container``), for the tests of what must hold on every cloud. Each one skips on its
+    own where its server cannot be started."""
+    found: AnyBucket = request.getfixturevalue(
+        "s3_bucket" if request.param == "s3" else "az_container"
+    )
+    return found
