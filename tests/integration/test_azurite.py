@@ -4,7 +4,8 @@ The object-store commit protocol needs two things from the server: a create-only
 when the name exists (the manifest is written last, once), and an update that fails when the
 ETag it names is stale. These tests check that Azurite, reached through the client preemption
 uses (obstore) configured from the environment alone (as ``tests.support.azure_blob`` sets it
-for child processes), honours both.
+for child processes), honours both. And that what cannot work on Azure (a container that does
+not exist, a key the service refuses) is one line at the store's start, as on S3.
 """
 
 from __future__ import annotations
@@ -42,3 +43,25 @@ def test_conditional_puts_are_honoured(az_container: AzureContainer) -> None:
         obstore.put(store, "manifest.json", b"stale", mode={"e_tag": old})
     # read back with Azure's own SDK, not the client under test
     assert az_container.objects() == {"manifest.json": b"updated"}
+
+
+def test_a_missing_container_or_a_wrong_key_is_one_line_at_start(
+    az_container: AzureContainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from preemptible import CheckpointRemoteError, CheckpointStore
+
+    with pytest.raises(CheckpointRemoteError) as info:
+        CheckpointStore(f"az://no-such-{az_container.name}/ckpt")
+    assert "\n" not in str(info.value)
+    assert "does not exist (ContainerNotFound)" in str(info.value)
+
+    wrong = "bm90LXRoZS1rZXktMTIzNA=="  # base64 of not-the-key-1234
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", wrong)
+    with pytest.raises(CheckpointRemoteError) as info:
+        CheckpointStore(az_container.url)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"checkpoint location {az_container.url}: the credentials were refused" in message
+    assert wrong not in message and az_container.server.env()["AZURE_STORAGE_ACCOUNT_KEY"] not in (
+        message
+    )
