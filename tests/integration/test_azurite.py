@@ -10,11 +10,12 @@ not exist, a key the service refuses) is one line at the store's start, as on S3
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
 
-from tests.support.azure_blob import AzureContainer
+from tests.support.azure_blob import ACCOUNT, AzureContainer
 
 obstore = pytest.importorskip("obstore")
 
@@ -65,3 +66,23 @@ def test_a_missing_container_or_a_wrong_key_is_one_line_at_start(
     assert wrong not in message and az_container.server.env()["AZURE_STORAGE_ACCOUNT_KEY"] not in (
         message
     )
+
+
+def test_an_http_endpoint_with_an_account_key_as_obstore_reads_it(
+    az_container: AzureContainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not the emulator mode: an account, its key and an endpoint, as for any Azure-compatible
+    service; plain HTTP allowed by obstore's own variable, AZURE_ALLOW_HTTP."""
+    from preemptible import CheckpointStore
+
+    server = az_container.server
+    for key in ("AZURE_STORAGE_USE_EMULATOR", "AZURITE_BLOB_STORAGE_URL"):
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AZURE_STORAGE_ENDPOINT", f"{server.endpoint}/{ACCOUNT}")
+    monkeypatch.setenv("AZURE_ALLOW_HTTP", "true")
+    store = CheckpointStore(az_container.url)
+    assert store.lock()
+    store.save(3, lambda tmp: tmp.write_bytes(b"three"))
+    assert store.flush(time.monotonic() + 60)
+    store.unlock()
+    assert b"three" in az_container.objects().values()
