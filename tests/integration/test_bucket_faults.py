@@ -128,8 +128,11 @@ def test_the_server_killed_during_an_upload_leaves_the_bucket_intact(
 ) -> None:
     server = spawn([PY, str(ROOT / "tests" / "support" / "faults.py"), s3_bucket.server.endpoint])
     port = server.wait_line(lambda line: line.startswith("listening "), 30).split()[1]
+    run_dir = tmp_path / "run"  # where a supervisor would read the attempt's record
     run = spawn(
-        train_args(s3_bucket), cwd=tmp_path, env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+        train_args(s3_bucket),
+        cwd=tmp_path,
+        env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "PREEMPTIBLE_RUN_DIR": str(run_dir)},
     )
     run.wait_line(lambda line: line == "step 7", timeout=90)
     # the server dies as the next upload's first file starts
@@ -152,3 +155,5 @@ def test_the_server_killed_during_an_upload_leaves_the_bucket_intact(
     assert said and all(
         (m := NEWEST.search(line)) and m.group(1) == max(in_bucket) for line in said
     ), run.output
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["remote_checkpoint"] == f"{s3_bucket.url}/{max(in_bucket)}", record

@@ -64,11 +64,11 @@ def test_two_writers_cannot_commit_the_same_name(
     # generations of step 5 (the listing is taken as it was before that commit, the race)
     other = {**next(iter(manifests(bucket).values())), "name": "step-0000000005.ckpt"}
     bucket.put("manifests/step-0000000005.ckpt/0000000001.json", json.dumps(other).encode())
-    mirror = writer.mirror
-    assert mirror is not None
-    listing = mirror._list
+    assert writer.mirror is not None
+    remote = writer.mirror.remote
+    listing = remote._list
     monkeypatch.setattr(
-        mirror, "_list", lambda prefix: [] if "step-0000000005" in prefix else listing(prefix)
+        remote, "_list", lambda prefix: [] if "step-0000000005" in prefix else listing(prefix)
     )
     with caplog.at_level(logging.WARNING, logger="preemptible"):
         assert not save(writer, 5, b"five")
@@ -91,10 +91,9 @@ def test_a_writer_replaced_by_a_takeover_cannot_commit_after_it(
     assert not any("step-0000000002" in k for k in manifests(bucket))
     # the old writer's manifest written in the gap after its last look at writer.json (the
     # check skipped here to land in that gap) carries the old epoch: nobody reads it
-    mirror = old.mirror
-    assert mirror is not None
-    mirror.fenced = False
-    monkeypatch.setattr(mirror, "_check_fence", lambda: None)
+    assert old.mirror is not None
+    old.mirror.remote.fenced = False
+    monkeypatch.setattr(old.mirror.remote, "_check_fence", lambda: None)
     assert save(old, 3, b"old three")
     assert any("step-0000000003" in k for k in manifests(bucket))
     assert save(new, 3, b"new three")  # the same name: the next generation

@@ -1,9 +1,9 @@
 """The doctor's checkpoint-location check: can this machine reach the bucket of a checkpoint URL,
 and with which credentials.
 
-The probe is the very one a run makes at start (the mirror's first request, and its one-line
-error for a missing bucket, refused credentials or an unreachable service), so the doctor says
-what the run would. It runs in a thread of its own with a deadline: the client retries an
+The probe is the very one a run makes at start (the first request of ``RemoteCheckpoints``, and
+its one line for a missing bucket, refused credentials or an unreachable service), so the doctor
+says what the run would. It runs in a thread of its own with a deadline: the client retries an
 unreachable service for up to a minute, and the doctor must never hang.
 
 Which credentials: the first source of the cloud's standard chain that the client would use,
@@ -175,11 +175,10 @@ def _probe(location: Location) -> str | None:
     def probe() -> None:
         from .._errors import PreemptibleError
         from ..checkpoint._buckets import first_line
-        from ..checkpoint._mirror import Mirror
+        from ..checkpoint._remote import RemoteCheckpoints
 
         try:
-            # the run's own start check; staging is never written by it
-            Mirror(location, Path(os.devnull), keep=1)
+            RemoteCheckpoints(location, keep=1)  # the run's own start check, nothing written
             outcome.append(None)
         except PreemptibleError as exc:
             outcome.append(str(exc))
