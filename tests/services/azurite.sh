@@ -13,8 +13,9 @@
 # Azurite is an npm package: it is installed once, pinned, into a cache directory
 # ($PREEMPTIBLE_AZURITE_CACHE, default ~/.cache/preemptible/azurite; about 15 s), so that a fresh
 # machine gets it inside `make test`. DIR holds the data, the log, the port and the pid; only
-# that pid is ever killed. Exit code 3: no node/npm here, or npm could not install Azurite (the
-# tests that need it skip, saying why).
+# that pid is ever killed. Without node/npm, as root with apt, it installs nodejs and npm first.
+# Exit code 3: still no node/npm, or npm could not install Azurite (the tests that need it skip,
+# saying why).
 set -euo pipefail
 
 VERSION=3.35.0
@@ -26,6 +27,13 @@ log() { echo "[azurite.sh] $*" >&2; }
 install() {
     [ -x "$bin" ] && grep -q "\"version\": \"$VERSION\"" "$cache/node_modules/azurite/package.json" \
         2>/dev/null && return 0
+    if ! { command -v node >/dev/null && command -v npm >/dev/null; } \
+        && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        log "no node/npm here: installing nodejs and npm with apt"
+        timeout 300 apt-get install -y -qq nodejs npm >/dev/null 2>&1 \
+            || { apt-get update -qq >/dev/null 2>&1 \
+                && timeout 300 apt-get install -y -qq nodejs npm >/dev/null 2>&1; } || true
+    fi
     command -v node >/dev/null && command -v npm >/dev/null \
         || { log "no node/npm here: install nodejs and npm to run the Azure tests"; exit 3; }
     mkdir -p "$cache"
