@@ -55,20 +55,12 @@ def test_slow_down_is_retried_with_backoff(
     assert list(verified_manifests(s3_bucket)) == ["step-0000000001.ckpt"]
 
 
-def test_a_missing_bucket_is_one_line_at_start(s3_bucket: Bucket, tmp_path: Path, spawn) -> None:
+def test_a_missing_bucket_is_one_line_at_start(s3_bucket: Bucket) -> None:
     with pytest.raises(CheckpointRemoteError) as info:
         CheckpointStore("s3://no-such-bucket-here/ckpt")
     message = str(info.value)
     assert "\n" not in message
     assert "bucket or container 'no-such-bucket-here' does not exist (NoSuchBucket)" in message
-    # a run stops at its start, before any step
-    run = spawn(
-        python_args("train.py", "--ckpt", "s3://no-such-bucket-here/ckpt", "--out", "o.pt"),
-        cwd=tmp_path,
-    )
-    assert run.wait(120) != 0
-    assert not any(line.startswith("step ") for line in run.lines)
-    assert "CheckpointRemoteError: checkpoint location s3://no-such-bucket-here/ckpt" in run.output
 
 
 def test_refused_credentials_are_one_line_at_start(monkeypatch: pytest.MonkeyPatch) -> None:

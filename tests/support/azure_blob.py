@@ -10,8 +10,8 @@ or started here (no node/npm, no registry: PREEMPTIBLE_TEST_AZURITE_SKIP says wh
 the variables of Azure's standard chain as obstore reads them, pointed at the emulator
 (``AZURE_STORAGE_USE_EMULATOR`` with ``AZURITE_BLOB_STORAGE_URL``, and the emulator's public
 development account), and sets the same in the test process. It has the shape of
-``tests.support.buckets.Bucket`` (``url``, ``env``, ``objects()``, ``put()``), so that a test
-can take either.
+``tests.support.buckets.Bucket`` (``url``, ``env``, ``objects()``, ``put()``, ``delete()``), so
+that a test can take either.
 """
 
 from __future__ import annotations
@@ -103,6 +103,9 @@ class AzuriteServer:
         client = self._service().get_container_client(container)
         client.upload_blob(name, data, overwrite=True)
 
+    def delete(self, container: str, name: str) -> None:
+        self._service().get_container_client(container).delete_blob(name)
+
     def stop(self) -> None:
         """An outage until ``start()`` (same port, same data)."""
         self._ctl("stop")
@@ -135,6 +138,9 @@ class AzureContainer:
 
     def put(self, key: str, data: bytes) -> None:
         self.server.put(self.name, f"{self.prefix}/{key}", data)
+
+    def delete(self, key: str) -> None:
+        self.server.delete(self.name, f"{self.prefix}/{key}")
 
 
 @contextlib.contextmanager
@@ -201,7 +207,8 @@ def own_azurite() -> Iterator[AzuriteServer]:
 
 
 AnyBucket = Bucket | AzureContainer
-"""What the ``bucket`` fixture gives: the same ``url``, ``env``, ``objects()`` and ``put()``."""
+"""What the ``bucket`` fixture gives: the same ``url``, ``env``, ``objects()``, ``put()`` and
+``delete()``."""
 
 
 GCS_UNTESTED = (
