@@ -20,6 +20,7 @@ import pytest
 pytest_plugins = [
     "tests.support.browser",
     "tests.support.buckets",
+    "tests.support.azure_blob",  # after buckets: it imports it (assertion rewriting)
     "tests.support.cpu",
     "tests.support.env",
     "tests.support.metadata",

@@ -14,6 +14,7 @@ import pytest
 
 from preemptible import CheckpointStore
 from preemptible.checkpoint import _remote
+from tests.support.azure_blob import AnyBucket
 from tests.support.buckets import Bucket
 from tests.support.faults import fault_proxy
 
@@ -38,42 +39,42 @@ def manifests(bucket: Bucket) -> dict[str, dict[str, object]]:
 
 
 def test_files_without_a_manifest_are_never_read(
-    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    writer = store_on(s3_bucket, monkeypatch, tmp_path, "a")
+    writer = store_on(bucket, monkeypatch, tmp_path, "a")
     assert writer.lock()
     assert save(writer, 2, b"two")
     writer.unlock()
     # an upload that never got its manifest (its writer killed), newer than the committed one
-    s3_bucket.put("uploads/9-00aa/step-0000000009.ckpt", b"half of nine")
+    bucket.put("uploads/9-00aa/step-0000000009.ckpt", b"half of nine")
     # and a manifest whose name is not a checkpoint's (it would land on staging's lock file)
-    body = next(iter(manifests(s3_bucket).values()))
+    body = next(iter(manifests(bucket).values()))
     hostile = json.dumps({**body, "name": ".preemptible.lock"}).encode()
-    s3_bucket.put("manifests/.preemptible.lock/0000000001.json", hostile)
-    reader = store_on(s3_bucket, monkeypatch, tmp_path, "b")
+    bucket.put("manifests/.preemptible.lock/0000000001.json", hostile)
+    reader = store_on(bucket, monkeypatch, tmp_path, "b")
     newest = reader.latest()
     assert newest is not None and newest.step == 2 and newest.path.read_bytes() == b"two"
     assert not (reader.directory / ".preemptible.lock").exists()
     # a takeover leaves another writer's upload in progress alone (it is not an hour old)
     assert reader.lock()
-    assert "uploads/9-00aa/step-0000000009.ckpt" in s3_bucket.objects()
+    assert "uploads/9-00aa/step-0000000009.ckpt" in bucket.objects()
     # an hour later (the hour made nothing here), the next takeover removes it, and only it
     monkeypatch.setattr(_remote, "ABANDONED_AFTER", -60.0)
-    before = set(s3_bucket.objects())
-    assert store_on(s3_bucket, monkeypatch, tmp_path, "c").lock()
-    assert before - set(s3_bucket.objects()) == {"uploads/9-00aa/step-0000000009.ckpt"}
+    before = set(bucket.objects())
+    assert store_on(bucket, monkeypatch, tmp_path, "c").lock()
+    assert before - set(bucket.objects()) == {"uploads/9-00aa/step-0000000009.ckpt"}
 
 
 def test_two_writers_cannot_commit_the_same_name(
-    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
+    bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
 ) -> None:
-    writer = store_on(s3_bucket, monkeypatch, tmp_path, "a")
+    writer = store_on(bucket, monkeypatch, tmp_path, "a")
     assert writer.lock()
     assert save(writer, 1, b"one")
     # another writer commits step 5, generation 1, right after this one looked for the
     # generations of step 5 (the listing is taken as it was before that commit, the race)
-    other = {**next(iter(manifests(s3_bucket).values())), "name": "step-0000000005.ckpt"}
-    s3_bucket.put("manifests/step-0000000005.ckpt/0000000001.json", json.dumps(other).encode())
+    other = {**next(iter(manifests(bucket).values())), "name": "step-0000000005.ckpt"}
+    bucket.put("manifests/step-0000000005.ckpt/0000000001.json", json.dumps(other).encode())
     assert writer.mirror is not None
     remote = writer.mirror.remote
     listing = remote._list
@@ -83,31 +84,31 @@ def test_two_writers_cannot_commit_the_same_name(
     with caplog.at_level(logging.WARNING, logger="preemptible"):
         assert not save(writer, 5, b"five")
     assert "another writer committed step-0000000005.ckpt generation 1 first" in caplog.text
-    kept = manifests(s3_bucket)["manifests/step-0000000005.ckpt/0000000001.json"]
+    kept = manifests(bucket)["manifests/step-0000000005.ckpt/0000000001.json"]
     assert kept == other  # the create-only put did not replace it
 
 
 def test_a_writer_replaced_by_a_takeover_cannot_commit_after_it(
-    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
+    bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
 ) -> None:
-    old = store_on(s3_bucket, monkeypatch, tmp_path, "old")
+    old = store_on(bucket, monkeypatch, tmp_path, "old")
     assert old.lock()
     assert save(old, 1, b"old one")
-    new = store_on(s3_bucket, monkeypatch, tmp_path, "new")  # resumed elsewhere
+    new = store_on(bucket, monkeypatch, tmp_path, "new")  # resumed elsewhere
     assert new.lock()  # the takeover
     with caplog.at_level(logging.ERROR, logger="preemptible"):
         assert not save(old, 2, b"old two")
     assert "another writer took over" in caplog.text
-    assert not any("step-0000000002" in k for k in manifests(s3_bucket))
+    assert not any("step-0000000002" in k for k in manifests(bucket))
     # the old writer's manifest written in the gap after its last look at writer.json (the
     # check skipped here to land in that gap) carries the old epoch: nobody reads it
     assert old.mirror is not None
     old.mirror.remote.fenced = False
     monkeypatch.setattr(old.mirror.remote, "_check_fence", lambda: None)
     assert save(old, 3, b"old three")
-    assert any("step-0000000003" in k for k in manifests(s3_bucket))
+    assert any("step-0000000003" in k for k in manifests(bucket))
     assert save(new, 3, b"new three")  # the same name: the next generation
-    reader = store_on(s3_bucket, monkeypatch, tmp_path, "reader")
+    reader = store_on(bucket, monkeypatch, tmp_path, "reader")
     newest = reader.latest()
     assert newest is not None and newest.step == 3 and newest.path.read_bytes() == b"new three"
 
@@ -133,33 +134,33 @@ def test_retention_removes_the_manifest_before_the_files(
 
 @pytest.mark.parametrize("damage", ["other bytes", "missing"])
 def test_a_checkpoint_that_does_not_verify_is_quarantined_not_deleted(
-    damage: str, s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
+    damage: str, bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
 ) -> None:
-    writer = store_on(s3_bucket, monkeypatch, tmp_path, "a")
+    writer = store_on(bucket, monkeypatch, tmp_path, "a")
     assert writer.lock()
     assert save(writer, 1, b"good one")
     assert save(writer, 2, b"good two")
     writer.unlock()
-    body = manifests(s3_bucket)["manifests/step-0000000002.ckpt/0000000001.json"]
+    body = manifests(bucket)["manifests/step-0000000002.ckpt/0000000001.json"]
     damaged = f"uploads/{body['upload']}/step-0000000002.ckpt"
     if damage == "missing":
-        s3_bucket.delete(damaged)
+        bucket.delete(damaged)
     else:
-        s3_bucket.put(damaged, b"bad! two")  # the same size, other bytes
+        bucket.put(damaged, b"bad! two")  # the same size, other bytes
     with caplog.at_level(logging.WARNING, logger="preemptible"):
-        reader = store_on(s3_bucket, monkeypatch, tmp_path, "b")
+        reader = store_on(bucket, monkeypatch, tmp_path, "b")
     newest = reader.latest()
     assert newest is not None and newest.step == 1 and newest.path.read_bytes() == b"good one"
     said = "missing from the bucket" if damage == "missing" else "sha256 differs"
     assert said in caplog.text and "quarantined" in caplog.text
-    keys = s3_bucket.objects()
+    keys = bucket.objects()
     assert "quarantine/step-0000000002.ckpt/0000000001.json" in keys
     assert "manifests/step-0000000002.ckpt/0000000001.json" in keys  # never deleted
     assert damage == "missing" or keys[damaged] == b"bad! two"
     # the next machine skips it without downloading it again
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="preemptible"):
-        third = store_on(s3_bucket, monkeypatch, tmp_path, "c")
+        third = store_on(bucket, monkeypatch, tmp_path, "c")
     assert said not in caplog.text
     latest = third.latest()
     assert latest is not None and latest.step == 1

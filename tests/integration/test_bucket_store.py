@@ -12,6 +12,7 @@ import pytest
 
 from preemptible import CheckpointStore
 from tests.conftest import wait_for
+from tests.support.azure_blob import AnyBucket
 from tests.support.buckets import Bucket
 from tests.support.faults import fault_proxy
 
@@ -29,9 +30,9 @@ def write_dir(tmp: Path) -> None:
 
 
 def test_saves_go_up_and_a_new_machine_brings_the_newest_back(
-    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    store = CheckpointStore(s3_bucket.url, keep=2)
+    store = CheckpointStore(bucket.url, keep=2)
     assert store.lock()
     payloads = {step: os.urandom(50_000 + step) for step in range(1, 5)}
     for step, data in payloads.items():
@@ -41,12 +42,12 @@ def test_saves_go_up_and_a_new_machine_brings_the_newest_back(
     assert store.flush(time.monotonic() + 60)
     store.unlock()
     # the bucket holds the newest two step checkpoints, each behind its manifest
-    keys = s3_bucket.objects()
+    keys = bucket.objects()
     manifests = sorted(k for k in keys if k.startswith("manifests/step-"))
     assert [k.split("/")[1] for k in manifests] == ["step-0000000003.ckpt", "step-0000000004.ckpt"]
 
     new_machine(monkeypatch, tmp_path, "elsewhere")
-    again = CheckpointStore(s3_bucket.url, keep=2)
+    again = CheckpointStore(bucket.url, keep=2)
     assert again.directory != store.directory
     newest = again.latest()
     assert newest is not None and newest.step == 4
@@ -57,9 +58,9 @@ def test_saves_go_up_and_a_new_machine_brings_the_newest_back(
 
 
 def test_a_staging_copy_as_new_is_used_as_it_is(
-    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    store = CheckpointStore(s3_bucket.url)
+    store = CheckpointStore(bucket.url)
     assert store.lock()
     store.save(7, lambda tmp: tmp.write_bytes(b"seven"))
     assert store.flush(time.monotonic() + 60)
@@ -67,7 +68,7 @@ def test_a_staging_copy_as_new_is_used_as_it_is(
     newest = store.latest()
     assert newest is not None
     before = newest.path.stat().st_ino
-    again = CheckpointStore(s3_bucket.url)  # the same machine: staging has it already
+    again = CheckpointStore(bucket.url)  # the same machine: staging has it already
     latest = again.latest()
     assert latest is not None and latest.path.stat().st_ino == before
 

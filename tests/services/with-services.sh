@@ -63,4 +63,23 @@ else
     echo "with-services: $PREEMPTIBLE_TEST_S3_SKIP (object storage tests will skip)" >&2
 fi
 
+# Azurite (Azure Blob's emulator; installed with npm into a cache directory the first time) for
+# the az:// checkpoint tests. Exit code 3: no node/npm or no install here, and those tests skip;
+# any other failure is reported here and the tests try once more themselves.
+azdir=$(mktemp -d "${TMPDIR:-/tmp}/preemptible-azurite.XXXXXX")
+if endpoint=$(bash "$here/azurite.sh" up "$azdir" 2>"$logs/azurite-up.log"); then
+    export PREEMPTIBLE_TEST_AZURITE_ENDPOINT=$endpoint
+    stops+=('bash "$here/azurite.sh" down "$azdir" >"$logs/azurite-down.log" 2>&1')
+else
+    rc=$?
+    bash "$here/azurite.sh" down "$azdir" >/dev/null 2>&1
+    reason="could not start Azurite: $(tail -1 "$logs/azurite-up.log")"
+    if [ $rc = 3 ]; then
+        export PREEMPTIBLE_TEST_AZURITE_SKIP=$reason
+        echo "with-services: $reason (Azure Blob tests will skip)" >&2
+    else
+        echo "with-services: $reason" >&2
+    fi
+fi
+
 "$@"

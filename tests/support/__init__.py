@@ -18,6 +18,9 @@ sweep_queue  fixtures ``sweep_clock`` and ``sweep_store``: a real SQLite queue o
 checkpoints  what a stop test reads back: committed checkpoints, temporaries, same weights
 browser   fixture ``browser`` (headless chromium, one per session) and ``Tab``, a page of it
 cpu       with PREEMPTIBLE_TEST_CPU_LOG=FILE, each test's wall and CPU seconds (lane balancing)
+azure_blob  Azure Blob on Azurite: fixtures ``azurite`` (one per session), ``own_azurite`` (one
+          test's, to stop) and ``az_container`` (a fresh container + AZURE_STORAGE_* env); and
+          ``bucket``: ``s3_bucket`` then ``az_container``, for what must hold on every cloud
 
 Test modules import from here (or from tests/conftest.py), never from another test module.
 """

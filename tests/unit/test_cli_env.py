@@ -32,6 +32,7 @@ DOCUMENTED = {
         "--lease": "PREEMPTIBLE_LEASE",
         "--home": "PREEMPTIBLE_HOME",
     },
+    "doctor": {"--checkpoint-dir": "PREEMPTIBLE_CHECKPOINT_DIR"},
     "runs": {"--home": "PREEMPTIBLE_HOME"},
     "status": {"--db": "PREEMPTIBLE_DB", "--home": "PREEMPTIBLE_HOME"},
     **{f"sweep {c}": {"--db": "PREEMPTIBLE_DB"} for c in ("create", "stop", "pause", "resume")},

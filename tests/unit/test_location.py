@@ -73,3 +73,16 @@ def test_staging_is_named_after_the_url(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert staging_dir(a) != staging_dir(b)
     monkeypatch.setenv("PREEMPTIBLE_STAGING_DIR", str(tmp_path / "st"))
     assert staging_dir(a).parent == tmp_path / "st"
+
+
+@pytest.mark.parametrize("name", ["my_container", "a.b.c", "double--dash", "x" * 64])
+def test_an_azure_container_name_azure_refuses_is_one_line_at_parse(name: str) -> None:
+    """Azure's container names are narrower than buckets' (3 to 63 lower-case letters, digits
+    and single dashes): caught here, not as a 400 with an XML body at the first request."""
+    with pytest.raises(ConfigError) as info:
+        Location.parse(f"az://{name}/p")
+    message = str(info.value)
+    assert f"{name!r} is not a valid Azure container name (3 to 63" in message
+    assert "\n" not in message
+    assert Location.parse("az://ok-name-1/p").bucket == "ok-name-1"
+    assert Location.parse("s3://a.b.c/p").bucket == "a.b.c"  # S3 and GCS take what they take

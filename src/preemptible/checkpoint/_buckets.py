@@ -41,8 +41,10 @@ def _client_options() -> dict[str, Any]:
         "connect_timeout": timedelta(seconds=CONNECT_TIMEOUT),
     }
     # explicit client options replace obstore's reading of these from the environment
-    if os.environ.get("AWS_ALLOW_HTTP", "").lower() in _TRUE or (
-        os.environ.get("AZURE_STORAGE_ALLOW_HTTP", "").lower() in _TRUE
+    # (AZURE_ALLOW_HTTP is obstore's own name for Azure; the emulator mode allows HTTP itself)
+    if any(
+        os.environ.get(name, "").lower() in _TRUE
+        for name in ("AWS_ALLOW_HTTP", "AZURE_ALLOW_HTTP", "AZURE_STORAGE_ALLOW_HTTP")
     ):
         options["allow_http"] = True
     return options

@@ -31,6 +31,8 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # S3, GCS and Azure differ in the details; this is what all three can hold, roughly: lower case
 # letters, digits, dots, dashes (GCS also takes underscores), 3 to 222 characters
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+# Azure's container names are narrower: caught here rather than as a 400 at the first request
+_CONTAINER = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*$")
 _VALID = (
     "use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or file:///ABSOLUTE/PATH"
 )
@@ -97,6 +99,12 @@ class Location:
             raise ConfigError(
                 f"checkpoint location {shown}: {bucket!r} is not a valid bucket or container "
                 "name (3 to 222 lower-case letters, digits, dots, dashes or underscores)"
+            )
+        if scheme == "az" and not _CONTAINER.match(bucket):
+            raise ConfigError(
+                f"checkpoint location {shown}: {bucket!r} is not a valid Azure container name "
+                "(3 to 63 lower-case letters, digits and single dashes, a letter or digit first "
+                "and last)"
             )
         pieces = [p for p in unquote(parts.path).split("/") if p]
         if any(p in (".", "..") for p in pieces):

@@ -161,14 +161,22 @@ def run(
 
 @main.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
-def doctor(as_json: bool) -> None:
+@click.option(
+    "--checkpoint-dir",
+    envvar="PREEMPTIBLE_CHECKPOINT_DIR",
+    show_envvar=True,
+    default=None,
+    help="Also check this checkpoint location: for a URL (s3://, gs://, az://), that its "
+    "bucket answers here, with which credentials.",
+)
+def doctor(as_json: bool, checkpoint_dir: str | None) -> None:
     """Say what would happen here on a preemption, and what to change when it is wrong."""
     import json
 
     from ..doctor._doctor import diagnose
 
     try:
-        checks = diagnose()
+        checks = diagnose(checkpoint_dir)
     except PreemptibleError as exc:
         _fail(str(exc))
     if as_json:

@@ -5,8 +5,9 @@ Each check reports what it found, and a check that cannot find out (a hung or mi
 the doctor is what people run when something is already wrong, so it must never hang or end
 in a traceback.
 
-Here: every check but SLURM's, and ``diagnose`` running them in order; the SLURM checks are
-``_slurm``'s, the ``Check`` line ``_check``'s.
+Here: every check but SLURM's and the checkpoint location's, and ``diagnose`` running them in
+order; the SLURM checks are ``_slurm``'s, the checkpoint location's (a bucket's reachability and
+credentials) ``_bucket``'s, the ``Check`` line ``_check``'s.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from .._run import current_run
 from ..stop._latch import DEFAULT_SIGNALS
 from ..stop._launcher import SHELLS, unforwarding_parent
 from ..stop._signals import KEEP_IGNORED
+from ._bucket import NAME as LOCATION
+from ._bucket import check_location
 from ._check import INFO, OK, WARN, Check
 from ._slurm import _read_slurm, _Slurm, _slurm_end, _slurm_job, _slurm_kill
 
@@ -398,7 +401,9 @@ def _run(name: str, check: Callable[[], Check | list[Check] | None]) -> list[Che
     return found if isinstance(found, list) else [found]
 
 
-def diagnose() -> list[Check]:
+def diagnose(checkpoint_dir: str | None = None) -> list[Check]:
+    """Every check, in order; ``checkpoint_dir`` (a directory or a checkpoint URL) adds the
+    check of that location (``_bucket``)."""
     try:
         platform_check, platform = _platform()
     except Exception as exc:
@@ -421,6 +426,7 @@ def diagnose() -> list[Check]:
         *_run("containment", _containment),
         *_run("on preemption", lambda: _outcome(platform)),
         *_run("save interval", lambda: _save_interval(platform)),
+        *_run(LOCATION, lambda: check_location(checkpoint_dir)),
     ]
 
 
