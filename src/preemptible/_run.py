@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from ._env import env_str
+from ._errors import ConfigError
 from ._files import write_text_atomic
 from ._paths import RECORD_NAME, read_json_object
 from ._states import STOPPED_EARLY, RecordState
+from .checkpoint._location import is_url, local_or_url
 
 logger = logging.getLogger("preemptible")
 
@@ -40,9 +42,12 @@ class RunInfo:
     run_id: str | None
     attempt: int | None
     run_dir: Path | None
-    checkpoint_dir: Path | None
+    checkpoint_dir: Path | None  # None when the supervisor gave a URL: see checkpoint_url
     resume_from: Path | None
     checkpoint_dir_default: bool = False  # the supervisor chose checkpoint_dir (none was given)
+    # PREEMPTIBLE_CHECKPOINT_DIR when it is a URL (s3://, gs://, az://): checkpoints live in a
+    # bucket, which no local path names
+    checkpoint_url: str | None = None
 
     @property
     def supervised(self) -> bool:
@@ -59,13 +64,22 @@ def current_run() -> RunInfo:
     one reader of the variables a supervisor sets for its attempts (a test checks)."""
     attempt = (env_str("PREEMPTIBLE_ATTEMPT") or "").strip()
     valid = attempt.isascii() and attempt.isdecimal() and len(attempt) <= 9
+    where = env_str("PREEMPTIBLE_CHECKPOINT_DIR")
+    url = None  # Path() would fold a URL's "//" away
+    if where and is_url(where):
+        try:
+            kept = local_or_url(where)
+        except ConfigError:
+            kept = where  # the store that uses it says what is wrong, in one line
+        url, where = (kept, None) if isinstance(kept, str) else (None, str(kept))
     return RunInfo(
         run_id=env_str("PREEMPTIBLE_RUN_ID"),
         attempt=int(attempt) if valid else None,
         run_dir=_path_env("PREEMPTIBLE_RUN_DIR"),
-        checkpoint_dir=_path_env("PREEMPTIBLE_CHECKPOINT_DIR"),
+        checkpoint_dir=Path(where) if where else None,
         resume_from=_path_env("PREEMPTIBLE_RESUME_FROM"),
         checkpoint_dir_default=env_str("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT") == "1",
+        checkpoint_url=url,
     )
 
 

@@ -18,6 +18,7 @@ sweep_queue  fixtures ``sweep_clock`` and ``sweep_store``: a real SQLite queue o
 checkpoints  what a stop test reads back: committed checkpoints, temporaries, same weights
 browser   fixture ``browser`` (headless chromium, one per session) and ``Tab``, a page of it
 cpu       with PREEMPTIBLE_TEST_CPU_LOG=FILE, each test's wall and CPU seconds (lane balancing)
+machines  ``Machine``: a working directory, HOME and TMPDIR of their own, deleted by ``gone()``
 
 Test modules import from here (or from tests/conftest.py), never from another test module.
 """

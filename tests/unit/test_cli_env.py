@@ -29,6 +29,7 @@ DOCUMENTED = {
         "--db": "PREEMPTIBLE_DB",
         "--heartbeat": "PREEMPTIBLE_HEARTBEAT",
         "--lease": "PREEMPTIBLE_LEASE",
+        "--checkpoint-dir": "PREEMPTIBLE_AGENT_CHECKPOINT_DIR",
         "--home": "PREEMPTIBLE_HOME",
     },
     "runs": {"--home": "PREEMPTIBLE_HOME"},

@@ -144,3 +144,13 @@ def staging_root() -> Path:
 
 def staging_dir(location: Location) -> Path:
     return staging_root() / location.slug()
+
+
+def local_or_url(value: str | os.PathLike[str]) -> Path | str:
+    """A checkpoint location as the front ends and the supervisor keep it: a local ``Path``
+    (``file:///abs/path`` included), or a URL string in its canonical form, checked
+    (``ConfigError`` when bad)."""
+    if isinstance(value, str) and is_url(value):
+        location = Location.parse(value)
+        return Path(location.prefix) if location.is_local else location.url
+    return Path(value)

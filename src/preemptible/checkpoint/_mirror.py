@@ -769,8 +769,16 @@ def _register(mirror: Mirror) -> None:
             atexit.register(_flush_at_exit)
 
 
+_exit_deadline: float | None = None  # a stop's: the exit's flush waits no longer
+
+
 def flush_all(deadline: float | None = None) -> bool:
-    """Flush every mirror of this process (see ``Mirror.flush``); True when all are done."""
+    """Flush every mirror of this process (see ``Mirror.flush``); True when all are done.
+    A deadline (a stop's) also bounds the flush at the interpreter's exit that follows: the
+    process is gone by then whatever the network does."""
+    global _exit_deadline
+    if deadline is not None:
+        _exit_deadline = deadline if _exit_deadline is None else min(_exit_deadline, deadline)
     ok = True
     for mirror in list(_mirrors):
         ok = mirror.flush(deadline) and ok
@@ -780,6 +788,9 @@ def flush_all(deadline: float | None = None) -> bool:
 def _flush_at_exit() -> None:
     busy = [m for m in list(_mirrors) if m.busy]
     if not busy:
+        return
+    if _exit_deadline is not None:  # a stop flushed with its deadline, and said what is left
+        flush_all(_exit_deadline)
         return
     logger.warning(
         "preemptible: waiting up to %d s for the upload to %s before exiting",

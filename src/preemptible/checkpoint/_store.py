@@ -136,7 +136,12 @@ class CheckpointStore:
     """Committed checkpoints in one directory, newest (highest step) first."""
 
     def __init__(
-        self, directory: str | os.PathLike[str] | Location, *, keep: int = 2, create: bool = True
+        self,
+        directory: str | os.PathLike[str] | Location,
+        *,
+        keep: int = 2,
+        create: bool = True,
+        staging: str | os.PathLike[str] | None = None,
     ) -> None:
         """``create=False``: for a reader (a supervisor's resume lookup, ``preemptible
         runs``), which must not leave behind a directory it looked into; a missing one has no
@@ -146,7 +151,8 @@ class CheckpointStore:
         ``_location``): checkpoints are then committed in a local staging directory
         (``directory`` is that one) and mirrored to the bucket (``mirror``); the newest one
         committed in the bucket is brought back into staging here unless staging has one as
-        new. ``file:///path`` is the plain directory ``/path``."""
+        new. ``file:///path`` is the plain directory ``/path``. ``staging``: that local
+        directory, when it is one of the caller's (the Hugging Face Trainer's ``output_dir``)."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"keep={keep!r} is not valid; use an integer >= 1")
         self.location: Location | None = None
@@ -157,7 +163,7 @@ class CheckpointStore:
                 directory = location.prefix
             else:
                 self.location = location
-                directory = staging_dir(location)
+                directory = staging_dir(location) if staging is None else staging
                 create = True  # staging is ours, a cache; the bucket is the location
         self.directory = Path(cast("str | os.PathLike[str]", directory))
         self.keep = keep

@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import _run
 from .._errors import CheckpointSaveError
 from ..checkpoint._savers import Saver
+from ..checkpoint._store import CheckpointStore
 from ..distributed._agreement import StopAgreement
 from ..distributed._group import Ranks
 from ..stop._controller import Decision, StopController
 from ..stop._latch import SignalLatch
-from ..stop._termination import Notice, TerminationConfig
+from ..stop._termination import EXIT_TIME, Notice, TerminationConfig
 from ._saves import Saves
 
 logger = logging.getLogger("preemptible")
@@ -33,6 +37,7 @@ class Stopping:
     """Acting on stops, for ``StopSession`` (a mixin: ``StopSession`` sets all of these)."""
 
     config: TerminationConfig
+    store: CheckpointStore
     saver: Saver
     saves: Saves
     controller: StopController
@@ -130,6 +135,41 @@ class Stopping:
                 self._stop(context, agreed.notice)
             return True
 
+    def flush_uploads(self) -> None:
+        """The stop's checkpoint is committed locally; a checkpoint location that is a URL
+        uploads it in the background: wait for that upload (and any older one queued) before
+        the process exits, or the next machine resumes from an older one. With a deadline (a
+        notice's, or the grace period's) the wait ends in time for the exit; an upload that
+        cannot finish by then is said in one line by the mirror, and the process exits anyway.
+        No mirror in this process (no URL was used): nothing to wait for, nothing imported."""
+        mirrors = sys.modules.get("preemptible.checkpoint._mirror")
+        if mirrors is None:
+            return
+        done = mirrors.flush_all(self._upload_deadline())
+        mirror = self.store.mirror
+        if mirror is not None and self.is_zero:  # what the next machine finds in the bucket
+            newest, step = mirror.newest_remote, None
+            if done and mirror.uploaded is not None:  # the stop's own, the last one queued
+                newest, step = mirror.uploaded, self.step
+            if newest is not None:
+                _run.update_record(
+                    uploaded=f"{mirror.location.url}/{newest}",
+                    uploaded_step=_step_of(newest) if step is None else step,
+                )
+
+    def _upload_deadline(self) -> float | None:
+        """When the uploads must be done (``time.monotonic()``): the stop's deadline less the
+        exit's measured (or default) time; None without a deadline (a plain signal)."""
+        requests = self.controller.requests
+        if requests.grace_period is None and all(n.deadline is None for n in requests.stopping):
+            return None
+        deadline = requests.deadline()
+        if deadline is None:
+            return None
+        exit_time = self.config.exit_time
+        left = deadline - time.time() - (EXIT_TIME if exit_time is None else exit_time)
+        return time.monotonic() + max(left, 0.0)
+
     def _insurance(self, context: Any, *, reuse: bool = False) -> None:
         """A checkpoint now, training goes on (a notice with time to spare). A failure is
         logged, never raised: the final save may still work."""
@@ -184,6 +224,7 @@ class Stopping:
         # From here a late signal (a supervisor's escalation, a second notice, SLURM) exits
         # with ``code`` instead of killing a process that has already saved.
         self.latch.hold_for_exit(code)
+        self.flush_uploads()  # before the ranks leave: a launcher ends those left behind
         if ranks is not None:
             ranks.leave_together()
         if self._before_exit is not None:
@@ -195,3 +236,10 @@ class Stopping:
         exit_fn(code)
         # an exit_fn that returns (a notebook, a test): the run goes on without our handlers
         self.latch.restore()
+
+
+def _step_of(name: str) -> int | None:
+    """The step in a checkpoint's name: its last number (``step-N.ckpt``, ``checkpoint-N``,
+    ``keras-N.npz``); None without one (``resume.ckpt``)."""
+    numbers = re.findall(r"\d+", name)
+    return int(numbers[-1]) if numbers else None

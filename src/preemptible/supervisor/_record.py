@@ -37,6 +37,9 @@ class RunRecord:
     checkpoint_dir: str | None = None
     resume_from: str | None = None  # the newest checkpoint the job committed (any name)
     resume_step: int | None = None
+    # a bucket (checkpoint_dir a URL): the newest checkpoint that reached it, and its step
+    uploaded: str | None = None
+    uploaded_step: int | None = None
 
     @property
     def stopped_early(self) -> bool:
@@ -57,6 +60,8 @@ class RunRecord:
             checkpoint_dir=_text(data.get("checkpoint_dir")),
             resume_from=_text(data.get("resume_from")),
             resume_step=_int(data.get("resume_step"), 0, MAX_STEP),
+            uploaded=_text(data.get("uploaded")),
+            uploaded_step=_int(data.get("uploaded_step"), 0, MAX_STEP),
         )
 
 

@@ -135,7 +135,7 @@ class Supervisor:
         return self.forwarding.requested
 
     @property
-    def resume_dir(self) -> Path:
+    def resume_dir(self) -> Path | str:
         """Where the job really saves (its record's checkpoint_dir): resumes come from here."""
         return self.resumes.directory
 
@@ -213,8 +213,9 @@ class Supervisor:
         # the attempts are told this directory (PREEMPTIBLE_CHECKPOINT_DIR): it exists when
         # they start, as it always has; made here, on purpose, not by the resume lookup, which
         # only reads. One that cannot be made is the job's to report, with its own message.
-        with contextlib.suppress(OSError):
-            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if isinstance(self.checkpoint_dir, Path):  # a bucket's URL: the attempts stage it
+            with contextlib.suppress(OSError):
+                self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.containment = choose()
         if self.containment.parent is not None:
             remove_stale(self.containment.parent)
