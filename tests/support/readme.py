@@ -23,9 +23,10 @@ loop      a training loop: run it uninterrupted, and again with a SIGTERM once t
           one, in README order, at the group's first block. ``bucket=NAME`` (loop): the
           block's checkpoints go to ``s3://NAME/...`` on the tests' S3 server (fixture
           ``s3_server``: the block's text is what a user runs); each run is a machine of its
-          own (working directory, HOME, TMPDIR), the uninterrupted one first, then the
-          bucket emptied, the interrupted one, whose machine is then gone, and the resumed one
-          on a new machine: it must resume from the bucket.
+          own (working directory, HOME, TMPDIR): the uninterrupted one (beside it, with
+          ``NAME-ref`` for ``NAME`` in its text: a bucket of its own), the interrupted one,
+          whose machine is then gone, and the resumed one on a new machine: it must resume
+          from the bucket.
 shell     run it with bash (the venv first on PATH, a stand-in ``train.py`` in the working
           directory). ``signal=USR1``: sent to the script once train.py printed step ``at=``
           (default 10); ``exit=N`` the expected code (default 0); with a signal, a
@@ -267,10 +268,15 @@ def _once_per_group(block: Block, options: dict[str, str], body: Callable[[], No
         pytest.fail(f"group {name} (run at its first block) failed:\n{failure}")
 
 
-def _program(tmp: Path, blocks: list[Block], setup: str) -> list[str]:
-    spec = tmp / "readme-blocks.json"
+def _program(
+    tmp: Path, blocks: list[Block], setup: str, replace: tuple[str, str] = ("", "")
+) -> list[str]:
+    """The command that runs ``blocks`` after ``setup``; ``replace``: (old, new) in their text
+    (a reference run's bucket of its own)."""
+    spec = tmp / ("readme-blocks-replaced.json" if replace[0] else "readme-blocks.json")
     module = SETUPS[setup].module
-    spec.write_text(json.dumps({"setup": module, "blocks": [[b.line, b.text] for b in blocks]}))
+    texts = [[b.line, b.text.replace(*replace) if replace[0] else b.text] for b in blocks]
+    spec.write_text(json.dumps({"setup": module, "blocks": texts}))
     return [sys.executable, str(HELPERS / "run_blocks.py"), str(spec)]
 
 
@@ -390,8 +396,8 @@ def _fresh_bucket(server: Any, name: str) -> None:
 
 
 def _run_bucket_loop(block: Block, options: dict[str, str], ctx: Ctx) -> None:
-    """``loop bucket=NAME``: the uninterrupted run, then (the bucket emptied) the interrupted
-    one, then its machine gone, the resumed one on a new machine (see the module docstring)."""
+    """``loop bucket=NAME``: the uninterrupted run (its own bucket) beside the interrupted one,
+    then, that machine gone, the resumed one on a new machine (see the module docstring)."""
     from tests.support.machines import Machine
 
     assert ctx.fixture is not None, f"{block.where}: bucket= needs the s3_server fixture"
@@ -400,19 +406,21 @@ def _run_bucket_loop(block: Block, options: dict[str, str], ctx: Ctx) -> None:
     setup = SETUPS[options.get("setup", "plain")]
     at = int(options.get("at", "13"))
     stop_exit = int(options.get("exit", str(setup.stop_exit)))
-    args = _program(ctx.tmp, _members(block, options, ctx.blocks), options.get("setup", "plain"))
+    blocks, setup_name = _members(block, options, ctx.blocks), options.get("setup", "plain")
+    args = _program(ctx.tmp, blocks, setup_name)
+    ref_args = _program(ctx.tmp, blocks, setup_name, (f"s3://{name}/", f"s3://{name}-ref/"))
+    assert ref_args != args, f"{block.where}: no s3://{name}/ in the block"
 
-    def run_on(machine: Machine, **env: str) -> Child:
+    def run_on(machine: Machine, command: list[str], **env: str) -> Child:
         full = {**server.env(), **machine.env, **env}
-        return ctx.spawn(args, cwd=machine.cwd, env=full)
+        return ctx.spawn(command, cwd=machine.cwd, env=full)
 
     _fresh_bucket(server, name)
+    _fresh_bucket(server, f"{name}-ref")
     ref_out, out = ctx.tmp / "uninterrupted.pt", ctx.tmp / "interrupted.pt"
-    ref = run_on(Machine(ctx.tmp / "ref"), README_OUT=str(ref_out))
-    assert ref.wait(120) == 0, f"{block.where}: the uninterrupted run failed\n{ref.output}"
-    _fresh_bucket(server, name)
+    ref = run_on(Machine(ctx.tmp / "ref"), ref_args, README_OUT=str(ref_out))
     one = Machine(ctx.tmp / "one")
-    first = run_on(one, README_OUT=str(out), README_STEP_SLEEP="0.05")
+    first = run_on(one, args, README_OUT=str(out), README_STEP_SLEEP="0.05")
     _wait_step(first, at, block)
     first.signal(signal.SIGTERM)
     rc = first.wait(60)
@@ -421,13 +429,14 @@ def _run_bucket_loop(block: Block, options: dict[str, str], ctx: Ctx) -> None:
     assert manifests, f"{block.where}: nothing committed in s3://{name}\n{first.output}"
     stopped = _steps(first)[-1]
     one.gone()
-    second = run_on(Machine(ctx.tmp / "two"), README_OUT=str(out))
+    second = run_on(Machine(ctx.tmp / "two"), args, README_OUT=str(out))
     assert second.wait(120) == 0, f"{block.where}: the resumed run failed\n{second.output}"
     resumed = _steps(second)
     assert resumed and resumed[0] == stopped + 1, (
         f"{block.where}: stopped after step {stopped}, the new machine started at "
         f"{resumed[:1]}\n{second.output}"
     )
+    assert ref.wait(120) == 0, f"{block.where}: the uninterrupted run failed\n{ref.output}"
     differ = _same(ref_out, out)
     assert not differ, (
         f"{block.where}: resumed on a new machine from the bucket, the run ends with other "

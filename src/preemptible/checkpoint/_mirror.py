@@ -789,7 +789,9 @@ def _flush_at_exit() -> None:
     busy = [m for m in list(_mirrors) if m.busy]
     if not busy:
         return
-    if _exit_deadline is not None:  # a stop flushed with its deadline, and said what is left
+    if _exit_deadline is not None and _exit_deadline <= time.monotonic():
+        return  # a stop flushed until its deadline and said what did not make it: exit now
+    if _exit_deadline is not None:
         flush_all(_exit_deadline)
         return
     logger.warning(
