@@ -49,7 +49,8 @@ def test_a_stop_whose_upload_cannot_finish_is_gone_before_its_deadline_and_says_
     """SIGTERM with a grace period while the bucket's server hangs: the stop's checkpoint is
     committed locally, its upload waits only for what the deadline leaves, one line names the
     upload that did not finish and the newest checkpoint that is in the bucket, the run record
-    names that one, and the process exits 143 before the deadline (no second wait at exit)."""
+    names that one (``remote_checkpoint``), and the process exits 143 before the deadline (no
+    second wait at exit)."""
     own_s3_server.create_bucket("stall")
     attempt = tmp_path / "attempt"
     env = {
@@ -80,8 +81,7 @@ def test_a_stop_whose_upload_cannot_finish_is_gone_before_its_deadline_and_says_
     assert "step-0000000000.ckpt" in said[0] and "s3://stall/run" in said[0], said
     record = json.loads((attempt / "record.json").read_text())
     assert record["state"] == "stopped", record
-    assert record["uploaded"] == "s3://stall/run/step-0000000000.ckpt", record
-    assert record["uploaded_step"] == 0, record
+    assert record["remote_checkpoint"] == "s3://stall/run/step-0000000000.ckpt", record
     assert sorted(p.name for p in (tmp_path / "staging").glob("*/step-*.ckpt"))[-1] != (
         "step-0000000000.ckpt"
     ), "the stop's checkpoint is committed locally"

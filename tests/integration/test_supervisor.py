@@ -543,3 +543,7 @@ def test_a_run_in_a_bucket_stopped_on_one_machine_resumes_on_a_new_one(
     assert steps[0] > 10 and steps[-1] == 39, second.output
     [final] = (two.cwd / ".preemptible" / "runs").glob("*/final.json")
     assert json.loads(final.read_text())["x"] == expected(40)
+    listed = spawn([PY, "-m", "preemptible", "runs", "--json"], cwd=two.cwd, env=two.env)
+    assert listed.wait(30) == 0, listed.output
+    [row] = json.loads(listed.output)
+    assert row["state"] == "FINISHED" and row["checkpoint"].startswith(f"{url}/step-"), row

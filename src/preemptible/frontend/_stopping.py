@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _run
 from .._errors import CheckpointSaveError
 from ..checkpoint._savers import Saver
-from ..checkpoint._store import CheckpointStore
 from ..distributed._agreement import StopAgreement
 from ..distributed._group import Ranks
 from ..stop._controller import Decision, StopController
@@ -37,7 +34,6 @@ class Stopping:
     """Acting on stops, for ``StopSession`` (a mixin: ``StopSession`` sets all of these)."""
 
     config: TerminationConfig
-    store: CheckpointStore
     saver: Saver
     saves: Saves
     controller: StopController
@@ -145,17 +141,7 @@ class Stopping:
         mirrors = sys.modules.get("preemptible.checkpoint._mirror")
         if mirrors is None:
             return
-        done = mirrors.flush_all(self._upload_deadline())
-        mirror = self.store.mirror
-        if mirror is not None and self.is_zero:  # what the next machine finds in the bucket
-            newest, step = mirror.newest_remote, None
-            if done and mirror.uploaded is not None:  # the stop's own, the last one queued
-                newest, step = mirror.uploaded, self.step
-            if newest is not None:
-                _run.update_record(
-                    uploaded=f"{mirror.location.url}/{newest}",
-                    uploaded_step=_step_of(newest) if step is None else step,
-                )
+        mirrors.flush_all(self._upload_deadline())  # the record names what reached the bucket
 
     def _upload_deadline(self) -> float | None:
         """When the uploads must be done (``time.monotonic()``): the stop's deadline less the
@@ -236,10 +222,3 @@ class Stopping:
         exit_fn(code)
         # an exit_fn that returns (a notebook, a test): the run goes on without our handlers
         self.latch.restore()
-
-
-def _step_of(name: str) -> int | None:
-    """The step in a checkpoint's name: its last number (``step-N.ckpt``, ``checkpoint-N``,
-    ``keras-N.npz``); None without one (``resume.ckpt``)."""
-    numbers = re.findall(r"\d+", name)
-    return int(numbers[-1]) if numbers else None

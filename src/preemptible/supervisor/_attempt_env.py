@@ -36,8 +36,7 @@ PASSED_UP = (
     "step",
     "checkpoint",
     "checkpoint_dir",
-    "uploaded",
-    "uploaded_step",
+    "remote_checkpoint",
 )
 
 

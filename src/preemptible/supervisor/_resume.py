@@ -62,8 +62,8 @@ class Resumes:
         """Resume from where the job says it saves (its handler may have a directory of its
         own), when that is an existing directory; else keep the supervisor's. The newest
         checkpoint it names counts when it lies in that directory."""
-        if record.uploaded is not None:
-            self._uploaded = record.uploaded
+        if record.remote_checkpoint is not None:
+            self._uploaded = record.remote_checkpoint
         if record.checkpoint_dir is not None and is_url(record.checkpoint_dir):
             if record.checkpoint_dir != self.directory:
                 logger.info(

@@ -388,7 +388,7 @@ def newest_step(directory: Path | str, record: RunRecord | None = None) -> int |
     if isinstance(directory, str):
         if record is None:
             return None
-        step = record.uploaded_step if record.uploaded is not None else record.resume_step
+        step = record.remote_step if record.remote_checkpoint else record.resume_step
         return None if step is None else clean_step(step, directory)
     try:
         newest = CheckpointStore(directory, create=False).latest()
