@@ -64,7 +64,7 @@ def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path | str:
                 "no checkpoint directory: pass checkpoint_dir, or run under "
                 "`preemptible run`, which sets PREEMPTIBLE_CHECKPOINT_DIR"
             )
-        return from_env if run.checkpoint_url is not None else Path(from_env)
+        return local_or_url(from_env) if run.checkpoint_url is not None else Path(from_env)
     where = local_or_url(given)
     if from_env is not None and not _same_place(where, from_env):
         defaulted = run.checkpoint_dir_default
