@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
+from ._paths import file_kind
+
 _PID_LIMIT = 4_194_304  # Linux's PID_MAX_LIMIT: no process on this host has a pid this high
 _HOST_CHARS = re.compile(r"[^A-Za-z0-9-]")
 _HOST_MAX = 63
@@ -163,3 +165,20 @@ def file_id(st: os.stat_result) -> tuple[int, int, int]:
 def held_flocks() -> set[tuple[int, int, int]]:
     """(major, minor, inode) of every file with an flock on this machine (``file_locks``)."""
     return {lock.file for lock in file_locks() if lock.kind == "FLOCK"}
+
+
+def describe_unopenable(path: Path, exc: OSError) -> str:
+    """What stands at ``path`` instead of a lock file we can open, for one line."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return f"not a file we can open ({exc.strerror or exc})"
+    if stat.S_ISLNK(st.st_mode):
+        with contextlib.suppress(OSError):
+            return f"a symbolic link (to {os.readlink(path)})"
+        return "a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return file_kind(st.st_mode)
+    if st.st_nlink != 1:
+        return f"a file with {st.st_nlink} names (a hard link)"
+    return f"a file this process cannot open ({exc.strerror or exc})"

@@ -103,14 +103,16 @@ class Bucket:
 
 
 @contextlib.contextmanager
-def started_s3() -> Iterator[S3Server]:
-    """A server of our own, stopped after (a test that kills its server uses one)."""
+def started_s3(env: dict[str, str] | None = None) -> Iterator[S3Server]:
+    """A server of our own, stopped after (a test that kills its server uses one). ``env``:
+    the server's own settings (moto's ``INITIAL_NO_AUTH_ACTION_COUNT=0`` checks keys)."""
     directory = Path(tempfile.mkdtemp(prefix="preemptible-s3-"))
     up = subprocess.run(
         ["bash", str(S3_SCRIPT), "up", str(directory / "s3")],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, **(env or {})},
     )
     try:
         if up.returncode == 3:

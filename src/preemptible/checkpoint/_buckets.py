@@ -13,6 +13,7 @@ logs a credential: errors are mapped to one line that names the URL and what was
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,3 +116,47 @@ def first_line(exc: BaseException) -> str:
     """The first line of an obstore error (the rest is a debug dump of the request)."""
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__
+
+
+_MISSING = {"NoSuchBucket", "ContainerNotFound", "BucketNotFound"}
+_REFUSED = {
+    "AccessDenied",
+    "AllAccessDisabled",
+    "AuthenticationFailed",
+    "AuthorizationFailure",
+    "AuthorizationPermissionMismatch",
+    "ExpiredToken",
+    "InvalidAccessKeyId",
+    "InvalidToken",
+    "SignatureDoesNotMatch",
+}
+
+
+def refused(location: Location, exc: BaseException) -> CheckpointRemoteError:
+    """One line for a bucket we cannot use, from the service's error code."""
+    text = str(exc)
+    found = re.search(r"<Code>([A-Za-z]+)</Code>", text)
+    status = re.search(r"status code: (\d{3})", text)
+    code = found.group(1) if found else ""
+    said = code or (f"HTTP {status.group(1)}" if status else first_line(exc))
+    if code in _MISSING or (not code and status and status.group(1) == "404"):
+        why = (
+            f"bucket or container {location.bucket!r} does not exist ({said}); "
+            "create it or fix the URL"
+        )
+    elif (
+        code in _REFUSED
+        or type(exc).__name__ == "PermissionDeniedError"
+        or type(exc).__name__ == "UnauthenticatedError"
+        or (status is not None and status.group(1) in ("401", "403"))
+    ):
+        why = (
+            f"the credentials were refused ({said}); check the cloud's standard chain: "
+            "AWS_ACCESS_KEY_ID or AWS_PROFILE or the instance role for S3, application "
+            "default credentials for GCS, AZURE_STORAGE_* or a managed identity for Azure"
+        )
+    elif "credential" in text.lower():
+        why = f"no usable credentials from the cloud's standard chain ({first_line(exc)})"
+    else:
+        why = f"cannot be reached ({first_line(exc)})"
+    return CheckpointRemoteError(f"checkpoint location {location}: {why}", None)

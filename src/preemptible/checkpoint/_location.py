@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from .._env import env_str
 from .._errors import ConfigError
 
 _SCHEMES = {"s3": "s3", "gs": "gs", "az": "az", "azure": "az", "file": "file"}
@@ -134,7 +135,7 @@ class Location:
 def staging_root() -> Path:
     """``$PREEMPTIBLE_STAGING_DIR``, else ``$XDG_CACHE_HOME/preemptible/staging``, else
     ``~/.cache/preemptible/staging``: where URLs' checkpoints are committed before the upload."""
-    given = os.environ.get("PREEMPTIBLE_STAGING_DIR")
+    given = env_str("PREEMPTIBLE_STAGING_DIR")
     if given:
         return Path(given)
     cache = os.environ.get("XDG_CACHE_HOME")

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 from .._errors import CheckpointLoadError, CheckpointLockError, CheckpointSaveError, ConfigError
 from .._files import (
+    describe_unopenable,
     fsync_dir,
     fsync_path,
     host_tag,
@@ -42,7 +43,7 @@ from .._files import (
     pid_alive,
     remove_path,
 )
-from .._paths import MAX_STEP, file_kind
+from .._paths import MAX_STEP
 from ._location import Location, is_url, staging_dir
 
 if TYPE_CHECKING:
@@ -115,23 +116,6 @@ def _describe_holder(fd: int) -> str:
     return f"held by pid {pid} on host {host}"
 
 
-def _what_is(path: Path, exc: OSError) -> str:
-    """What stands at ``path`` instead of a lock file we can open, for one line."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return f"not a file we can open ({exc.strerror or exc})"
-    if stat.S_ISLNK(st.st_mode):
-        with contextlib.suppress(OSError):
-            return f"a symbolic link (to {os.readlink(path)})"
-        return "a symbolic link"
-    if not stat.S_ISREG(st.st_mode):
-        return file_kind(st.st_mode)
-    if st.st_nlink != 1:
-        return f"a file with {st.st_nlink} names (a hard link)"
-    return f"a file this process cannot open ({exc.strerror or exc})"
-
-
 class CheckpointStore:
     """Committed checkpoints in one directory, newest (highest step) first."""
 
@@ -147,50 +131,36 @@ class CheckpointStore:
         runs``), which must not leave behind a directory it looked into; a missing one has no
         checkpoints.
 
-        ``directory`` may be a URL (``s3://bucket/prefix``, ``gs://``, ``az://``; see
-        ``_location``): checkpoints are then committed in a local staging directory
-        (``directory`` is that one) and mirrored to the bucket (``mirror``); the newest one
-        committed in the bucket is brought back into staging here unless staging has one as
-        new. ``file:///path`` is the plain directory ``/path``. ``staging``: that local
-        directory, when it is one of the caller's (the Hugging Face Trainer's ``output_dir``)."""
+        A URL (``s3://``, ``gs://``, ``az://``; see ``_location``, ``_mirror``) commits in local
+        staging (``directory``), mirrored to the bucket; ``file:///path`` is ``/path``.
+        ``staging``: that local directory, when it is one of the caller's (the Hugging Face
+        Trainer's ``output_dir``)."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"keep={keep!r} is not valid; use an integer >= 1")
         self.location: Location | None = None
         self.mirror: Mirror | None = None
         if is_url(directory):
             location = Location.parse(cast("str | Location", directory))
+            self.location = None if location.is_local else location
             if location.is_local:
                 directory = location.prefix
             else:
-                self.location = location
                 directory = staging_dir(location) if staging is None else staging
-                create = True  # staging is ours, a cache; the bucket is the location
         self.directory = Path(cast("str | os.PathLike[str]", directory))
         self.keep = keep
         self._lock_fd: int | None = None
         self._lock_key: tuple[int, int] | None = None
         self._warned_foreign: set[str] = set()
         if self.location is not None:
-            self._open_staging()
+            with contextlib.suppress(OSError):  # private when we make it
+                self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._open_directory(True)
             from ._mirror import Mirror
 
             self.mirror = Mirror(self.location, self.directory, keep=keep)
             self.mirror.restore(self)
-            return
-        if not create and not os.path.lexists(self.directory):
-            return
-        self._open_directory(create)
-
-    def _open_staging(self) -> None:
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as exc:
-            raise CheckpointSaveError(
-                f"staging directory {self.directory} of {self.location} cannot be created: "
-                f"{exc.strerror or exc}; set PREEMPTIBLE_STAGING_DIR to a writable directory",
-                self.directory,
-            ) from exc
-        self._open_directory(False)
+        elif create or os.path.lexists(self.directory):
+            self._open_directory(create)
 
     def _open_directory(self, create: bool) -> None:
         try:
@@ -341,8 +311,7 @@ class CheckpointStore:
     def commit_local(
         self, name: str, write: Callable[[Path], None], *, tmp: Path | None = None
     ) -> Path:
-        """``commit`` in this directory only: nothing is uploaded (a download being committed
-        into staging)."""
+        """``commit`` here only, with no upload (a download committed into staging)."""
         if name in ("", ".", "..") or "/" in name or name.startswith(".tmp-"):
             raise ConfigError(f"checkpoint name {name!r} is not valid; use a plain file name")
         final = self.directory / name
@@ -489,7 +458,7 @@ class CheckpointStore:
                     exc.strerror or exc,
                 )
                 return False
-            raise self._unusable(path, _what_is(path, exc)) from exc
+            raise self._unusable(path, describe_unopenable(path, exc)) from exc
         locked = False
         try:
             st = os.fstat(fd)
@@ -530,10 +499,7 @@ class CheckpointStore:
         return True
 
     def flush(self, deadline: float | None = None) -> bool:
-        """Wait until every checkpoint committed here reached the bucket (a URL's store;
-        ``deadline``: a ``time.monotonic()`` value). False, after one line naming the newest
-        checkpoint in the bucket, when the deadline came first or the upload failed. True at
-        once for a plain directory."""
+        """A URL's ``Mirror.flush`` (``deadline``: monotonic); True at once for a directory."""
         return True if self.mirror is None else self.mirror.flush(deadline)
 
     def unlock(self) -> None:

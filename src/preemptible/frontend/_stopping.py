@@ -13,18 +13,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CheckpointSaveError
+from ..checkpoint._mirror import flush_all, upload_deadline
 from ..checkpoint._savers import Saver
 from ..distributed._agreement import StopAgreement
 from ..distributed._group import Ranks
 from ..stop._controller import Decision, StopController
 from ..stop._latch import SignalLatch
-from ..stop._termination import EXIT_TIME, Notice, TerminationConfig
+from ..stop._termination import Notice, TerminationConfig
 from ._saves import Saves
 
 logger = logging.getLogger("preemptible")
@@ -136,25 +136,9 @@ class Stopping:
         uploads it in the background: wait for that upload (and any older one queued) before
         the process exits, or the next machine resumes from an older one. With a deadline (a
         notice's, or the grace period's) the wait ends in time for the exit; an upload that
-        cannot finish by then is said in one line by the mirror, and the process exits anyway.
-        No mirror in this process (no URL was used): nothing to wait for, nothing imported."""
-        mirrors = sys.modules.get("preemptible.checkpoint._mirror")
-        if mirrors is None:
-            return
-        mirrors.flush_all(self._upload_deadline())  # the record names what reached the bucket
-
-    def _upload_deadline(self) -> float | None:
-        """When the uploads must be done (``time.monotonic()``): the stop's deadline less the
-        exit's measured (or default) time; None without a deadline (a plain signal)."""
-        requests = self.controller.requests
-        if requests.grace_period is None and all(n.deadline is None for n in requests.stopping):
-            return None
-        deadline = requests.deadline()
-        if deadline is None:
-            return None
-        exit_time = self.config.exit_time
-        left = deadline - time.time() - (EXIT_TIME if exit_time is None else exit_time)
-        return time.monotonic() + max(left, 0.0)
+        cannot finish by then is said in one line naming the newest checkpoint in the bucket
+        (the run record's ``remote_checkpoint``), and the exit does not wait again."""
+        flush_all(upload_deadline(self.controller.requests), final=True)
 
     def _insurance(self, context: Any, *, reuse: bool = False) -> None:
         """A checkpoint now, training goes on (a notice with time to spare). A failure is

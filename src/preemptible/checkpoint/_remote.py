@@ -1,0 +1,512 @@
+"""The commit protocol of checkpoints in a bucket (S3, GCS, Azure Blob), through obstore.
+
+Object stores have no rename, so nothing here is ever moved. Layout under the prefix::
+
+    writer.json                          who writes here: {"epoch": E, "adopted": [...], ...}
+    uploads/<upload-id>/<name>[/...]     a checkpoint's files, under an id used once
+    manifests/<name>/<generation>.json   the commit: files, sizes, sha256, epoch, upload id
+    quarantine/<name>/<generation>.json  a manifest whose files did not verify (kept, with why)
+
+The commit. The files are uploaded first under a fresh upload id; the manifest is written
+last, with a create-only conditional put (``If-None-Match: *``): a checkpoint exists in the
+bucket only once its manifest does. Files without a manifest (a writer killed mid-upload) are
+never read: a reader starts from the manifests and reads only the keys a manifest lists, under
+its own upload id, with no ``..`` in them. A name committed again (``resume.ckpt`` on every
+save) gets the next generation; two writers that commit the same name and generation cannot
+both succeed: the second gets "already exists" and does not replace the first.
+
+Fencing. A writer (a store that takes its directory's lock) first *takes over* the location:
+it replaces ``writer.json`` with a conditional put on the etag it read (``If-Match``, or
+create-only when there is none) that raises the epoch by one and lists, as ``adopted``, the
+manifests committed at that moment. A manifest counts as committed when its epoch is the
+current one or it is adopted; nothing else is read. So a writer replaced by a takeover (a run
+resumed elsewhere while the old machine still uploads) cannot commit after it: it checks the
+etag of ``writer.json`` right before each manifest and stops when it changed, and a manifest it
+still writes in the gap between that check and its put carries the old epoch and was not
+adopted, so no reader ever takes it. Of two takeovers at once, one wins the conditional put;
+the other reads again and takes the next epoch.
+
+Retention removes a checkpoint's manifest first, then its files, so a kill between the two
+leaves files without a manifest, never a manifest without files. Files without a manifest are
+removed at a takeover once they are an hour old (another writer may still be uploading them;
+the hour also covers clock skew). Multipart uploads left open by a killed writer are not
+listed through the client: a bucket lifecycle rule that aborts incomplete multipart uploads
+(after a day) removes them.
+
+Verification. A download checks every file's size and sha256 against the manifest. One that
+does not verify is quarantined: a marker under ``quarantine/`` that readers skip and retention
+never deletes; the manifest and the files stay as they were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._errors import CheckpointError, CheckpointRemoteError
+from .._files import host_tag
+from ._buckets import first_line, open_bucket, refused
+from ._location import Location
+
+logger = logging.getLogger("preemptible")
+
+FORMAT = 1
+WRITER = "writer.json"
+MANIFESTS = "manifests/"
+UPLOADS = "uploads/"
+QUARANTINE = "quarantine/"
+
+ABANDONED_AFTER = 3600.0
+"""Seconds after which files without a manifest count as abandoned and may be removed."""
+
+_CHUNK = 8 * 1024 * 1024
+_GEN = re.compile(r"^(\d{10})\.json$")
+
+
+class _Fenced(CheckpointError):
+    """Another writer took over the location: this one must not commit there any more."""
+
+
+class _Corrupt(CheckpointError):
+    """A remote checkpoint's files do not match its manifest."""
+
+
+@dataclass
+class Remote:
+    """A checkpoint committed in the bucket (its manifest read)."""
+
+    name: str
+    generation: int
+    key: str
+    body: dict[str, Any]
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Commit order: a later epoch (writer) first, then the writer's own count."""
+        return int(self.body.get("epoch", 0)), int(self.body.get("seq", 0))
+
+
+def _obstore() -> Any:
+    import obstore
+
+    return obstore
+
+
+def _is(exc: BaseException, name: str) -> bool:
+    return type(exc).__name__ == name
+
+
+def _sha256_file(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _safe_rel(rel: str) -> bool:
+    parts = rel.split("/")
+    return all(p not in ("", ".", "..") for p in parts) and not rel.startswith("/")
+
+
+def _walk(root: Path, dirs: list[str]) -> Iterator[tuple[str, Path]]:
+    for here, subdirs, names in os.walk(root):
+        subdirs.sort()
+        rel_here = os.path.relpath(here, root)
+        for d in subdirs:
+            dirs.append(d if rel_here == "." else f"{rel_here}/{d}")
+        for name in sorted(names):
+            rel = name if rel_here == "." else f"{rel_here}/{name}"
+            yield rel.replace(os.sep, "/"), Path(here) / name
+
+
+class _Retry(Exception):
+    """A takeover happened while the manifests were listed: read ``writer.json`` again."""
+
+
+class RemoteCheckpoints:
+    """The checkpoints committed under a URL: read, commit, retire, quarantine. Raises
+    ``CheckpointRemoteError`` at construction when the bucket cannot be used."""
+
+    def __init__(self, location: Location, *, keep: int) -> None:
+        self.location = location
+        self.keep = keep
+        self.bucket = open_bucket(location)
+        self.epoch: int | None = None  # this writer's, once it took the location over
+        self.fenced = False  # another writer took over since
+        self.fenced_said = False
+        self._writer_etag: str | None = None
+        self._writer_body: dict[str, Any] | None = None  # what this writer put in writer.json
+        self._bodies: dict[str, dict[str, Any]] = {}  # manifests read (a key is written once)
+        self._seq = 0
+        self._check()
+
+    def __repr__(self) -> str:
+        return f"RemoteCheckpoints({self.location})"
+
+    # -- requests ------------------------------------------------------------------------------
+    def _list(self, prefix: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for batch in _obstore().list(self.bucket, prefix=prefix, chunk_size=1000):
+            found.extend(batch)
+        return found
+
+    def _get_json(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The JSON object at ``key`` and its etag; (None, None) when there is none."""
+        obs = _obstore()
+        try:
+            result = obs.get(self.bucket, key)
+        except FileNotFoundError:
+            return None, None
+        except Exception as exc:
+            if _is(exc, "NotFoundError"):
+                return None, None
+            raise
+        data = bytes(result.bytes())
+        try:
+            body = json.loads(data)
+        except ValueError:
+            body = None
+        etag = result.meta.get("e_tag")
+        return (body if isinstance(body, dict) else {}), etag
+
+    def _check(self) -> None:
+        """One request at start: the bucket exists and takes our credentials."""
+        try:
+            next(iter(_obstore().list(self.bucket, prefix=MANIFESTS, chunk_size=1)), None)
+        except Exception as exc:
+            raise self.refused(exc) from None
+
+    def refused(self, exc: BaseException) -> CheckpointRemoteError:
+        return refused(self.location, exc)
+
+    # -- who writes ----------------------------------------------------------------------------
+    def take_over(self) -> None:
+        """Become the location's only writer (see the module docstring); also removes files
+        without a manifest older than ``ABANDONED_AFTER``."""
+        obs = _obstore()
+        for _ in range(8):
+            current, etag = self._get_json(WRITER)
+            adopted = [r.key for r in self._valid(current)]
+            epoch = int((current or {}).get("epoch", 0)) + 1
+            body = {
+                "format": FORMAT,
+                "epoch": epoch,
+                "writer": f"{host_tag()} {os.getpid()}",
+                "since": time.time(),
+                "adopted": adopted,
+            }
+            mode: Any = {"e_tag": etag} if etag else "create"
+            try:
+                put = obs.put(self.bucket, WRITER, json.dumps(body).encode(), mode=mode)
+            except Exception as exc:
+                if _is(exc, "AlreadyExistsError") or _is(exc, "PreconditionError"):
+                    continue  # another writer took over meanwhile: read again
+                raise self.refused(exc) from None
+            self.epoch, self._writer_etag, self.fenced = epoch, put.get("e_tag"), False
+            self._writer_body = body
+            break
+        else:
+            raise CheckpointRemoteError(
+                f"checkpoint location {self.location}: could not become its writer (other "
+                "writers kept taking it over)",
+                None,
+            )
+        try:
+            self._clean_abandoned()
+        except Exception as exc:  # cleaning is best effort; the next takeover tries again
+            logger.info("preemptible: could not clean %s: %s", self.location, first_line(exc))
+
+    def _check_fence(self) -> None:
+        if self._writer_etag is None:
+            raise _Fenced(f"{self.location}: this process is not its writer", None)
+        try:
+            meta = _obstore().head(self.bucket, WRITER)
+        except Exception as exc:
+            if _is(exc, "NotFoundError"):
+                meta = {}
+            else:
+                raise
+        if meta.get("e_tag") != self._writer_etag:
+            self.fenced = True
+            raise _Fenced(
+                f"another writer took over {self.location}: this run's checkpoints are no "
+                "longer uploaded there",
+                None,
+            )
+
+    def committed(self) -> list[Remote]:
+        """The checkpoints committed in the bucket, newest first."""
+        for _ in range(4):
+            writer, _etag = self._get_json(WRITER)
+            try:
+                return self._valid(writer)
+            except _Retry:
+                continue  # a takeover happened while we listed: read writer.json again
+        return []
+
+    def _valid(self, writer: dict[str, Any] | None) -> list[Remote]:
+        if not writer:
+            return []
+        epoch = int(writer.get("epoch", 0))
+        adopted = set(writer.get("adopted") or [])
+        quarantined = {m["path"][len(QUARANTINE) :] for m in self._list(QUARANTINE)}
+        found = []
+        for meta in self._list(MANIFESTS):
+            key = meta["path"]
+            rest = key[len(MANIFESTS) :]
+            name, _, gen = rest.partition("/")
+            m = _GEN.match(gen)
+            if not m or "/" in gen or rest in quarantined:
+                continue
+            body = self._bodies.get(key)
+            if body is None:
+                body, _ = self._get_json(key)
+                if body:
+                    self._bodies[key] = body
+            if not body:
+                continue
+            if int(body.get("epoch", 0)) > epoch:
+                raise _Retry
+            if int(body.get("epoch", 0)) == epoch or key in adopted:
+                found.append(Remote(name, int(m.group(1)), key, body))
+        found.sort(key=lambda r: r.order, reverse=True)
+        return found
+
+    # -- bringing back ---------------------------------------------------------------------------
+    def bring_back(
+        self, remote: Remote, commit: Callable[[str, Callable[[Path], None]], Path]
+    ) -> Path | None:
+        """Download ``remote`` through ``commit(name, write)`` (staging's POSIX commit); None
+        when it does not verify: it is then quarantined, and nothing is committed."""
+        try:
+            try:
+                return commit(remote.name, lambda tmp: self.download(remote, tmp))
+            except CheckpointError as exc:  # the commit wraps what the download raised
+                if isinstance(exc.__cause__, _Corrupt):
+                    raise exc.__cause__ from None
+                raise
+        except _Corrupt as exc:
+            self.quarantine(remote, str(exc))
+            return None
+
+    def download(self, remote: Remote, tmp: Path) -> None:
+        """Write ``remote``'s files at ``tmp`` (a file, or a directory tree), each checked
+        against the manifest's size and sha256 (``_Corrupt`` when one differs or is missing)."""
+        body = remote.body
+        upload = str(body.get("upload", ""))
+        files = body.get("files")
+        if not upload or "/" in upload or not isinstance(files, list):
+            raise _Corrupt(f"{remote.key}: not a manifest this version can read", None)
+        base = f"{UPLOADS}{upload}/{remote.name}"
+        kind = body.get("kind")
+        if kind == "dir":
+            tmp.mkdir()
+            for d in body.get("dirs", []):
+                if not _safe_rel(str(d)):
+                    raise _Corrupt(f"{remote.key}: a directory name escapes: {d!r}", None)
+                (tmp / d).mkdir(parents=True, exist_ok=True)
+        for entry in files:
+            rel = str(entry.get("path", ""))
+            if kind == "dir" and not _safe_rel(rel):
+                raise _Corrupt(f"{remote.key}: a file name escapes: {rel!r}", None)
+            key = f"{base}/{rel}" if kind == "dir" else base
+            target = tmp / rel if kind == "dir" else tmp
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self._get_file(key, target, int(entry["size"]), str(entry["sha256"]))
+            except Exception as exc:
+                if _is(exc, "NotFoundError"):
+                    raise _Corrupt(f"{key}: missing from the bucket", None) from None
+                raise
+
+    def _get_file(self, key: str, target: Path, size: int, sha: str) -> None:
+        result = _obstore().get(self.bucket, key)
+        digest = hashlib.sha256()
+        got = 0
+        with open(target, "wb") as f:
+            for chunk in result.stream(min_chunk_size=_CHUNK):
+                data = memoryview(chunk)
+                digest.update(data)
+                got += len(data)
+                f.write(data)
+        if got != size:
+            raise _Corrupt(f"{key}: {got} bytes, the manifest says {size}", None)
+        if digest.hexdigest() != sha:
+            raise _Corrupt(f"{key}: its sha256 differs from the manifest's", None)
+
+    def quarantine(self, remote: Remote, reason: str) -> None:
+        key = f"{QUARANTINE}{remote.name}/{remote.generation:010d}.json"
+        body = {"manifest": remote.key, "reason": reason, "at": time.time()}
+        try:
+            _obstore().put(self.bucket, key, json.dumps(body).encode(), mode="create")
+        except Exception as exc:
+            if not _is(exc, "AlreadyExistsError"):
+                logger.warning(
+                    "preemptible: could not quarantine %s in %s: %s",
+                    remote.key,
+                    self.location,
+                    first_line(exc),
+                )
+        logger.warning(
+            "preemptible: skipping %s in %s: %s; quarantined (kept in the bucket, marked %s)",
+            remote.name,
+            self.location,
+            reason,
+            self.location.key(key),
+        )
+
+    # -- committing ------------------------------------------------------------------------------
+    def upload(self, name: str, local: Path) -> str | None:
+        """Commit the checkpoint at ``local`` (a file or a directory) as ``name``: its files
+        under a fresh upload id, then its manifest, create-only. Returns the manifest's key;
+        None when another writer took the location over (``fenced``, logged once)."""
+        try:
+            return self._upload(name, local)
+        except _Fenced as exc:
+            if not self.fenced_said:
+                self.fenced_said = True
+                logger.error("preemptible: %s (%s was not committed there)", exc, name)
+            self.fenced = True
+            return None
+
+    def _upload(self, name: str, local: Path) -> str:
+        obs = _obstore()
+        if self.fenced:
+            raise _Fenced(f"another writer took over {self.location}", None)
+        if self.epoch is None:
+            self.take_over()
+        upload = f"{self.epoch}-{os.urandom(8).hex()}"
+        base = f"{UPLOADS}{upload}/{name}"
+        files: list[dict[str, Any]] = []
+        dirs: list[str] = []
+        if local.is_dir():
+            kind = "dir"
+            for rel, path in _walk(local, dirs):
+                size, sha = _sha256_file(path)
+                obs.put(self.bucket, f"{base}/{rel}", path)
+                files.append({"path": rel, "size": size, "sha256": sha})
+        else:
+            kind = "file"
+            size, sha = _sha256_file(local)
+            obs.put(self.bucket, base, local)
+            files.append({"path": "", "size": size, "sha256": sha})
+        self._seq += 1
+        body = {
+            "format": FORMAT,
+            "name": name,
+            "kind": kind,
+            "epoch": self.epoch,
+            "seq": self._seq,
+            "writer": f"{host_tag()} {os.getpid()}",
+            "upload": upload,
+            "committed_at": time.time(),
+            "files": files,
+            "dirs": dirs,
+        }
+        return self._commit_manifest(name, body)
+
+    def _commit_manifest(self, name: str, body: dict[str, Any]) -> str:
+        obs = _obstore()
+        existing = [
+            int(m.group(1))
+            for meta in self._list(f"{MANIFESTS}{name}/")
+            if (m := _GEN.match(meta["path"].rsplit("/", 1)[-1]))
+        ]
+        generation = max(existing, default=0) + 1
+        for _ in range(4):
+            key = f"{MANIFESTS}{name}/{generation:010d}.json"
+            self._check_fence()  # the last moment a takeover can be seen before the commit
+            try:
+                obs.put(self.bucket, key, json.dumps(body).encode(), mode="create")
+                return key
+            except Exception as exc:
+                if not _is(exc, "AlreadyExistsError"):
+                    raise
+            other, _ = self._get_json(key)
+            if other and int(other.get("epoch", 0)) >= int(body["epoch"]):
+                raise CheckpointError(
+                    f"{self.location}: another writer committed {name} generation {generation} "
+                    "first",
+                    None,
+                )
+            generation += 1  # a fenced writer's late manifest holds that name: never read
+        raise CheckpointError(f"{self.location}: could not commit {name}", None)
+
+    # -- retention and cleaning ----------------------------------------------------------------
+    def retire_after(self, name: str, patterns: list[re.Pattern[str]]) -> None:
+        """Retention after ``name`` was committed: older generations of every name, and for
+        each pattern ``name`` matches, all but the newest ``keep`` at or below its step."""
+        remotes = self._valid(self._writer_body)  # this writer's view: it just checked the fence
+        newest: dict[str, Remote] = {}
+        for remote in remotes:  # newest first: older generations of a name are superseded
+            if remote.name in newest:
+                self._retire(remote)
+            else:
+                newest[remote.name] = remote
+        for pattern in patterns:
+            m = pattern.match(name)
+            if not m:
+                continue
+            upto = int(m.group(1))
+            steps = sorted(
+                (
+                    (int(mm.group(1)), r)
+                    for r in newest.values()
+                    if (mm := pattern.match(r.name)) and int(mm.group(1)) <= upto
+                ),
+                key=lambda pair: pair[0],
+                reverse=True,
+            )
+            for _step, remote in steps[self.keep :]:
+                self._retire(remote)
+
+    def _retire(self, remote: Remote) -> None:
+        """Remove a committed checkpoint: the manifest first, then its files."""
+        obs = _obstore()
+        obs.delete(self.bucket, remote.key)
+        upload = str(remote.body.get("upload", ""))
+        if not upload or "/" in upload:
+            return
+        self._bodies.pop(remote.key, None)
+        base = f"{UPLOADS}{upload}/{remote.name}"
+        files = remote.body.get("files") or []
+        if remote.body.get("kind") == "dir":
+            keys = [f"{base}/{f['path']}" for f in files if _safe_rel(str(f.get("path", "")))]
+        else:
+            keys = [base]
+        if keys:
+            obs.delete(self.bucket, keys)
+
+    def _clean_abandoned(self) -> None:
+        referenced = set()
+        for meta in self._list(MANIFESTS):
+            body, _ = self._get_json(meta["path"])
+            if body and isinstance(body.get("upload"), str):
+                referenced.add(body["upload"])
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for meta in self._list(UPLOADS):
+            upload = meta["path"][len(UPLOADS) :].split("/", 1)[0]
+            groups.setdefault(upload, []).append(meta)
+        now = time.time()
+        for upload, metas in groups.items():
+            if upload in referenced:
+                continue
+            newest = max(m["last_modified"].timestamp() for m in metas)
+            if now - newest > ABANDONED_AFTER:
+                _obstore().delete(self.bucket, [m["path"] for m in metas])
+                logger.info(
+                    "preemptible: removed an upload that was never committed from %s (%d files)",
+                    self.location,
+                    len(metas),
+                )

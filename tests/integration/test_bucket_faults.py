@@ -1,0 +1,154 @@
+"""Faults between a run and its bucket, against a real S3-protocol server: throttling (503
+SlowDown) is retried; a stalled server or one killed in the middle of an upload costs the
+upload, never the exit by the deadline nor the checkpoints already in the bucket; a missing
+bucket and refused credentials are one line at start."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from preemptible import CheckpointRemoteError, CheckpointStore
+from tests.conftest import PY, ROOT, python_args, wait_for
+from tests.support.buckets import Bucket, started_s3
+from tests.support.faults import fault_proxy
+
+pytestmark = pytest.mark.timeout(180)
+NEWEST = re.compile(r"the newest checkpoint in the bucket is (\S+)")
+
+
+def verified_manifests(bucket: Bucket) -> dict[str, int]:
+    """Each committed step in the bucket -> its generation; every file it lists is there with
+    the size and sha256 its manifest says."""
+    objects = bucket.objects()
+    found = {}
+    for key, raw in objects.items():
+        if not key.startswith("manifests/step-"):
+            continue
+        body = json.loads(raw)
+        for entry in body["files"]:
+            data = objects[f"uploads/{body['upload']}/{body['name']}"]
+            assert len(data) == entry["size"], key
+            assert hashlib.sha256(data).hexdigest() == entry["sha256"], key
+        found[body["name"]] = int(key.rsplit("/", 1)[1][:10])
+    return found
+
+
+def test_slow_down_is_retried_with_backoff(
+    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        proxy.refuse = 3  # the start's look at the bucket is throttled, and so on
+        store = CheckpointStore(s3_bucket.url)
+        assert store.lock()
+        proxy.refuse = 3  # and the upload's requests
+        store.save(1, lambda tmp: tmp.write_bytes(b"one"))
+        assert store.flush(time.monotonic() + 60)
+        assert proxy.refused == 6
+    assert list(verified_manifests(s3_bucket)) == ["step-0000000001.ckpt"]
+
+
+def test_a_missing_bucket_is_one_line_at_start(s3_bucket: Bucket, tmp_path: Path, spawn) -> None:
+    with pytest.raises(CheckpointRemoteError) as info:
+        CheckpointStore("s3://no-such-bucket-here/ckpt")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "bucket or container 'no-such-bucket-here' does not exist (NoSuchBucket)" in message
+    # a run stops at its start, before any step
+    run = spawn(
+        python_args("train.py", "--ckpt", "s3://no-such-bucket-here/ckpt", "--out", "o.pt"),
+        cwd=tmp_path,
+    )
+    assert run.wait(120) != 0
+    assert not any(line.startswith("step ") for line in run.lines)
+    assert "CheckpointRemoteError: checkpoint location s3://no-such-bucket-here/ckpt" in run.output
+
+
+def test_refused_credentials_are_one_line_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    with started_s3({"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as server:  # keys are checked
+        for key, value in server.env().items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-1234")
+        with pytest.raises(CheckpointRemoteError) as info:
+            CheckpointStore("s3://some-bucket/ckpt")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "the credentials were refused (InvalidAccessKeyId)" in message
+    assert "not-the-secret-1234" not in message and "testing" not in message
+
+
+def train_args(bucket: Bucket) -> list[str]:
+    return python_args(
+        "train.py",
+        "--ckpt",
+        bucket.url,
+        "--out",
+        "o.pt",
+        "--steps",
+        "400",
+        "--save-every",
+        "2",
+        "--step-sleep",
+        "0.05",
+        "--grace",
+        "5",
+    )
+
+
+@pytest.mark.waits
+def test_a_stalled_server_costs_the_upload_not_the_deadline(
+    s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        run = spawn(train_args(s3_bucket), cwd=tmp_path, env={"AWS_ENDPOINT_URL": proxy.endpoint})
+        run.wait_line(lambda line: line == "step 6", timeout=90)
+        proxy.stall.set()  # from now on every request hangs
+        run.wait_line(lambda line: line == "step 8", timeout=30)
+        sent = time.monotonic()
+        run.signal(signal.SIGTERM)
+        assert run.wait(30) == 128 + signal.SIGTERM, run.output
+        took = time.monotonic() - sent
+    assert took < 5 + 1.5, (took, run.output)  # the grace period, and a little for the exit
+    said = [line for line in run.lines if "did not finish in time" in line]
+    assert len(said) == 1, run.output
+    newest = NEWEST.search(said[0])
+    assert newest and newest.group(1) in verified_manifests(s3_bucket), said
+
+
+@pytest.mark.waits
+def test_the_server_killed_during_an_upload_leaves_the_bucket_intact(
+    s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    server = spawn([PY, str(ROOT / "tests" / "support" / "faults.py"), s3_bucket.server.endpoint])
+    port = server.wait_line(lambda line: line.startswith("listening "), 30).split()[1]
+    run = spawn(
+        train_args(s3_bucket), cwd=tmp_path, env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    )
+    run.wait_line(lambda line: line == "step 7", timeout=90)
+    # the server dies as the next upload's first file starts
+    seen = len(server.lines)
+    upload = re.compile(r"^PUT .*/uploads/[^/]+/(step-\d+\.ckpt)$")
+    line = wait_for(
+        lambda: next((m for x in server.lines[seen:] if (m := upload.match(x))), None),
+        30,
+        "an upload after step 7",
+    )
+    server.signal(signal.SIGKILL)
+    cut = line.group(1)
+    sent = time.monotonic()
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 128 + signal.SIGTERM, run.output
+    assert time.monotonic() - sent < 5 + 1.5, run.output
+    in_bucket = verified_manifests(s3_bucket)  # read from the real server, behind the dead one
+    assert cut not in in_bucket and max(in_bucket) < cut, (cut, in_bucket)
+    said = [line for line in run.lines if "did not finish in time" in line or "failed" in line]
+    assert said and all(
+        (m := NEWEST.search(line)) and m.group(1) == max(in_bucket) for line in said
+    ), run.output
