@@ -120,21 +120,14 @@ class CheckpointStore:
     """Committed checkpoints in one directory, newest (highest step) first."""
 
     def __init__(
-        self,
-        directory: str | os.PathLike[str] | Location,
-        *,
-        keep: int = 2,
-        create: bool = True,
-        staging: str | os.PathLike[str] | None = None,
+        self, directory: str | os.PathLike[str] | Location, *, keep: int = 2, create: bool = True
     ) -> None:
         """``create=False``: for a reader (a supervisor's resume lookup, ``preemptible
         runs``), which must not leave behind a directory it looked into; a missing one has no
         checkpoints.
 
         A URL (``s3://``, ``gs://``, ``az://``; see ``_location``, ``_mirror``) commits in local
-        staging (``directory``), mirrored to the bucket; ``file:///path`` is ``/path``.
-        ``staging``: that local directory, when it is one of the caller's (the Hugging Face
-        Trainer's ``output_dir``)."""
+        staging (``directory``), mirrored to the bucket; ``file:///path`` is ``/path``."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"keep={keep!r} is not valid; use an integer >= 1")
         self.location: Location | None = None
@@ -142,10 +135,7 @@ class CheckpointStore:
         if is_url(directory):
             location = Location.parse(cast("str | Location", directory))
             self.location = None if location.is_local else location
-            if location.is_local:
-                directory = location.prefix
-            else:
-                directory = staging_dir(location) if staging is None else staging
+            directory = location.prefix if location.is_local else staging_dir(location)
         self.directory = Path(cast("str | os.PathLike[str]", directory))
         self.keep = keep
         self._lock_fd: int | None = None

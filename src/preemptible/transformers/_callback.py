@@ -52,6 +52,7 @@ from ..frontend import (
     is_url,
     normalize_signals,
     saving_config,
+    staged_in,
 )
 from ..trackers import Tracker, TrackerGroup
 
@@ -107,7 +108,7 @@ class PreemptionCallback(TrainerCallback):
         config = saving_config(termination_config, "PreemptionCallback (the Trainer saves)")
         self.store: CheckpointStore | None = None  # with mirror: output_dir's, with its bucket
         if mirror is not None:
-            if not isinstance(mirror, str) or not is_url(mirror) or mirror.startswith("file:"):
+            if not isinstance(mirror, str) or not is_url(mirror):
                 raise ConfigError(
                     f"mirror={mirror!r} is not valid; use a bucket's URL (s3://bucket/prefix, "
                     "gs://bucket/prefix, az://container/prefix), or None"
@@ -117,7 +118,7 @@ class PreemptionCallback(TrainerCallback):
                     "mirror= needs output_dir=, the Trainer's args.output_dir: the newest "
                     "checkpoint in the bucket is put back there before get_last_checkpoint"
                 )
-            self.store = CheckpointStore(mirror, staging=output_dir, keep=_KEEP_ALL)
+            self.store = CheckpointStore(staged_in(mirror, output_dir), keep=_KEEP_ALL)
         elif output_dir is not None:
             raise ConfigError("output_dir= is only for mirror=; leave it None without a mirror")
         self.signals = normalize_signals(signals)
