@@ -17,6 +17,7 @@ from preemptible.supervisor import SupervisorConfig
 from preemptible.supervisor._record import RunRecord
 from preemptible.supervisor._resume import Resumes
 from preemptible.supervisor._runid import default_run_id
+from preemptible.sweeps.agent._agent import AgentConfig, run_checkpoints
 from preemptible.sweeps.agent._holding import newest_step
 
 
@@ -103,3 +104,13 @@ def test_a_bucket_is_not_looked_into_by_the_supervisor(tmp_path: Path) -> None:
     assert newest_step("s3://ckpt/runs/exp", RunRecord.from_json({"resume_step": 12})) == 12
     lightning = RunRecord.from_json({"remote_checkpoint": "s3://ckpt/fit/resume.ckpt"})
     assert lightning.remote_step is None
+
+
+def test_an_agent_keeps_each_run_s_checkpoints_under_its_id() -> None:
+    bucket = AgentConfig(sweep_id="s", checkpoint_dir="gs://ckpt/sweeps/s/")
+    assert run_checkpoints(bucket, "r-1") == "gs://ckpt/sweeps/s/r-1"
+    shared = AgentConfig(sweep_id="s", checkpoint_dir=Path("/shared/ckpt"))
+    assert run_checkpoints(shared, "r-1") == Path("/shared/ckpt/r-1")
+    assert run_checkpoints(AgentConfig(sweep_id="s"), "r-1") is None
+    with pytest.raises(ConfigError, match="no bucket"):
+        AgentConfig(sweep_id="s", checkpoint_dir="s3:///x")

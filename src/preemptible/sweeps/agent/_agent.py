@@ -138,6 +138,15 @@ class AgentConfig:
             )
 
 
+def run_checkpoints(config: AgentConfig, run_id: str) -> Path | str | None:
+    """Where a run's checkpoints go: ``<--checkpoint-dir>/<run id>`` (a bucket's URL or a
+    directory), or None (the run's own directory under --home)."""
+    where = config.checkpoint_dir
+    if isinstance(where, str):
+        return f"{where.rstrip('/')}/{run_id}"
+    return None if where is None else where / run_id
+
+
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -286,7 +295,7 @@ class Agent:
                     term_timeout=self.spec.term_timeout,
                     extra_env={LEASE_FILE_ENV: str(lease_file.absolute())},
                     lease_file=lease_file.absolute(),  # its guardian fences it by the lease
-                    checkpoint_dir=self._checkpoints(claim.run_id),
+                    checkpoint_dir=run_checkpoints(self.config, claim.run_id),
                     job_control=False,  # Ctrl+Z stops the agent (CtrlZ); the run stops by lease
                 )
             )
@@ -400,14 +409,6 @@ class Agent:
             f"last: run {claim.run_id}, exit code {attempt.exit_code}; its output is above)",
             EXIT_CRASH_LOOP,
         )
-
-    def _checkpoints(self, run_id: str) -> Path | str | None:
-        """Where the run's checkpoints go: ``<--checkpoint-dir>/<run id>``, or None (the run's
-        own directory under --home)."""
-        where = self.config.checkpoint_dir
-        if isinstance(where, str):
-            return f"{where.rstrip('/')}/{run_id}"
-        return None if where is None else where / run_id
 
     def _judge(self, claim: Claim) -> Judge | None:
         """Early termination's judge of the run, when its sweep has one (``_early``)."""

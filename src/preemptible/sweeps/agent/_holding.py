@@ -388,7 +388,8 @@ def newest_step(directory: Path | str, record: RunRecord | None = None) -> int |
     if isinstance(directory, str):
         if record is None:
             return None
-        step = record.remote_step if record.remote_checkpoint else record.resume_step
+        step = record.remote_step  # resume.ckpt names no step: the newest commit's then
+        step = record.resume_step if step is None else step
         return None if step is None else clean_step(step, directory)
     try:
         newest = CheckpointStore(directory, create=False).latest()
