@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from preemptible import CheckpointStore
+from preemptible.checkpoint import _remote
 from tests.support.buckets import Bucket
 from tests.support.faults import fault_proxy
 
@@ -45,12 +46,22 @@ def test_files_without_a_manifest_are_never_read(
     writer.unlock()
     # an upload that never got its manifest (its writer killed), newer than the committed one
     s3_bucket.put("uploads/9-00aa/step-0000000009.ckpt", b"half of nine")
+    # and a manifest whose name is not a checkpoint's (it would land on staging's lock file)
+    body = next(iter(manifests(s3_bucket).values()))
+    hostile = json.dumps({**body, "name": ".preemptible.lock"}).encode()
+    s3_bucket.put("manifests/.preemptible.lock/0000000001.json", hostile)
     reader = store_on(s3_bucket, monkeypatch, tmp_path, "b")
     newest = reader.latest()
     assert newest is not None and newest.step == 2 and newest.path.read_bytes() == b"two"
+    assert not (reader.directory / ".preemptible.lock").exists()
     # a takeover leaves another writer's upload in progress alone (it is not an hour old)
     assert reader.lock()
     assert "uploads/9-00aa/step-0000000009.ckpt" in s3_bucket.objects()
+    # an hour later (the hour made nothing here), the next takeover removes it, and only it
+    monkeypatch.setattr(_remote, "ABANDONED_AFTER", -60.0)
+    before = set(s3_bucket.objects())
+    assert store_on(s3_bucket, monkeypatch, tmp_path, "c").lock()
+    assert before - set(s3_bucket.objects()) == {"uploads/9-00aa/step-0000000009.ckpt"}
 
 
 def test_two_writers_cannot_commit_the_same_name(
@@ -120,8 +131,9 @@ def test_retention_removes_the_manifest_before_the_files(
     assert not any("step-0000000001" in k for k in keys), sorted(keys)
 
 
+@pytest.mark.parametrize("damage", ["other bytes", "missing"])
 def test_a_checkpoint_that_does_not_verify_is_quarantined_not_deleted(
-    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
+    damage: str, s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
 ) -> None:
     writer = store_on(s3_bucket, monkeypatch, tmp_path, "a")
     assert writer.lock()
@@ -130,20 +142,24 @@ def test_a_checkpoint_that_does_not_verify_is_quarantined_not_deleted(
     writer.unlock()
     body = manifests(s3_bucket)["manifests/step-0000000002.ckpt/0000000001.json"]
     damaged = f"uploads/{body['upload']}/step-0000000002.ckpt"
-    s3_bucket.put(damaged, b"bad! two")  # the same size, other bytes
+    if damage == "missing":
+        s3_bucket.delete(damaged)
+    else:
+        s3_bucket.put(damaged, b"bad! two")  # the same size, other bytes
     with caplog.at_level(logging.WARNING, logger="preemptible"):
         reader = store_on(s3_bucket, monkeypatch, tmp_path, "b")
     newest = reader.latest()
     assert newest is not None and newest.step == 1 and newest.path.read_bytes() == b"good one"
-    assert "sha256 differs" in caplog.text and "quarantined" in caplog.text
+    said = "missing from the bucket" if damage == "missing" else "sha256 differs"
+    assert said in caplog.text and "quarantined" in caplog.text
     keys = s3_bucket.objects()
     assert "quarantine/step-0000000002.ckpt/0000000001.json" in keys
     assert "manifests/step-0000000002.ckpt/0000000001.json" in keys  # never deleted
-    assert keys[damaged] == b"bad! two"
+    assert damage == "missing" or keys[damaged] == b"bad! two"
     # the next machine skips it without downloading it again
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="preemptible"):
         third = store_on(s3_bucket, monkeypatch, tmp_path, "c")
-    assert "sha256" not in caplog.text
+    assert said not in caplog.text
     latest = third.latest()
     assert latest is not None and latest.step == 1

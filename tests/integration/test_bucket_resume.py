@@ -95,5 +95,8 @@ def test_a_run_resumes_on_a_new_machine_from_the_bucket_exactly(
     resumed = int(next(line for line in again.lines if line.startswith("resumed ")).split()[1])
     assert resumed >= 2, again.output
     assert "brought step-" in again.output, again.output
+    # the run's last checkpoint went up before the interpreter exited (atexit's flush)
+    last = f"manifests/step-{STEPS:010d}.ckpt/"
+    assert any(k.startswith(last) for k in s3_bucket.objects()), again.output
     reference = reference_runs.result(REFERENCE) / "final.pt"
     assert same_weights(reference, second.cwd / "final.pt")

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from preemptible import CheckpointStore
+from tests.conftest import wait_for
 from tests.support.buckets import Bucket
+from tests.support.faults import fault_proxy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,3 +70,22 @@ def test_a_staging_copy_as_new_is_used_as_it_is(
     again = CheckpointStore(s3_bucket.url)  # the same machine: staging has it already
     latest = again.latest()
     assert latest is not None and latest.path.stat().st_ino == before
+
+
+def test_a_newer_checkpoint_replaces_one_waiting_to_go_up(
+    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        store = CheckpointStore(s3_bucket.url, keep=5)
+        assert store.lock()
+        proxy.stall.set()
+        store.save(1, lambda tmp: tmp.write_bytes(b"one"))  # its upload hangs
+        wait_for(lambda: any("step-0000000001" in r for r in proxy.requests), 30, "upload 1")
+        store.save(2, lambda tmp: tmp.write_bytes(b"two"))  # waits behind it
+        store.save(3, lambda tmp: tmp.write_bytes(b"three"))  # and replaces it
+        proxy.stall.clear()  # the held request drops; the client sends it again
+        assert store.flush(time.monotonic() + 60)
+    names = {k.split("/")[1] for k in s3_bucket.objects() if k.startswith("manifests/")}
+    assert names == {"step-0000000001.ckpt", "step-0000000003.ckpt"}
+    assert not [p for p in store.directory.iterdir() if p.name.startswith(".upload-")]

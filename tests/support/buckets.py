@@ -101,6 +101,12 @@ class Bucket:
     def put(self, key: str, data: bytes) -> None:
         self.server.put(self.name, f"{self.prefix}/{key}", data)
 
+    def delete(self, key: str) -> None:
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=self.server.endpoint, **_boto_keys())
+        s3.delete_object(Bucket=self.name, Key=f"{self.prefix}/{key}")
+
 
 @contextlib.contextmanager
 def started_s3(env: dict[str, str] | None = None) -> Iterator[S3Server]:

@@ -35,7 +35,8 @@ class FaultProxy:
         self.announce = announce
         self.refuse = 0  # answer this many of the next requests with 503 SlowDown
         self.refused = 0
-        self.stall = threading.Event()  # set: requests are read and never answered
+        self.stall = threading.Event()  # set: requests are read and not answered; cleared:
+        # the requests held drop their connections (the client retries), new ones pass
         self.requests: list[str] = []
         self._release = threading.Event()
         proxy = self
@@ -55,8 +56,9 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else b""
                 if self.command == "POST":  # a bulk delete names its keys in the body
                     proxy.requests[-1] += " " + body[:4000].decode("utf-8", "replace")
-                if proxy.stall.is_set():
-                    proxy._release.wait()  # until the proxy closes
+                if proxy.stall.is_set():  # until the stall ends: then the connection drops
+                    while proxy.stall.is_set() and not proxy._release.wait(0.02):
+                        pass
                     self.close_connection = True
                     return
                 if proxy.refuse > 0:

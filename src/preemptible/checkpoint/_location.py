@@ -18,12 +18,10 @@ URL, readable and short, with a hash so that two URLs never share one.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 from .._env import env_str
 from .._errors import ConfigError
@@ -62,6 +60,8 @@ class Location:
     def parse(cls, value: str | os.PathLike[str] | Location) -> Location:
         if isinstance(value, Location):
             return value
+        from urllib.parse import unquote, urlsplit  # a URL given: not at every import
+
         text = os.fspath(value)
         if not _URL.match(text):
             raise ConfigError(f"checkpoint location {text!r} is not a URL; {_VALID}")
@@ -130,6 +130,8 @@ class Location:
 
     def slug(self) -> str:
         """A directory name for this location: readable, short, and unique by its hash."""
+        import hashlib
+
         readable = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{self.scheme}-{self.bucket}-{self.prefix}")
         digest = hashlib.sha256(self.url.encode()).hexdigest()[:12]
         return f"{readable.strip('_-.')[:60]}-{digest}"

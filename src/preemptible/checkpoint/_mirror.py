@@ -96,6 +96,7 @@ class Mirror:
         self.uploaded: str | None = None  # the newest name this process put in the bucket
         self.newest_remote: str | None = None  # the newest committed one seen in the bucket
         self.failed: str | None = None  # why the last upload failed, until one succeeds
+        self.upload_seconds: float | None = None  # how long the last upload took (measured)
         _register(self)
 
     def __repr__(self) -> str:
@@ -250,7 +251,9 @@ class Mirror:
                     self._cond.notify_all()
 
     def _upload(self, job: _Job) -> None:
+        started = time.monotonic()
         key = self.remote.upload(job.name, job.snapshot)
+        self.upload_seconds = time.monotonic() - started
         if key is None:  # fenced: said once; no upload of this process counts any more
             self.failed = f"another writer took over {self.location}"
             return

@@ -46,7 +46,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from .._errors import CheckpointError, CheckpointRemoteError
 from .._files import host_tag
 from ._buckets import first_line, open_bucket, refused
 from ._location import Location
+from ._transfer import progress, safe_rel, sha256_file, walk_files
 
 logger = logging.getLogger("preemptible")
 
@@ -67,7 +69,8 @@ QUARANTINE = "quarantine/"
 ABANDONED_AFTER = 3600.0
 """Seconds after which files without a manifest count as abandoned and may be removed."""
 
-_CHUNK = 8 * 1024 * 1024
+_RANGE = 32 * 1024 * 1024  # bytes per GET of a download
+
 _GEN = re.compile(r"^(\d{10})\.json$")
 
 
@@ -101,33 +104,10 @@ def _obstore() -> Any:
 
 
 def _is(exc: BaseException, name: str) -> bool:
+    """Whether obstore raised its error ``name`` (a missing object is a FileNotFoundError)."""
+    if name == "NotFoundError" and isinstance(exc, FileNotFoundError):
+        return True
     return type(exc).__name__ == name
-
-
-def _sha256_file(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
-def _safe_rel(rel: str) -> bool:
-    parts = rel.split("/")
-    return all(p not in ("", ".", "..") for p in parts) and not rel.startswith("/")
-
-
-def _walk(root: Path, dirs: list[str]) -> Iterator[tuple[str, Path]]:
-    for here, subdirs, names in os.walk(root):
-        subdirs.sort()
-        rel_here = os.path.relpath(here, root)
-        for d in subdirs:
-            dirs.append(d if rel_here == "." else f"{rel_here}/{d}")
-        for name in sorted(names):
-            rel = name if rel_here == "." else f"{rel_here}/{name}"
-            yield rel.replace(os.sep, "/"), Path(here) / name
 
 
 class _Retry(Exception):
@@ -149,6 +129,7 @@ class RemoteCheckpoints:
         self._writer_body: dict[str, Any] | None = None  # what this writer put in writer.json
         self._bodies: dict[str, dict[str, Any]] = {}  # manifests read (a key is written once)
         self._seq = 0
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="preemptible-sha256")
         self._check()
 
     def __repr__(self) -> str:
@@ -179,6 +160,15 @@ class RemoteCheckpoints:
             body = None
         etag = result.meta.get("e_tag")
         return (body if isinstance(body, dict) else {}), etag
+
+    def _body(self, key: str) -> dict[str, Any] | None:
+        """A manifest's content, read once (a key is written once, create-only)."""
+        body = self._bodies.get(key)
+        if body is None:
+            body, _ = self._get_json(key)
+            if body:
+                self._bodies[key] = body
+        return body
 
     def _check(self) -> None:
         """One request at start: the bucket exists and takes our credentials."""
@@ -267,13 +257,9 @@ class RemoteCheckpoints:
             rest = key[len(MANIFESTS) :]
             name, _, gen = rest.partition("/")
             m = _GEN.match(gen)
-            if not m or "/" in gen or rest in quarantined:
-                continue
-            body = self._bodies.get(key)
-            if body is None:
-                body, _ = self._get_json(key)
-                if body:
-                    self._bodies[key] = body
+            if not m or "/" in gen or rest in quarantined or name.startswith("."):
+                continue  # a name of ours is a plain file name: never .preemptible.lock
+            body = self._body(key)
             if not body:
                 continue
             if int(body.get("epoch", 0)) > epoch:
@@ -313,35 +299,47 @@ class RemoteCheckpoints:
         if kind == "dir":
             tmp.mkdir()
             for d in body.get("dirs", []):
-                if not _safe_rel(str(d)):
+                if not safe_rel(str(d)):
                     raise _Corrupt(f"{remote.key}: a directory name escapes: {d!r}", None)
                 (tmp / d).mkdir(parents=True, exist_ok=True)
-        for entry in files:
-            rel = str(entry.get("path", ""))
-            if kind == "dir" and not _safe_rel(rel):
-                raise _Corrupt(f"{remote.key}: a file name escapes: {rel!r}", None)
-            key = f"{base}/{rel}" if kind == "dir" else base
-            target = tmp / rel if kind == "dir" else tmp
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                self._get_file(key, target, int(entry["size"]), str(entry["sha256"]))
-            except Exception as exc:
-                if _is(exc, "NotFoundError"):
-                    raise _Corrupt(f"{key}: missing from the bucket", None) from None
-                raise
+        total = sum(int(entry.get("size", 0)) for entry in files)
+        with progress(total, f"{remote.name} from {self.location}") as advance:
+            for entry in files:
+                rel = str(entry.get("path", ""))
+                if kind == "dir" and not safe_rel(rel):
+                    raise _Corrupt(f"{remote.key}: a file name escapes: {rel!r}", None)
+                key = f"{base}/{rel}" if kind == "dir" else base
+                target = tmp / rel if kind == "dir" else tmp
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    self._get_file(key, target, int(entry["size"]), str(entry["sha256"]), advance)
+                except Exception as exc:
+                    if _is(exc, "NotFoundError"):
+                        raise _Corrupt(f"{key}: missing from the bucket", None) from None
+                    raise
 
-    def _get_file(self, key: str, target: Path, size: int, sha: str) -> None:
-        result = _obstore().get(self.bucket, key)
+    def _get_file(
+        self, key: str, target: Path, size: int, sha: str, advance: Callable[[int], None]
+    ) -> None:
+        """One file, in ranges of ``_RANGE`` bytes: each request is bounded by the client's
+        timeout whatever the checkpoint's size (a single GET of many GB would not be)."""
+        obs = _obstore()
+        stored = int(obs.head(self.bucket, key)["size"])
+        if stored != size:
+            raise _Corrupt(f"{key}: {stored} bytes, the manifest says {size}", None)
         digest = hashlib.sha256()
-        got = 0
         with open(target, "wb") as f:
-            for chunk in result.stream(min_chunk_size=_CHUNK):
-                data = memoryview(chunk)
+            done = 0
+            while done < size:
+                data = memoryview(
+                    obs.get_range(self.bucket, key, start=done, length=min(_RANGE, size - done))
+                )
+                if not len(data):
+                    raise _Corrupt(f"{key}: ended after {done} bytes of {size}", None)
                 digest.update(data)
-                got += len(data)
                 f.write(data)
-        if got != size:
-            raise _Corrupt(f"{key}: {got} bytes, the manifest says {size}", None)
+                done += len(data)
+                advance(len(data))
         if digest.hexdigest() != sha:
             raise _Corrupt(f"{key}: its sha256 differs from the manifest's", None)
 
@@ -381,7 +379,6 @@ class RemoteCheckpoints:
             return None
 
     def _upload(self, name: str, local: Path) -> str:
-        obs = _obstore()
         if self.fenced:
             raise _Fenced(f"another writer took over {self.location}", None)
         if self.epoch is None:
@@ -392,14 +389,12 @@ class RemoteCheckpoints:
         dirs: list[str] = []
         if local.is_dir():
             kind = "dir"
-            for rel, path in _walk(local, dirs):
-                size, sha = _sha256_file(path)
-                obs.put(self.bucket, f"{base}/{rel}", path)
+            for rel, path in walk_files(local, dirs):
+                size, sha = self._put_file(f"{base}/{rel}", path)
                 files.append({"path": rel, "size": size, "sha256": sha})
         else:
             kind = "file"
-            size, sha = _sha256_file(local)
-            obs.put(self.bucket, base, local)
+            size, sha = self._put_file(base, local)
             files.append({"path": "", "size": size, "sha256": sha})
         self._seq += 1
         body = {
@@ -415,6 +410,16 @@ class RemoteCheckpoints:
             "dirs": dirs,
         }
         return self._commit_manifest(name, body)
+
+    def _put_file(self, key: str, path: Path) -> tuple[int, str]:
+        """Upload one file and return its size and sha256, computed in a second thread while
+        obstore sends it (both release the GIL; the file is committed, nobody writes it)."""
+        hashing = self._hasher.submit(sha256_file, path)
+        try:
+            _obstore().put(self.bucket, key, path)
+        finally:
+            size, sha = hashing.result()
+        return size, sha
 
     def _commit_manifest(self, name: str, body: dict[str, Any]) -> str:
         obs = _obstore()
@@ -482,7 +487,7 @@ class RemoteCheckpoints:
         base = f"{UPLOADS}{upload}/{remote.name}"
         files = remote.body.get("files") or []
         if remote.body.get("kind") == "dir":
-            keys = [f"{base}/{f['path']}" for f in files if _safe_rel(str(f.get("path", "")))]
+            keys = [f"{base}/{f['path']}" for f in files if safe_rel(str(f.get("path", "")))]
         else:
             keys = [base]
         if keys:
@@ -491,7 +496,7 @@ class RemoteCheckpoints:
     def _clean_abandoned(self) -> None:
         referenced = set()
         for meta in self._list(MANIFESTS):
-            body, _ = self._get_json(meta["path"])
+            body = self._body(meta["path"])
             if body and isinstance(body.get("upload"), str):
                 referenced.add(body["upload"])
         groups: dict[str, list[dict[str, Any]]] = {}
