@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from preemptible import PreemptionCheckpointHandler, TerminationConfig
 from tests.conftest import PY
-from tests.support.buckets import S3Server
+from tests.support.buckets import Bucket, S3Server
 from tests.support.env import CLEAN
 
 pytestmark = pytest.mark.timeout(120)
@@ -85,3 +86,20 @@ def test_a_stop_whose_upload_cannot_finish_is_gone_before_its_deadline_and_says_
     assert sorted(p.name for p in (tmp_path / "staging").glob("*/step-*.ckpt"))[-1] != (
         "step-0000000000.ckpt"
     ), "the stop's checkpoint is committed locally"
+
+
+def test_the_grace_policy_counts_a_bucket_s_upload_in_a_save(
+    s3_bucket: Bucket, signal_handlers: object
+) -> None:
+    """A stop's checkpoint must reach the bucket before the exit: the save time the grace
+    policy budgets with is the save and the last measured upload together."""
+    config = TerminationConfig(save_fn=lambda path: path.write_text("{}"))
+    with PreemptionCheckpointHandler(s3_bucket.url, termination_config=config) as handler:
+        handler.save(1)
+        assert handler.store.flush(time.monotonic() + 30)
+        assert handler.store.mirror is not None
+        uploaded = handler.store.mirror.upload_seconds
+        assert uploaded is not None and uploaded > 0
+        handler.save(2)
+        assert len(handler.save_times) == 2 and handler.save_times.max() >= uploaded
+        assert handler.store.flush(time.monotonic() + 30)  # nothing left for the exit

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CheckpointSaveError
-from ..checkpoint._mirror import flush_all, upload_deadline
 from ..checkpoint._savers import Saver
 from ..distributed._agreement import StopAgreement
 from ..distributed._group import Ranks
@@ -137,7 +136,12 @@ class Stopping:
         the process exits, or the next machine resumes from an older one. With a deadline (a
         notice's, or the grace period's) the wait ends in time for the exit; an upload that
         cannot finish by then is said in one line naming the newest checkpoint in the bucket
-        (the run record's ``remote_checkpoint``), and the exit does not wait again."""
+        (the run record's ``remote_checkpoint``), and the exit does not wait again. No mirror
+        in this process (no URL was used): nothing to wait for, and nothing is imported."""
+        if "preemptible.checkpoint._mirror" not in sys.modules:
+            return
+        from ..checkpoint._mirror import flush_all, upload_deadline
+
         flush_all(upload_deadline(self.controller.requests), final=True)
 
     def _insurance(self, context: Any, *, reuse: bool = False) -> None:
