@@ -113,9 +113,14 @@ def open_bucket(location: Location) -> ObjectStore:
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an obstore error (the rest is a debug dump of the request)."""
+    """The first line of an obstore error (the rest is a debug dump of the request), with the
+    query string of every URL in it cut off: an Azure SAS token travels there (``sig=``)."""
     text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
+    line = text[0] if text else type(exc).__name__
+    return _QUERY.sub(r"\1?...", line)[:300]
+
+
+_QUERY = re.compile(r"(\w+://[^\s?#]*)\?[^\s#]*")
 
 
 _MISSING = {"NoSuchBucket", "ContainerNotFound", "BucketNotFound"}
