@@ -48,8 +48,12 @@ class PreemptionCheckpointHandler:
     twice and is not acted on).
 
     ``checkpoint_dir`` may be None under ``preemptible run``: the supervisor's
-    ``PREEMPTIBLE_CHECKPOINT_DIR`` is used. One handler writes to a directory at a time: a
-    second one (in any process) raises ``CheckpointLockError``.
+    ``PREEMPTIBLE_CHECKPOINT_DIR`` is used. It may be a bucket's URL (``s3://bucket/prefix``,
+    ``gs://``, ``az://``): checkpoints are then committed in a local staging directory (the
+    ``checkpoint_dir`` property) and uploaded; creating the handler brings the newest one
+    committed in the bucket there (a new machine), and a stop's is uploaded before the exit.
+    One handler writes to a directory at a time: a second one (in any process) raises
+    ``CheckpointLockError``.
 
     Under torch.distributed (a process group of more than one rank, initialized before the
     handler is created, every rank with a handler on the same shared directory), a signal or

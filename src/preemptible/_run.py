@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from ._states import STOPPED_EARLY, RecordState
 logger = logging.getLogger("preemptible")
 
 MAX_RECORD_BYTES = 1 << 20
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # scheme://: checkpoint/_location's test
 _warned = False
 _updating = threading.Lock()  # a read-merge-write: two threads (a watcher's) must not interleave
 
@@ -40,9 +42,12 @@ class RunInfo:
     run_id: str | None
     attempt: int | None
     run_dir: Path | None
-    checkpoint_dir: Path | None
+    checkpoint_dir: Path | None  # None when the supervisor gave a URL: see checkpoint_url
     resume_from: Path | None
     checkpoint_dir_default: bool = False  # the supervisor chose checkpoint_dir (none was given)
+    # PREEMPTIBLE_CHECKPOINT_DIR when it is a URL (s3://, gs://, az://, as given): checkpoints
+    # live in a bucket, which no local path names
+    checkpoint_url: str | None = None
 
     @property
     def supervised(self) -> bool:
@@ -59,13 +64,18 @@ def current_run() -> RunInfo:
     one reader of the variables a supervisor sets for its attempts (a test checks)."""
     attempt = (env_str("PREEMPTIBLE_ATTEMPT") or "").strip()
     valid = attempt.isascii() and attempt.isdecimal() and len(attempt) <= 9
+    where = env_str("PREEMPTIBLE_CHECKPOINT_DIR")
+    # a URL is kept as given (Path() would fold its "//" away); the kit checks it
+    # (checkpoint_directory), which this base module does not import
+    url = where if where and _URL.match(where) else None
     return RunInfo(
         run_id=env_str("PREEMPTIBLE_RUN_ID"),
         attempt=int(attempt) if valid else None,
         run_dir=_path_env("PREEMPTIBLE_RUN_DIR"),
-        checkpoint_dir=_path_env("PREEMPTIBLE_CHECKPOINT_DIR"),
+        checkpoint_dir=Path(where) if where and url is None else None,
         resume_from=_path_env("PREEMPTIBLE_RESUME_FROM"),
         checkpoint_dir_default=env_str("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT") == "1",
+        checkpoint_url=url,
     )
 
 

@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import Child, python_args, wait_for
+from tests.support.buckets import Bucket
 from tests.support.checkpoints import committed, temporaries
+from tests.support.machines import Machine
 from tests.support.metadata import MetadataServer
 from tests.support.reference import DIR, References
 
@@ -49,10 +51,12 @@ def reference_out(references: References, backend: str, data: str) -> Path:
     )
 
 
-def keras_fit_args(d: Path, data: str, *extra: str) -> list[str]:
+def keras_fit_args(d: Path, data: str, *extra: str, ckpt: str | None = None) -> list[str]:
+    """``ckpt``: where the checkpoints go (a bucket's URL, say), not ``d/ckpt``."""
+    where = str(d / "ckpt") if ckpt is None else ckpt
     return python_args(
         "keras_fit.py",
-        *("--dir", str(d / "ckpt"), "--out", str(d / "out.npz"), "--data", data),
+        *("--dir", where, "--out", str(d / "out.npz"), "--data", data),
         *("--epochs", EPOCHS[data], *extra),
     )
 
@@ -177,3 +181,31 @@ def test_a_gce_notice_saves_insurance_then_stops_before_the_deadline(tmp_path: P
     in_window = final_ckpt.stat().st_mtime - noticed
     assert 0.3 * WINDOW < in_window < WINDOW, f"final checkpoint {in_window:.2f} s after notice"
     assert temporaries(tmp_path / "ckpt") == []  # a resume from it is as any other (tests above)
+
+
+def test_a_fit_stopped_on_one_machine_resumes_from_the_bucket_on_a_new_one(
+    reference_runs: References, s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """The checkpoint directory is a bucket's URL. SIGTERM: keras-N.npz is committed in
+    staging and uploaded before the process exits 143. On a new machine (the old one's disks
+    gone) the same fit finds it in the bucket, resumes at the next batch and ends with every
+    variable equal to a fit never stopped."""
+    start_reference(reference_runs, "torch", "array")
+    url = f"{s3_bucket.url}/keras"
+    one, two = Machine(tmp_path / "one"), Machine(tmp_path / "two")
+    env = {"KERAS_BACKEND": "torch"}
+    first = spawn(
+        keras_fit_args(one.cwd, "array", "--step-sleep", "0.05", ckpt=url),
+        cwd=one.cwd,
+        env={**one.env, **env},
+    )
+    first.wait_line(at_iteration(10), timeout=120)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 143, first.output
+    step = max(n for line in first.lines if (n := iterations(line)) is not None)
+    one.gone()
+    second = spawn(keras_fit_args(two.cwd, "array", ckpt=url), cwd=two.cwd, env={**two.env, **env})
+    assert second.wait(120) == 0, second.output
+    assert "resumed from " in second.output and f"keras-{step}.npz at step {step}" in second.output
+    assert f"fit done it={TOTAL['array']}" in second.lines
+    assert same_values(reference_out(reference_runs, "torch", "array"), two.cwd / "out.npz")

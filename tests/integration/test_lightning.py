@@ -15,7 +15,9 @@ import pytest
 
 from preemptible.stop._signals import DUPLICATE_WINDOW
 from tests.conftest import attempts, supervise, wait_for
+from tests.support.buckets import Bucket
 from tests.support.checkpoints import fit_args, same_weights
+from tests.support.machines import Machine
 from tests.support.reference import DIR, PORT, References
 from tests.wandb_records import summary
 
@@ -437,3 +439,32 @@ def test_ddp_notice_to_one_rank_insurance_and_stop_at_the_same_batch(tmp_path: P
     assert steps["0"] == steps["1"], f"ranks stopped at different steps: {steps}"
     assert steps["0"] >= insured[pids["0"]][0]
     assert (d / "resume.ckpt").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_fit_stopped_on_one_machine_resumes_from_the_bucket_on_a_new_one(
+    references: Reference, s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """save_dir is a bucket's URL. SIGTERM: resume.ckpt is committed in staging and uploaded
+    before the process exits. The machine is then gone (its working directory, HOME with the
+    staging directory, TMPDIR); the same command on a new one finds ckpt_path there (the
+    README's recipe: it exists exactly because the bucket holds a checkpoint), resumes, and
+    ends with the weights of a fit never stopped."""
+    references.start("plain")
+    url = f"{s3_bucket.url}/fit"
+    one, two = Machine(tmp_path / "one"), Machine(tmp_path / "two")
+    args = ("--resume-if-saved",)
+    first = spawn(
+        fit_args(one.cwd, "--step-sleep", "0.05", *args, save_dir=url), cwd=one.cwd, env=one.env
+    )
+    first.wait_line(batch_line(1, 5), timeout=120)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0, first.output
+    assert "ckpt_path exists False" in first.lines
+    one.gone()
+    second = spawn(fit_args(two.cwd, *args, save_dir=url), cwd=two.cwd, env=two.env)
+    assert second.wait(180) == 0, second.output
+    assert "ckpt_path exists True" in second.lines
+    assert second.lines.count("batch 1 5") == 0, "a trained batch was replayed"
+    assert "batch 2 11" in second.lines
+    assert same_weights(references.weights("plain"), two.cwd / "o.pt")

@@ -75,11 +75,16 @@ def background_commands(
     ],
 )
 def test_readme_block(
-    block: Block, tmp_path: Path, spawn: Any, tmp_path_factory: pytest.TempPathFactory
+    block: Block,
+    tmp_path: Path,
+    spawn: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> None:
     what = plan(block)
     page = PAGES[block.page].blocks
-    KINDS[what.kind].run(block, what.options, Ctx(tmp_path, spawn, tmp_path_factory, page))
+    ctx = Ctx(tmp_path, spawn, tmp_path_factory, page, request.getfixturevalue)
+    KINDS[what.kind].run(block, what.options, ctx)
 
 
 def test_markers_sit_right_before_a_fence() -> None:

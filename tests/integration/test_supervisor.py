@@ -16,6 +16,7 @@ import torch
 from preemptible.stop._signals import DUPLICATE_WINDOW
 from tests.conftest import (
     PY,
+    SCRIPTS,
     attempts,
     group_members,
     process_state,
@@ -24,6 +25,9 @@ from tests.conftest import (
     supervise,
     wait_for,
 )
+from tests.scripts.lease_train import expected
+from tests.support.buckets import Bucket
+from tests.support.machines import Machine
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -294,6 +298,8 @@ def test_slurm_without_scontrol_is_a_clear_error(tmp_path: Path, spawn) -> None:
         (["--home", "/etc/passwd/x", "--", "true"], "cannot create the run directory"),
         (["--restart-delay", "1e300", "--", "true"], "Invalid value for '--restart-delay'"),
         (["--max-failures", "-1", "--", "true"], "Invalid value for '--max-failures'"),
+        (["--checkpoint-dir", "s3://ckpt/a/../b", "--", "true"], "'..' are not valid in the"),
+        (["--checkpoint-dir", "ftp://ckpt/a", "--", "true"], "unknown scheme 'ftp'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -508,3 +514,36 @@ def test_ctrl_z_stops_the_job_with_the_supervisor_and_fg_continues_both(
     [a] = attempts(tmp_path)
     assert a["state"] == "PREEMPTED" and a["forwarded"] == [True], a  # the SIGTERM, once
     assert process_state(pids[2]) in (None, "Z")
+
+
+def test_a_run_in_a_bucket_stopped_on_one_machine_resumes_on_a_new_one(
+    s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """``preemptible run --checkpoint-dir s3://...``: SIGTERM to the supervisor, the attempt
+    saves, uploads and exits, the run is PREEMPTED (143). The machine is gone with its disks
+    (working directory and --home, HOME and its staging directory, TMPDIR); the same command
+    on a new one continues the same run (its id comes from the URL) from the bucket, and ends
+    with the value of a run never stopped."""
+    url = f"{s3_bucket.url}/runs/exp"
+    command = [
+        *("-m", "preemptible", "run", "--restart-delay", "0.05", "--checkpoint-dir", url, "--"),
+        *(PY, str(SCRIPTS / "lease_train.py"), "--steps", "40", "--step-sleep", "0.05"),
+    ]
+    one, two = Machine(tmp_path / "one"), Machine(tmp_path / "two")
+    first = spawn([PY, *command], cwd=one.cwd, env=one.env)
+    first.wait_line(lambda line: line == "step 10", timeout=60)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 143, first.output
+    [a] = attempts(one.cwd)
+    assert a["state"] == "PREEMPTED", a
+    one.gone()
+    second = spawn([PY, *command], cwd=two.cwd, env=two.env)
+    assert second.wait(60) == 0, second.output
+    steps = [int(line.split()[1]) for line in second.lines if line.startswith("step ")]
+    assert steps[0] > 10 and steps[-1] == 39, second.output
+    [final] = (two.cwd / ".preemptible" / "runs").glob("*/final.json")
+    assert json.loads(final.read_text())["x"] == expected(40)
+    listed = spawn([PY, "-m", "preemptible", "runs", "--json"], cwd=two.cwd, env=two.env)
+    assert listed.wait(30) == 0, listed.output
+    [row] = json.loads(listed.output)
+    assert row["state"] == "FINISHED" and row["checkpoint"].startswith(f"{url}/step-"), row

@@ -19,6 +19,9 @@ import pytest
 from preemptible.sweeps.store._queue import open_store
 from tests.conftest import SCRIPTS, Child, wait_for
 from tests.scripts.lease_train import expected
+from tests.support.buckets import Bucket
+from tests.support.machines import Machine
+from tests.support.postgres import PgServer
 from tests.support.sweeps import cli, create
 
 pytestmark = pytest.mark.timeout(240)
@@ -371,3 +374,50 @@ def test_a_run_id_planted_in_the_database_is_refused_before_anything_is_made(
     with open_store(db) as store:
         [run] = store.runs(sweep)
     assert (run.id, run.state) == (bad, "FAILED")
+
+
+def test_agents_that_share_no_disk_hand_a_preempted_run_over_through_a_bucket(
+    tmp_path: Path,
+    spawn: Callable[..., Child],
+    s3_bucket: Bucket,
+    pg_server: PgServer,
+    pg_database: str,
+) -> None:
+    """Two agents on two "machines" (each its own working directory, --home, HOME with the
+    staging directory, and TMPDIR), one queue (PostgreSQL, as agents on several machines use),
+    checkpoints under ``--checkpoint-dir URL``.
+    SIGTERM to agent A mid-run: the run saves, uploads and goes back to the queue; A's machine
+    is gone; agent B takes the run, resumes it from the bucket, and it ends with the value of a
+    run never stopped."""
+    spec = write_spec(
+        tmp_path,
+        {"lr": {"values": [0.05]}, "steps": {"value": 40}, "step-sleep": {"value": 0.05}},
+    )
+    db = pg_server.database_url(pg_database)
+    sweep = create(spawn, tmp_path, db, spec)
+    url = f"{s3_bucket.url}/sweep"
+    one, two = Machine(tmp_path / "one"), Machine(tmp_path / "two")
+
+    def agent_on(machine: Machine) -> Child:
+        args = ("--heartbeat", "0.5", "--lease", "4", "--checkpoint-dir", url)
+        return spawn(cli("agent", sweep, "--db", db, *args), cwd=machine.cwd, env=machine.env)
+
+    a = agent_on(one)
+    a.wait_line(lambda line: line == "step 10", timeout=120)
+    a.signal(signal.SIGTERM)
+    assert a.wait(60) == 143, a.output
+    assert states(db, sweep) == {0: "PENDING"}
+    one.gone()
+
+    b = agent_on(two)
+    assert b.wait(120) == 0, b.output
+    with open_store(db) as store:
+        [run] = store.runs(sweep)
+        attempts = store.attempts(run.id)
+    assert run.state == "FINISHED" and run.preemptions == 1
+    assert [x.ending for x in attempts] == ["PREEMPTED", "FINISHED"]
+    assert attempts[0].checkpoint_step is not None and attempts[0].checkpoint_step >= 10
+    steps = [int(line.split()[1]) for line in b.lines if line.startswith("step ")]
+    assert steps[0] > 10 and steps[-1] == 39, b.output
+    final = two.cwd / ".preemptible" / "runs" / run.id / "final.json"
+    assert int(json.loads(final.read_text())["x"]) == expected(40)

@@ -21,7 +21,9 @@ import pytest
 
 from preemptible.stop._signals import DUPLICATE_WINDOW
 from tests.conftest import Child, attempts, python_args, read_pid, supervise, wait_for
+from tests.support.buckets import Bucket
 from tests.support.checkpoints import same_weights, temporaries
+from tests.support.machines import Machine
 from tests.support.metadata import MetadataServer
 from tests.support.reference import DIR, References
 from tests.wandb_records import summary
@@ -326,3 +328,33 @@ def test_a_rerun_of_a_finished_run_trains_nothing_and_keeps_its_results(
     assert f"{out / f'checkpoint-{STEPS}'} is of a finished run" in again.output
     assert checkpoints(out) == [f"checkpoint-{STEPS}"] and temporaries(out) == []
     assert (out / "train_results.json").read_bytes() == results
+
+
+def test_a_run_stopped_on_one_machine_resumes_from_the_bucket_on_a_new_one(
+    reference: Reference, s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """output_dir stays local, mirror= is a bucket. SIGTERM: checkpoint-N is committed and
+    uploaded before the process exits 143. On a new machine (the old one's disks gone) the
+    callback, created before the script's get_last_checkpoint, puts checkpoint-N back into the
+    new output_dir; the run resumes from it and ends with the weights of a run never stopped."""
+    reference.start()
+    url = f"{s3_bucket.url}/hf"
+    one, two = Machine(tmp_path / "one"), Machine(tmp_path / "two")
+    first = spawn(
+        hf_args(one.cwd / "out", "--sleep", "0.05", "--mirror", url), cwd=one.cwd, env=one.env
+    )
+    first.wait_line(step_line(5), timeout=120)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 143, first.output
+    [stopped] = [line for line in first.lines if "stopped at step" in line]
+    step = int(stopped.split("stopped at step ")[1].split()[0])
+    one.gone()
+    out = two.cwd / "out"
+    second = spawn(
+        hf_args(out, "--resume", "--weights", str(out / "w.pt"), "--mirror", url),
+        cwd=two.cwd,
+        env=two.env,
+    )
+    assert second.wait(180) == 0, second.output
+    assert f"step {step}" not in second.lines and f"step {step + 1}" in second.lines
+    assert same_weights(reference.weights(), out / "w.pt")

@@ -158,6 +158,11 @@ def main() -> int:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--resume", action="store_true")
+    p.add_argument(
+        "--resume-if-saved",
+        action="store_true",
+        help="the README's recipe: ckpt_path if it exists (says which), else a new fit",
+    )
     p.add_argument("--devices", type=int, default=1)
     # the harness keeps the published callback's contract (0) unless told otherwise; "default"
     # passes no exit_code (the callback's own default, 128 + signum), "signal" passes None
@@ -190,7 +195,8 @@ def main() -> int:
     p.add_argument("--tracker", choices=["none", "local", "mlflow", "wandb"], default="none")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    os.makedirs(args.save_dir, exist_ok=True)
+    if "://" not in args.save_dir:  # a bucket's URL is staged by the callback
+        os.makedirs(args.save_dir, exist_ok=True)
 
     pl.seed_everything(0, workers=True)
     torch.set_num_threads(1)
@@ -271,8 +277,12 @@ def main() -> int:
         args.plateau,
         args.val_sleep_from,
     )
+    resume = callback.ckpt_path if args.resume else None
+    if args.resume_if_saved:
+        resume = callback.ckpt_path if callback.ckpt_path.exists() else None
+        print(f"ckpt_path exists {resume is not None}", flush=True)
     try:
-        trainer.fit(model, train, val, ckpt_path=callback.ckpt_path if args.resume else None)
+        trainer.fit(model, train, val, ckpt_path=resume)
         if trainer.global_rank == 0:
             torch.save(model.state_dict(), args.out)
             if mc is not None:

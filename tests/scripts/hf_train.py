@@ -4,7 +4,7 @@ saves the final weights with ``--weights``.
 
     hf_train.py OUT [--steps N] [--save-steps N] [--workers N] [--sleep S] [--resume]
                     [--weights FILE] [--no-callback] [--jit] [--return] [--limit N]
-                    [--slow-at N] [--report mlflow|wandb] [--results]
+                    [--slow-at N] [--report mlflow|wandb] [--results] [--mirror URL]
 
 ``--results``: after train(), what ``run_clm.py`` does: ``save_metrics("train", ...)``
 (``OUT/train_results.json``).
@@ -96,6 +96,7 @@ def main() -> int:
     p.add_argument("--jit", action="store_true")
     p.add_argument("--return", dest="returns", action="store_true")
     p.add_argument("--results", action="store_true")
+    p.add_argument("--mirror", default=None, help="a bucket's URL the checkpoints go to too")
     a = p.parse_args()
 
     config = GPT2Config(
@@ -132,7 +133,8 @@ def main() -> int:
     if not a.no_callback:
         from preemptible.transformers import PreemptionCallback
 
-        preemption = PreemptionCallback(exit=not a.returns)
+        mirror = {} if a.mirror is None else {"mirror": a.mirror, "output_dir": a.out}
+        preemption = PreemptionCallback(exit=not a.returns, **mirror)
         callbacks.append(preemption)
     SlowSave.slow_at, SlowSave.slow_seconds = a.slow_at, a.slow_seconds
     trainer = SlowSave(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)

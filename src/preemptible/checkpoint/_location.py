@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._env import env_str
@@ -54,6 +54,9 @@ class Location:
     scheme: str
     bucket: str
     prefix: str
+    # the local staging directory when the caller names it (the Hugging Face Trainer's
+    # output_dir, where its checkpoints must be); not part of the location itself
+    staging: str = field(default="", compare=False)
 
     @classmethod
     def parse(cls, value: str | os.PathLike[str] | Location) -> Location:
@@ -154,4 +157,25 @@ def staging_root() -> Path:
 
 
 def staging_dir(location: Location) -> Path:
+    if location.staging:
+        return Path(location.staging)
     return staging_root() / location.slug()
+
+
+def local_or_url(value: str | os.PathLike[str]) -> Path | str:
+    """A checkpoint location as the front ends and the supervisor keep it: a local ``Path``
+    (``file:///abs/path`` included), or a URL string in its canonical form, checked
+    (``ConfigError`` when bad)."""
+    if isinstance(value, str) and is_url(value):
+        location = Location.parse(value)
+        return Path(location.prefix) if location.is_local else location.url
+    return Path(value)
+
+
+def staged_in(url: str, directory: str | os.PathLike[str]) -> Location:
+    """The location ``url`` (a bucket's) staged in ``directory``, a local directory of the
+    caller's (``CheckpointStore(staged_in(url, output_dir))``)."""
+    location = Location.parse(url)
+    if location.is_local:
+        raise ConfigError(f"{url} is a local directory; use a bucket's URL ({_VALID})")
+    return Location(location.scheme, location.bucket, location.prefix, os.fspath(directory))

@@ -20,7 +20,7 @@ import click
 
 from .. import __version__
 from .._errors import PreemptibleError
-from ._common import CONTEXT, _fail, _home_option
+from ._common import CONTEXT, CheckpointLocation, _fail, _home_option
 from ._sweep import agent, status, sweep
 
 
@@ -45,12 +45,14 @@ def main(verbose: bool) -> None:
 )
 @click.option(
     "--checkpoint-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=CheckpointLocation(),
     envvar="PREEMPTIBLE_CHECKPOINT_DIR",
     show_envvar=True,
     help="Checkpoints of the job (default: .preemptible/runs/RUN_ID/checkpoints); "
-    "each attempt gets the newest as PREEMPTIBLE_RESUME_FROM. The variable is the one "
-    "attempts get, so a nested `preemptible run` keeps its parent's checkpoints.",
+    "each attempt gets the newest as PREEMPTIBLE_RESUME_FROM. A URL (s3://bucket/prefix, "
+    "gs://..., az://...) keeps them in a bucket: each attempt, on this machine or a new "
+    "one, resumes from the newest committed there. The variable is the one attempts get, so "
+    "a nested `preemptible run` keeps its parent's checkpoints.",
 )
 @click.option(
     "--max-failures",
@@ -109,7 +111,7 @@ def main(verbose: bool) -> None:
 @_home_option("Where run directories go.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
-    checkpoint_dir: Path | None,
+    checkpoint_dir: Path | str | None,
     max_failures: int,
     max_preemptions: int | None,
     term_timeout: float | None,

@@ -11,7 +11,7 @@ import click
 
 from .._errors import PreemptibleError
 from .._states import Control, QueueState
-from ._common import CONTEXT, _fail, _home_option
+from ._common import CONTEXT, CheckpointLocation, _fail, _home_option
 
 DB_HELP = (
     "The sweep database: postgresql://USER:PASSWORD@HOST/DB for agents on several machines "
@@ -177,7 +177,20 @@ def sweep_cancel(sweep_id: str, now: bool, db: str | None) -> None:
     help="Exit after this many runs in a row that could not start or failed within 10 s "
     "(0: never).",
 )
-@_home_option("Where run directories and checkpoints go (shared by agents on several machines).")
+@click.option(
+    "--checkpoint-dir",
+    type=CheckpointLocation(),
+    default=None,
+    envvar="PREEMPTIBLE_AGENT_CHECKPOINT_DIR",
+    show_envvar=True,
+    help="Keep each run's checkpoints under DIR/RUN_ID [default: the run's directory under "
+    "--home]. A URL (s3://bucket/prefix, gs://..., az://...): in a bucket, so that agents on "
+    "several machines share no disk; a run preempted on one resumes on another from there.",
+)
+@_home_option(
+    "Where run directories and checkpoints go (without a --checkpoint-dir URL: "
+    "shared by agents on several machines)."
+)
 def agent(
     sweep_id: str,
     db: str | None,
@@ -185,6 +198,7 @@ def agent(
     heartbeat: float,
     lease: float,
     max_consecutive_failures: int,
+    checkpoint_dir: Path | str | None,
     home: Path,
 ) -> None:
     """Claim runs of SWEEP_ID and run them until the sweep has nothing left.
@@ -205,6 +219,7 @@ def agent(
             lease=lease,
             home=home,
             max_consecutive_failures=max_consecutive_failures,
+            checkpoint_dir=checkpoint_dir,
         )
         code = Agent(config).run()
     except PreemptibleError as exc:

@@ -25,7 +25,11 @@ Savers:
   ``self.store.save(step, ...)`` or ``self.store.commit(name, ...)``.
 
 Every checkpoint goes through ``CheckpointStore``'s commit: a temporary in the same directory,
-fsync, rename, fsync of the directory.
+fsync, rename, fsync of the directory. A checkpoint location may be a URL (``is_url``:
+``s3://bucket/prefix``, ``gs://``, ``az://``): the store then commits in a local staging
+directory and uploads each checkpoint; ``checkpoint_directory`` keeps a URL as it is, and a
+stop's checkpoint reaches the bucket before the process exits; ``staged_in(url, directory)``
+stages a bucket in a directory of the front end's own (the Trainer's ``output_dir``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from .._errors import (
     ConfigError,
     PreemptibleError,
 )
+from ..checkpoint._location import is_url, staged_in
 from ..checkpoint._payload import capture_rng, restore_rng
 from ..checkpoint._savers import BaseSaver, NamedSaver, PayloadSaver, Saved, SaveFnSaver, Saver
 from ..checkpoint._store import Checkpoint, CheckpointStore
@@ -91,9 +96,11 @@ __all__ = [
     "checkpoint_directory",
     "exit_code_of",
     "is_rank_zero",
+    "is_url",
     "normalize_signals",
     "restore_rng",
     "saving_config",
     "signal_name",
+    "staged_in",
     "termination_config_of",
 ]

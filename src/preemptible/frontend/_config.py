@@ -10,7 +10,7 @@ from pathlib import Path
 from .._errors import ConfigError
 from .._run import current_run
 from .._torch import initialized_dist
-from ..checkpoint._location import is_url
+from ..checkpoint._location import is_url, local_or_url
 from ..stop._termination import TerminationConfig
 
 logger = logging.getLogger("preemptible")
@@ -50,20 +50,23 @@ def exit_code_of(code: int | None) -> int | None:
 
 def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path | str:
     """The front end's own directory, else the supervisor's (``PREEMPTIBLE_CHECKPOINT_DIR``);
-    warn once when they differ. A URL (``s3://...``) stays the string it is: ``Path`` would
-    collapse its ``//`` into a relative directory named ``s3:``."""
+    warn once when they differ. A URL (``s3://bucket/prefix``, ``gs://``, ``az://``) is kept
+    as it is, a string: ``CheckpointStore`` stages it locally and mirrors it to the bucket
+    (``Path`` would fold its ``//`` and make it a relative directory here)."""
     global _warned_dirs
     run = current_run()
-    from_env = None if run.checkpoint_dir is None else str(run.checkpoint_dir)
+    from_env: str | None = run.checkpoint_url
+    if from_env is None and run.checkpoint_dir is not None:
+        from_env = str(run.checkpoint_dir)
     if given is None:
         if from_env is None:
             raise ConfigError(
                 "no checkpoint directory: pass checkpoint_dir, or run under "
                 "`preemptible run`, which sets PREEMPTIBLE_CHECKPOINT_DIR"
             )
-        return from_env if is_url(from_env) else Path(from_env)
-    place: Path | str = given if isinstance(given, str) and is_url(given) else Path(given)
-    if from_env is not None and _same_place(from_env, place) is False:
+        return local_or_url(from_env) if run.checkpoint_url is not None else Path(from_env)
+    where = local_or_url(given)
+    if from_env is not None and not _same_place(where, from_env):
         defaulted = run.checkpoint_dir_default
         if not defaulted and not _warned_dirs:
             _warned_dirs = True
@@ -71,16 +74,16 @@ def checkpoint_directory(given: str | os.PathLike[str] | None) -> Path | str:
                 "preemptible: checkpoints go to %s (the handler's checkpoint_dir), not to %s "
                 "(preemptible run's --checkpoint-dir); pass checkpoint_dir=None to use the "
                 "supervisor's, or give both the same directory",
-                place,
+                where,
                 from_env,
             )
-    return place
+    return where
 
 
-def _same_place(from_env: str, place: Path | str) -> bool:
-    if isinstance(place, str) or is_url(from_env):
-        return str(place).rstrip("/") == from_env.rstrip("/")
-    return Path(from_env).resolve() == place.resolve()
+def _same_place(where: Path | str, other: str) -> bool:
+    if isinstance(where, str) or is_url(other):
+        return str(where).rstrip("/") == other.rstrip("/")
+    return Path(other).resolve() == where.resolve()
 
 
 def is_rank_zero() -> bool:

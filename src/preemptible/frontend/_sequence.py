@@ -16,7 +16,8 @@ the position to its ``StopSequence``, whose methods read top to bottom:
 6. tracker      upload the checkpoint, then finalize once;
 7. hold         from here a late signal exits with the stop's code instead of killing a
                 process that has already saved;
-8. exit         the ranks leave together, the front end's last words, close, ``exit_fn``.
+8. upload       a checkpoint location that is a URL: its upload finishes, by the deadline;
+9. exit         the ranks leave together, the front end's last words, close, ``exit_fn``.
 
 What a front end adds to its stop is a ``FrontEnd``: three methods, not callbacks threaded
 through the steps. ``stop/`` keeps what is below the kit: the latch, the requests and the
@@ -276,9 +277,9 @@ class StopSequence:
         # 7. From here a late signal (a supervisor's escalation, a second notice, SLURM)
         # exits with ``code`` instead of killing a process that has already saved.
         self.latch.hold_for_exit(code)
-        if self.ranks is not None:  # 8.
+        self._flush_uploads()  # 8. before the ranks leave: a launcher ends those left behind
+        if self.ranks is not None:  # 9.
             self.ranks.leave_together()
-        self._before_exit()
         self.front_end.before_exit()
         self.close()
         with contextlib.suppress(Exception):
@@ -306,11 +307,19 @@ class StopSequence:
                     _run.update_record(state=RecordState.SAVE_FAILED, error=_one_line(exc))
                 raise
 
-    def _before_exit(self) -> None:
-        """The stop's checkpoint is committed, recorded and acknowledged; the process exits
-        next. Work that must be done before the exit, within what is left of the grace window
-        (e.g. flushing pending uploads of committed checkpoints to object storage), goes here,
-        in this one step."""
+    def _flush_uploads(self) -> None:
+        """The stop's checkpoint is committed locally; a checkpoint location that is a URL
+        uploads it in the background: wait for that upload (and any older one queued) before
+        the process exits, or the next machine resumes from an older one. With a deadline (a
+        notice's, or the grace period's) the wait ends in time for the exit; an upload that
+        cannot finish by then is said in one line naming the newest checkpoint in the bucket
+        (the run record's ``remote_checkpoint``), and the exit does not wait again. No mirror
+        in this process (no URL was used): nothing to wait for, and nothing is imported."""
+        if "preemptible.checkpoint._mirror" not in sys.modules:
+            return
+        from ..checkpoint._mirror import flush_all, upload_deadline
+
+        flush_all(upload_deadline(self.requests), final=True)
 
     # -- shared with the session -----------------------------------------------------------
     def tell_tracker(self, status: str, *, upload: Path | None = None) -> None:

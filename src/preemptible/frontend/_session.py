@@ -32,6 +32,7 @@ from .._errors import PreemptibleError
 from .._logs import announce, set_rank
 from .._states import RecordState
 from ..checkpoint._savers import Saver
+from ..checkpoint._store import CheckpointStore
 from ..distributed._agreement import StopAgreement, agreement_of
 from ..distributed._group import Ranks
 from ..stop._controller import Decision, StopController
@@ -45,6 +46,13 @@ from ._saves import Saves
 from ._sequence import GivenFrontEnd, StopSequence
 
 logger = logging.getLogger("preemptible")
+
+
+def saves_in(store: CheckpointStore) -> str:
+    """Where ``store``'s checkpoints live for a reader elsewhere: its bucket's URL, or its
+    directory (absolute)."""
+    location = store.location
+    return location.url if location is not None else str(store.directory.resolve())
 
 
 T = TypeVar("T")
@@ -149,7 +157,8 @@ class StopSession:
             raise
         if self.is_zero:  # the run record has one writer
             # where this attempt really saves, for the supervisor's next PREEMPTIBLE_RESUME_FROM
-            _run.update_record(checkpoint_dir=str(self.store.directory.resolve()))
+            # (a bucket's URL: what the next attempt, on any machine, resumes from)
+            _run.update_record(checkpoint_dir=saves_in(self.store))
         return installed
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ from ..frontend import (
     TerminationConfig,
     capture_rng,
     exit_code_of,
+    is_url,
     normalize_signals,
     saving_config,
 )
@@ -60,6 +61,12 @@ class GracefulInterruptCallback(pl.Callback):
     Contract (kept from the published callback):
 
     - ``save_dir`` becomes a ``Path``; ``tracker=None`` skips upload and finalization.
+      A URL (``s3://bucket/prefix``, ``gs://``, ``az://``) is a bucket: ``save_dir`` is then
+      its local staging directory, where ``resume.ckpt`` is committed as always and from
+      where each one is uploaded; the callback's creation brings the newest one committed in
+      the bucket there (a new machine), so that ``callback.ckpt_path.exists()`` is true
+      exactly when the bucket holds one, and ``ckpt_path`` is its local copy. A stop's
+      ``resume.ckpt`` is uploaded before the process exits.
     - ``setup``: stores the trainer for every stage; for "fit", in the process that created
       the callback, saves the current handlers of ``signals``, installs its own, and logs
       ``Added GracefulInterrupt callback`` at INFO. ``signals`` (a new keyword) defaults to the
@@ -102,7 +109,10 @@ class GracefulInterruptCallback(pl.Callback):
         termination_config: TerminationConfig | None = None,
     ) -> None:
         super().__init__()
-        self.save_dir = Path(save_dir)
+        # a bucket: its store is made now, which brings the newest checkpoint committed there
+        # into the staging directory before the script looks at ckpt_path
+        self._store = CheckpointStore(save_dir) if is_url(save_dir) else None
+        self.save_dir = self._store.directory if self._store is not None else Path(save_dir)
         self.tracker = tracker
         self.exit_code = exit_code_of(exit_code)
         # None: the same set as PreemptionCheckpointHandler (INT, TERM, HUP, USR1, USR2)
@@ -142,9 +152,8 @@ class GracefulInterruptCallback(pl.Callback):
             self._session.close()
             self._session.latch.restore()
         rank_zero = int(getattr(trainer, "global_rank", 0)) == 0
-        saver = NamedSaver(
-            CheckpointStore(self.save_dir), NAME, self._write, writer=trainer.is_global_zero
-        )
+        store = self._store if self._store is not None else CheckpointStore(self.save_dir)
+        saver = NamedSaver(store, NAME, self._write, writer=trainer.is_global_zero)
         quiet = rank_zero and self.tracker is not None
         session = StopSession(
             saver,

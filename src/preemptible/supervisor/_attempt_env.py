@@ -36,6 +36,7 @@ PASSED_UP = (
     "step",
     "checkpoint",
     "checkpoint_dir",
+    "remote_checkpoint",
 )
 
 
@@ -45,7 +46,7 @@ def attempt_environment(
     *,
     run_id: str,
     config: SupervisorConfig,
-    checkpoint_dir: Path,
+    checkpoint_dir: Path | str,
     nested: bool,
     journal: Path,
     resumes: Resumes,
@@ -57,12 +58,15 @@ def attempt_environment(
         PREEMPTIBLE_RUN_ID=run_id,
         PREEMPTIBLE_ATTEMPT=str(number),
         PREEMPTIBLE_RUN_DIR=str(attempt_dir.resolve()),
-        PREEMPTIBLE_CHECKPOINT_DIR=str(checkpoint_dir.resolve()),
+        PREEMPTIBLE_CHECKPOINT_DIR=(
+            checkpoint_dir if isinstance(checkpoint_dir, str) else str(checkpoint_dir.resolve())
+        ),
     )
     # Not given: the handler may keep its own directory without a warning. A nested run
     # that took its parent's default directory from the environment passes that on.
     outer = current_run()  # this supervisor's own run, when it is nested
-    inherited = outer.checkpoint_dir_default and (str(checkpoint_dir) == str(outer.checkpoint_dir))
+    outer_dir = outer.checkpoint_url or outer.checkpoint_dir
+    inherited = outer.checkpoint_dir_default and (str(checkpoint_dir) == str(outer_dir))
     if config.checkpoint_dir is None or (nested and inherited):
         env["PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT"] = "1"
     else:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._errors import ConfigError
+from ..checkpoint._location import local_or_url
 from ._runid import check_run_id
 
 MAX_RESTART_DELAY = 86400.0  # a day: longer is a typo, and select() refuses huge timeouts
@@ -15,7 +16,8 @@ MAX_RESTART_DELAY = 86400.0  # a day: longer is a typo, and select() refuses hug
 @dataclass(kw_only=True)
 class SupervisorConfig:
     command: list[str]
-    checkpoint_dir: Path | None = None
+    # a local directory, or a bucket's URL (a str: s3://bucket/prefix, gs://, az://)
+    checkpoint_dir: Path | str | None = None
     # it came from PREEMPTIBLE_CHECKPOINT_DIR: a parent run's, unused when not nested in it
     checkpoint_dir_from_env: bool = False
     max_failures: int = 0
@@ -60,5 +62,7 @@ class SupervisorConfig:
                 raise ConfigError(
                     f"{name}={value!r} is not valid; use seconds from 0 to {MAX_RESTART_DELAY:g}"
                 )
+        if isinstance(self.checkpoint_dir, str):  # a bad URL: one line, before any start
+            self.checkpoint_dir = local_or_url(self.checkpoint_dir)
         if self.run_id is not None:
             check_run_id(self.run_id)

@@ -12,6 +12,7 @@ a failed attempt into exit 0 (classification only lets an exit status of 0 finis
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,17 @@ class RunRecord:
     checkpoint_dir: str | None = None
     resume_from: str | None = None  # the newest checkpoint the job committed (any name)
     resume_step: int | None = None
+    # a bucket (checkpoint_dir a URL): the newest checkpoint that reached it (its URL)
+    remote_checkpoint: str | None = None
+
+    @property
+    def remote_step(self) -> int | None:
+        """The step of ``remote_checkpoint``: the last number in its name (``step-N.ckpt``,
+        ``checkpoint-N``, ``keras-N.npz``); None without one (``resume.ckpt``)."""
+        name = (self.remote_checkpoint or "").rsplit("/", 1)[-1]
+        numbers = re.findall(r"\d+", name)
+        step = int(numbers[-1]) if numbers else None
+        return step if step is not None and step <= MAX_STEP else None
 
     @property
     def stopped_early(self) -> bool:
@@ -57,6 +69,7 @@ class RunRecord:
             checkpoint_dir=_text(data.get("checkpoint_dir")),
             resume_from=_text(data.get("resume_from")),
             resume_step=_int(data.get("resume_step"), 0, MAX_STEP),
+            remote_checkpoint=_text(data.get("remote_checkpoint")),
         )
 
 

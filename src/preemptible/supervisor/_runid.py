@@ -28,7 +28,7 @@ def check_run_id(run_id: str, source: str = "--run-id") -> str:
 
 
 def default_run_id(
-    command: list[str], checkpoint_dir: Path | None, parent: str | None = None
+    command: list[str], checkpoint_dir: Path | str | None, parent: str | None = None
 ) -> tuple[str, str]:
     """The run id when none was given, and why it is that one. Stable: the same job started
     again (by hand, by a scheduler, after a crash of the supervisor) continues the same run
@@ -45,7 +45,11 @@ def default_run_id(
         run_id = check_run_id(f"slurm-{job}", "the SLURM job id")
         return run_id, "the SLURM job; a requeued job continues this run"
     try:
-        if checkpoint_dir is not None:
+        if isinstance(checkpoint_dir, str):  # a bucket's URL: the same wherever it runs
+            key = checkpoint_dir.rstrip("/")
+            name = key.rsplit("/", 1)[-1]
+            why = f"from the checkpoint URL {checkpoint_dir}"
+        elif checkpoint_dir is not None:
             where = checkpoint_dir.resolve()
             name, key = where.name, str(where)
             why = f"from the checkpoint directory {where}"

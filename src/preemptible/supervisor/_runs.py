@@ -20,6 +20,7 @@ from .._errors import PreemptibleError
 from .._files import file_id, held_flocks
 from .._paths import RunPaths, read_journal, read_json_object
 from .._states import Ending, HeartbeatState, LiveState, RunState, parse
+from ..checkpoint._location import is_url
 from ..checkpoint._store import _FINAL as STEP_NAME
 from ..checkpoint._store import CheckpointStore
 from ._journal import JOURNAL_TAIL_BYTES
@@ -74,13 +75,16 @@ def _row(run_dir: Path, held: set[tuple[int, int, int]]) -> dict[str, Any]:
 def _newest_checkpoint(run: RunPaths) -> str | None:
     """The newest ``step-N.ckpt`` where the run's attempts said they save (their record),
     else in the run's own checkpoint directory; or the checkpoint of another name the newest
-    attempt's record says it committed. Looked up, never created."""
+    attempt's record says it committed. Looked up, never created. In a bucket: the newest
+    checkpoint the record says reached it, else the newest it committed (in staging)."""
     places = [run.checkpoints]
     newest = run.newest_attempt()
     named: Path | None = None  # the newest checkpoint of any name its record gives
     if newest:
         record = load_record(run.attempt(newest))
         where = record.checkpoint_dir
+        if where is not None and is_url(where):  # in a bucket: what the record says is there
+            return record.remote_checkpoint or record.resume_from or where
         if where is not None and os.path.isabs(where):
             places.insert(0, Path(where))
             if record.resume_from is not None and Path(record.resume_from).parent == Path(where):

@@ -136,7 +136,7 @@ class Supervisor:
         return self.forwarding.requested
 
     @property
-    def resume_dir(self) -> Path:
+    def resume_dir(self) -> Path | str:
         """Where the job really saves (its record's checkpoint_dir): resumes come from here."""
         return self.resumes.directory
 
@@ -206,7 +206,7 @@ class Supervisor:
         """The checkpoint directory this run made for its attempts, left empty (the job keeps
         its checkpoints in a directory of its own, a Trainer's output_dir): removed, so that
         it does not look like a run whose checkpoints were lost. A rerun makes it again."""
-        if self._made_checkpoint_dir:
+        if self._made_checkpoint_dir and isinstance(self.checkpoint_dir, Path):
             with contextlib.suppress(OSError):
                 self.checkpoint_dir.rmdir()  # only an empty directory
 
@@ -223,9 +223,11 @@ class Supervisor:
         # the attempts are told this directory (PREEMPTIBLE_CHECKPOINT_DIR): it exists when
         # they start, as it always has; made here, on purpose, not by the resume lookup, which
         # only reads. One that cannot be made is the job's to report, with its own message.
-        self._made_checkpoint_dir = not self.checkpoint_dir.exists()
-        with contextlib.suppress(OSError):
-            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self._made_checkpoint_dir = False
+        if isinstance(self.checkpoint_dir, Path):  # a bucket's URL: the attempts stage it
+            self._made_checkpoint_dir = not self.checkpoint_dir.exists()
+            with contextlib.suppress(OSError):
+                self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         earlier = self.paths.attempt_numbers()
         if earlier:  # a rerun of the command: what the run's last attempt said is known
             self.resumes.said_before(load_record(self.paths.attempt(max(earlier))))

@@ -20,12 +20,19 @@ the Trainer wrote once it is complete:
 
 The RNG states in the checkpoint are the Trainer's own, taken at the end of the step, which is
 why ``trainer.train(resume_from_checkpoint=...)`` then continues bit for bit.
+
+``output_dir`` stays a local directory (the Trainer writes there and ``get_last_checkpoint``
+reads there). ``mirror=URL`` adds a bucket: every committed ``checkpoint-N`` is uploaded to it
+(in the background; a stop's before the process exits), and the callback's creation, which
+comes before the script's ``get_last_checkpoint``, puts the newest one committed in the bucket
+back into ``output_dir`` when that holds nothing as new: a run on a new machine resumes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterable
@@ -37,6 +44,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rota
 
 from ..frontend import (
     CheckpointSaveError,
+    CheckpointStore,
     ConfigError,
     Decision,
     Notice,
@@ -44,14 +52,17 @@ from ..frontend import (
     StopSession,
     TerminationConfig,
     exit_code_of,
+    is_url,
     normalize_signals,
     saving_config,
+    staged_in,
 )
 from ..trackers import Tracker, TrackerGroup
 
 logger = logging.getLogger("preemptible")
 
 NAME = PREFIX_CHECKPOINT_DIR + "-{step}"
+_KEEP_ALL = 2**31 - 1  # the Trainer's rotation prunes (save_total_limit), never the store
 _ARGS_FILE = "training_args.bin"
 _STATE_FILE = "trainer_state.json"
 
@@ -114,6 +125,11 @@ class PreemptionCallback(TrainerCallback):
     With the callback, every ``checkpoint-N`` the Trainer saves (``save_steps``, epochs, the
     best one) is committed atomically: a kill during any save leaves the previous checkpoints
     and no half-written one for ``get_last_checkpoint`` to pick.
+
+    ``mirror``: a bucket's URL (``s3://bucket/prefix``, ``gs://``, ``az://``) each committed
+    ``checkpoint-N`` is uploaded to; with it, ``output_dir`` (the Trainer's
+    ``args.output_dir``) is where the newest one in the bucket is put back, as the callback is
+    created, so that ``get_last_checkpoint(output_dir)`` finds it on a new machine.
     """
 
     def __init__(
@@ -124,8 +140,25 @@ class PreemptionCallback(TrainerCallback):
         tracker: Tracker | Literal["auto"] | None = "auto",
         exit: bool = True,
         exit_code: int | None = None,
+        mirror: str | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         config = saving_config(termination_config, "PreemptionCallback (the Trainer saves)")
+        self.store: CheckpointStore | None = None  # with mirror: output_dir's, with its bucket
+        if mirror is not None:
+            if not isinstance(mirror, str) or not is_url(mirror):
+                raise ConfigError(
+                    f"mirror={mirror!r} is not valid; use a bucket's URL (s3://bucket/prefix, "
+                    "gs://bucket/prefix, az://container/prefix), or None"
+                )
+            if output_dir is None:
+                raise ConfigError(
+                    "mirror= needs output_dir=, the Trainer's args.output_dir: the newest "
+                    "checkpoint in the bucket is put back there before get_last_checkpoint"
+                )
+            self.store = CheckpointStore(staged_in(mirror, output_dir), keep=_KEEP_ALL)
+        elif output_dir is not None:
+            raise ConfigError("output_dir= is only for mirror=; leave it None without a mirror")
         self.signals = normalize_signals(signals)
         if not (tracker is None or tracker == "auto" or isinstance(tracker, Tracker)):
             raise ConfigError(
@@ -160,7 +193,13 @@ class PreemptionCallback(TrainerCallback):
                 "(at the step boundary, committed atomically)"
             )
         # the Trainer's own rotation (save_total_limit, the best one kept) prunes, after commits
-        self.saver = saver = StagedSaver(args.output_dir, NAME)
+        store = self.store
+        if store is not None and not _same_dir(store.directory, args.output_dir):
+            raise ConfigError(
+                f"PreemptionCallback(output_dir={str(store.directory)!r}) is not the Trainer's "
+                f"output_dir ({args.output_dir!r}); give it args.output_dir"
+            )
+        self.saver = saver = StagedSaver(store if store is not None else args.output_dir, NAME)
         self._auto_tracker = self.tracker == "auto"
         tracker = _trackers_of(args) if self._auto_tracker else self.tracker
         self.session = session = StopSession(
@@ -350,6 +389,10 @@ class PreemptionCallback(TrainerCallback):
         if session is not None:
             first = session.controller.requests.first_stop()
             self.stopped = first
+
+
+def _same_dir(a: Path, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _newest_checkpoint(saver: StagedSaver) -> str | None:

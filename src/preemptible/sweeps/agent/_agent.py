@@ -44,8 +44,10 @@ handler dies by the signal, and the supervisor knows it passed that stop on
 Between runs it exits at once. A second signal reaches the run as a second signal: it exits
 at once, as under ``preemptible run``.
 
-Agents on several machines must share the directory of runs (``--home``): checkpoints of a
-preempted run are resumed by whichever agent takes it next.
+Agents on several machines share the checkpoints of a preempted run, which whichever agent
+takes it next resumes: either in a bucket (``--checkpoint-dir s3://bucket/prefix``: each run's
+under ``<url>/<run id>``, and the agents share no disk at all), or in a directory of runs
+(``--home``) that every machine mounts.
 """
 
 from __future__ import annotations
@@ -72,9 +74,11 @@ from ..._paths import RunPaths
 from ..._report import read_summary
 from ..._run import read_record
 from ..._states import Control, Ending, QueueState
+from ...checkpoint._location import local_or_url
 from ...notices._lease import LEASE_FILE_ENV
 from ...stop._signals import STOP_SIGNALS, install_handlers, restore_handlers
 from ...stop._termination import signal_exit_code
+from ...supervisor._record import load_record
 from ..spec._command import build_command
 from ..spec._model import SweepSpec
 from ..spec._sample import Observation, propose
@@ -109,6 +113,9 @@ class AgentConfig:
     lease: float = DEFAULT_LEASE
     home: Path = field(default_factory=lambda: Path(".preemptible"))
     max_consecutive_failures: int = DEFAULT_MAX_CONSECUTIVE_FAILURES
+    # each run's checkpoints under <checkpoint_dir>/<run id>: a bucket's URL (a str) or a
+    # directory; None: the run's directory under --home
+    checkpoint_dir: Path | str | None = None
 
     def __post_init__(self) -> None:
         if self.count is not None and (isinstance(self.count, bool) or self.count < 1):
@@ -121,12 +128,23 @@ class AgentConfig:
                 f"times --heartbeat ({MIN_LEASE_HEARTBEATS * self.heartbeat:g} s): a run is "
                 f"stopped once {WARN_AFTER_HEARTBEATS:g} renewals in a row are missing"
             )
+        if isinstance(self.checkpoint_dir, str):  # a bad URL: one line, before any claim
+            object.__setattr__(self, "checkpoint_dir", local_or_url(self.checkpoint_dir))
         n = self.max_consecutive_failures
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ConfigError(
                 f"--max-consecutive-failures {n!r} is not valid; use an integer >= 0 (0: never "
                 "stop)"
             )
+
+
+def run_checkpoints(config: AgentConfig, run_id: str) -> Path | str | None:
+    """Where a run's checkpoints go: ``<--checkpoint-dir>/<run id>`` (a bucket's URL or a
+    directory), or None (the run's own directory under --home)."""
+    where = config.checkpoint_dir
+    if isinstance(where, str):
+        return f"{where.rstrip('/')}/{run_id}"
+    return None if where is None else where / run_id
 
 
 class Agent:
@@ -277,6 +295,7 @@ class Agent:
                     term_timeout=self.spec.term_timeout,
                     extra_env={LEASE_FILE_ENV: str(lease_file.absolute())},
                     lease_file=lease_file.absolute(),  # its guardian fences it by the lease
+                    checkpoint_dir=run_checkpoints(self.config, claim.run_id),
                     job_control=False,  # Ctrl+Z stops the agent (CtrlZ); the run stops by lease
                 )
             )
@@ -355,7 +374,7 @@ class Agent:
                 ending=ending,
                 exit_code=attempt.exit_code,
                 duration=attempt.duration,
-                checkpoint_step=_newest_step(supervisor.resume_dir),
+                checkpoint_step=_newest_step(supervisor.resume_dir, load_record(attempt_dir)),
                 summary=read_summary(attempt_dir) or None,
                 marked_preempting=bool(record.get("preempting")),
             )

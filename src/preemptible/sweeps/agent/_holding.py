@@ -50,6 +50,7 @@ from ..._states import Control
 from ...checkpoint._store import CheckpointStore
 from ...notices._lease import write_lease
 from ...supervisor._guard import FENCE_NAME
+from ...supervisor._record import RunRecord
 from ..store._endings import takeover_margin
 from ..store._metrics import SLICE_SECONDS, HistoryCopy
 from ..store._queue import Store
@@ -379,9 +380,17 @@ class RunLease:
         self.supervisor.stop_job(signum)
 
 
-def newest_step(directory: Path) -> int | None:
+def newest_step(directory: Path | str, record: RunRecord | None = None) -> int | None:
     """The step of the run's newest checkpoint; None if there is none, it cannot be read, or
-    its step does not fit the queue's 64-bit column (a hand-made file name, say)."""
+    its step does not fit the queue's 64-bit column (a hand-made file name, say). In a bucket
+    (``directory`` a URL), the attempt's ``record`` says: the newest upload that completed,
+    else the newest commit."""
+    if isinstance(directory, str):
+        if record is None:
+            return None
+        step = record.remote_step  # resume.ckpt names no step: the newest commit's then
+        step = record.resume_step if step is None else step
+        return None if step is None else clean_step(step, directory)
     try:
         newest = CheckpointStore(directory, create=False).latest()
     except (OSError, ValueError, OverflowError):

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..._errors import ConfigError
 from ..._files import held_flocks
 from ..._paths import LOCK_NAME as SUPERVISOR_LOCK
+from ...checkpoint._location import Location, is_url, staging_dir
 from ...checkpoint._store import LOCK_NAME as CHECKPOINT_LOCK
 from ...notices._lease import boot_id
 from ...supervisor._record import load_record
@@ -134,7 +135,8 @@ def _pid_in(run_dir: Path) -> str:
 
 
 def _checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """The run's own checkpoint directory, and the one its newest attempt said it saves in."""
+    """The run's own checkpoint directory, and the one its newest attempt said it saves in (a
+    bucket's URL: its staging directory on this host, which that attempt's store locks)."""
     places = [run_dir / "checkpoints"]
     try:
         numbers = [
@@ -146,6 +148,14 @@ def _checkpoint_dirs(run_dir: Path) -> list[Path]:
         numbers = []
     if numbers:
         where = load_record(run_dir / f"attempt-{max(numbers)}").checkpoint_dir
+        if where is not None and is_url(where):
+            try:
+                location = Location.parse(where)
+            except ConfigError:
+                return places
+            if not location.is_local:
+                places.append(staging_dir(location))
+            return places
         if where is not None and os.path.isabs(where) and Path(where) != places[0]:
             places.append(Path(where))
     return places

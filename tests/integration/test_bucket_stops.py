@@ -1,0 +1,105 @@
+"""The stop of a run whose checkpoints are in a bucket: its checkpoint reaches the bucket before
+the process exits, and with a deadline the process is gone in time whatever the network does.
+
+Real processes, a real S3-protocol server (moto's, tests/support/buckets.py) stalled by SIGSTOP
+for the test that needs an upload that cannot finish. The runs that resume on a new machine from
+what reached the bucket are in the front ends' own test files and test_supervisor.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from preemptible import PreemptionCheckpointHandler, TerminationConfig
+from tests.conftest import PY
+from tests.support.buckets import Bucket, S3Server
+from tests.support.env import CLEAN
+
+pytestmark = pytest.mark.timeout(120)
+
+# a handler on a bucket (save_fn: no torch to import); its first checkpoint is uploaded, then
+# it trains until stopped
+PROGRAM = """\
+import dataclasses, json, os, time
+import preemptible
+from preemptible.notices import default_config
+
+state = {"x": 0}
+save = lambda path: path.write_text(json.dumps(state))
+config = dataclasses.replace(default_config(), save_fn=save)
+handler = preemptible.PreemptionCheckpointHandler(os.environ["CKPT_URL"], termination_config=config)
+handler.save(0)
+assert handler.store.flush(time.monotonic() + 30)
+for step in handler.steps(10**6):
+    state["x"] += 1
+    print(f"step {step}", flush=True)
+    time.sleep(0.05)
+"""
+
+WINDOW = 8.0  # PREEMPTIBLE_GRACE_PERIOD: SIGKILL then; the trainer aims to be gone 5 s before
+
+
+def test_a_stop_whose_upload_cannot_finish_is_gone_before_its_deadline_and_says_so(
+    own_s3_server: S3Server, tmp_path: Path, spawn
+) -> None:
+    """SIGTERM with a grace period while the bucket's server hangs: the stop's checkpoint is
+    committed locally, its upload waits only for what the deadline leaves, one line names the
+    upload that did not finish and the newest checkpoint that is in the bucket, the run record
+    names that one (``remote_checkpoint``), and the process exits 143 before the deadline (no
+    second wait at exit)."""
+    own_s3_server.create_bucket("stall")
+    attempt = tmp_path / "attempt"
+    env = {
+        **CLEAN,
+        **own_s3_server.env(),
+        "PREEMPTIBLE_STAGING_DIR": str(tmp_path / "staging"),
+        "PREEMPTIBLE_GRACE_PERIOD": str(WINDOW),
+        "PREEMPTIBLE_RUN_DIR": str(attempt),  # the record is written, as under a supervisor
+        "CKPT_URL": "s3://stall/run",
+    }
+    child = spawn([PY, "-c", PROGRAM], env=env)
+    child.wait_line(lambda line: line == "step 3", timeout=60)
+    assert own_s3_server.directory is not None
+    server = int((own_s3_server.directory / "pid").read_text())
+    os.kill(server, signal.SIGSTOP)
+    try:
+        child.signal(signal.SIGTERM)
+        sent = time.monotonic()
+        rc = child.wait(60)
+        gone = time.monotonic() - sent
+    finally:
+        os.kill(server, signal.SIGCONT)
+    assert rc == 143, child.output
+    # the deadline is WINDOW - 5 s after the signal; preemptible run would escalate at WINDOW - 2
+    assert gone < WINDOW - 2, f"{gone:.2f} s\n{child.output}"
+    said = [line for line in child.lines if "did not finish in time" in line]
+    assert len(said) == 1, child.output
+    assert "step-0000000000.ckpt" in said[0] and "s3://stall/run" in said[0], said
+    record = json.loads((attempt / "record.json").read_text())
+    assert record["state"] == "stopped", record
+    assert record["remote_checkpoint"] == "s3://stall/run/step-0000000000.ckpt", record
+    assert sorted(p.name for p in (tmp_path / "staging").glob("*/step-*.ckpt"))[-1] != (
+        "step-0000000000.ckpt"
+    ), "the stop's checkpoint is committed locally"
+
+
+def test_the_grace_policy_counts_a_bucket_s_upload_in_a_save(
+    s3_bucket: Bucket, signal_handlers: object
+) -> None:
+    """A stop's checkpoint must reach the bucket before the exit: the save time the grace
+    policy budgets with is the save and the last measured upload together."""
+    config = TerminationConfig(save_fn=lambda path: path.write_text("{}"))
+    with PreemptionCheckpointHandler(s3_bucket.url, termination_config=config) as handler:
+        handler.save(1)
+        assert handler.store.flush(time.monotonic() + 30)
+        assert handler.store.mirror is not None
+        uploaded = handler.store.mirror.upload_seconds
+        assert uploaded is not None and uploaded > 0
+        handler.save(2)
+        assert len(handler.save_times) == 2 and handler.save_times.max() >= uploaded
+        assert handler.store.flush(time.monotonic() + 30)  # nothing left for the exit
