@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmark scripts: machine facts, medians, a markdown table."""
+"""Helpers shared by the benchmark scripts: machine facts, medians, a markdown table, a local
+S3 server with a bucket."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import platform
 import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 
 def machine() -> str:
@@ -64,3 +69,40 @@ def write_and_fsync(path: os.PathLike[str] | str, nbytes: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+S3_SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "services" / "s3.sh"
+
+
+@contextlib.contextmanager
+def s3_bucket(endpoint: str | None = None, bucket: str | None = None) -> Iterator[str]:
+    """A bucket on moto's S3 server on 127.0.0.1 (``tests/services/s3.sh``, stopped at the end),
+    or on ``endpoint`` (``bucket`` must exist there); the AWS_* variables of the standard chain
+    set in this process (children inherit them). Yields the bucket's name."""
+    server_dir = Path(tempfile.mkdtemp(prefix="bench-s3-"))
+    own = endpoint is None
+    if endpoint is None:
+        endpoint = subprocess.run(
+            ["bash", str(S3_SCRIPT), "up", str(server_dir / "s3")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    name = bucket or f"bench-{uuid.uuid4().hex[:12]}"
+    try:
+        if bucket is None:
+            request = urllib.request.Request(f"{endpoint}/{name}", method="PUT")
+            urllib.request.urlopen(request, timeout=30).close()
+        os.environ.update(
+            AWS_ENDPOINT_URL=endpoint,
+            AWS_ALLOW_HTTP="true",
+            AWS_ACCESS_KEY_ID=os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
+            AWS_SECRET_ACCESS_KEY=os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+            AWS_REGION=os.environ.get("AWS_REGION", "us-east-1"),
+        )
+        yield name
+    finally:
+        if own:
+            subprocess.run(["bash", str(S3_SCRIPT), "down", str(server_dir / "s3")], check=False)
+        with contextlib.suppress(OSError):
+            server_dir.rmdir()

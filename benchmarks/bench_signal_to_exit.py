@@ -2,32 +2,38 @@
 
 A child process trains with 100 ms steps over a state of the given size and is sent SIGTERM
 at a random moment of a step. Phases:
-  wait    signal received -> step boundary reached (at most one step)
+  wait    signal received -> step boundary reached (at most one step); with --bucket also
+          the upload of the stop's checkpoint, which the exit waits for
   save    building the payload + torch.save + fsync + rename + fsync(dir)
   exit    exit_fn called -> process gone (interpreter and torch shutdown)
   total   signal sent (by this script) -> process gone (waitpid returned)
 
 Beside the total, its ratio to the save measured in the same child: what the stop costs above
 the save it has to make. ``--device cuda``: the state lives on the GPU (the save copies it to
-host memory first; the exit also shuts CUDA down).
+host memory first; the exit also shuts CUDA down). ``--bucket``: each run also with its
+checkpoints in a bucket on moto's S3 server (interleaved with the local runs); *gone/local* is
+its signal -> gone over the local one's.
 
     .venv/bin/python benchmarks/bench_signal_to_exit.py [--sizes 100,1000] [--repeats 5]
-        [--device cpu|cuda]
+        [--device cpu|cuda] [--bucket]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
-from _common import disk_of, machine, median, table, write_and_fsync
+from _common import disk_of, machine, median, s3_bucket, table, write_and_fsync
 
 CHILD = r"""
 import json, os, sys, time
@@ -69,14 +75,18 @@ def raw_write(nbytes: int, workdir: Path) -> float:
 
 
 def one(
-    size_mb: int, step_s: float, workdir: Path, rng: random.Random, device: str
+    size_mb: int, step_s: float, workdir: Path, rng: random.Random, device: str, url: str | None
 ) -> dict[str, float]:
+    """One child, its checkpoints in ``workdir`` or, with ``url``, in the bucket (staged in
+    ``workdir``): the stop's save then waits for its upload before the exit."""
     out = workdir / "times.json"
-    ckpt = workdir / "ckpt"
+    ckpt = url or str(workdir / "ckpt")
+    env = {**os.environ, "PREEMPTIBLE_STAGING_DIR": str(workdir / "staging")}
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(size_mb), str(step_s), str(out), str(ckpt), device],
+        [sys.executable, "-c", CHILD, str(size_mb), str(step_s), str(out), ckpt, device],
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
@@ -103,45 +113,67 @@ def main() -> None:
     p.add_argument("--step", type=float, default=0.1, help="step time in seconds")
     p.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state is")
+    p.add_argument(
+        "--bucket",
+        action="store_true",
+        help="also each run with its checkpoints in a bucket (moto's S3 server on 127.0.0.1, "
+        "tests/services/s3.sh), interleaved with the local runs",
+    )
     args = p.parse_args()
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             p.error("--device cuda: torch sees no CUDA device here; use --device cpu")
+    with contextlib.ExitStack() as stack:
+        bucket = stack.enter_context(s3_bucket()) if args.bucket else None
+        measure(args, bucket)
+
+
+def measure(args: argparse.Namespace, bucket: str | None) -> None:
     rng = random.Random(0)
     rows = []
     base = args.dir or tempfile.gettempdir()
+    wheres = ["local"] + (["bucket"] if bucket else [])
     for size in (int(s) for s in args.sizes.split(",")):
-        runs = []
+        runs: dict[str, list[dict[str, float]]] = {w: [] for w in wheres}
         for _ in range(args.repeats):
-            with tempfile.TemporaryDirectory(dir=base) as d:
-                # the same bytes as the state (8 tensors of size MiB / 8), same disk, same
-                # round, before the child (right after its exit the disk was still busy)
-                raw = raw_write(8 * (size * 2**20 // 4 // 8) * 4, Path(d))
-                run = one(size, args.step, Path(d), rng, args.device)
-                run["raw"] = raw
-                runs.append(run)
-        med = {k: median([r[k] for r in runs]) for k in runs[0]}
-        rows.append(
-            [
-                f"{size} MB",
-                f"{med['raw']:.2f} s",
-                f"{med['wait'] * 1000:.0f} ms",
-                f"{med['save']:.2f} s",
-                f"{median([r['save'] / r['raw'] for r in runs]):.2f}",
-                f"{size / med['save']:.0f} MB/s",
-                f"{med['exit']:.2f} s",
-                f"{med['total']:.2f} s",
-                f"{median([r['total'] / r['save'] for r in runs]):.2f}",
-            ]
-        )
+            for where in wheres:  # interleaved: the disk's and the machine's moods shared
+                url = f"s3://{bucket}/run-{uuid.uuid4().hex[:8]}" if where == "bucket" else None
+                with tempfile.TemporaryDirectory(dir=base) as d:
+                    # the same bytes as the state (8 tensors of size MiB / 8), same disk, same
+                    # round, before the child (right after its exit the disk was still busy)
+                    raw = raw_write(8 * (size * 2**20 // 4 // 8) * 4, Path(d))
+                    run = one(size, args.step, Path(d), rng, args.device, url)
+                    run["raw"] = raw
+                    runs[where].append(run)
+        for where in wheres:
+            got = runs[where]
+            med = {k: median([r[k] for r in got]) for k in got[0]}
+            local = median([r["total"] for r in runs["local"]])
+            rows.append(
+                [
+                    f"{size} MB",
+                    where,
+                    f"{med['raw']:.2f} s",
+                    f"{med['wait'] * 1000:.0f} ms",
+                    f"{med['save']:.2f} s",
+                    f"{median([r['save'] / r['raw'] for r in got]):.2f}",
+                    f"{size / med['save']:.0f} MB/s",
+                    f"{med['exit']:.2f} s",
+                    f"{med['total']:.2f} s",
+                    f"{median([r['total'] / r['save'] for r in got]):.2f}",
+                    f"{med['total'] / local:.2f}",
+                ]
+            )
     print(
         f"machine: {machine()}; disk {disk_of(base)}; step {args.step * 1000:.0f} ms; "
-        f"state on {args.device}; median of {args.repeats}\n"
+        f"state on {args.device}; median of {args.repeats}"
+        + ("; bucket: moto's S3 server on 127.0.0.1" if bucket else "")
+        + "\n"
     )
-    header = ["state", "raw write + fsync", "wait for boundary", "save", "save/raw", "save rate"]
-    header += ["exit", "signal → gone", "gone/save"]
+    header = ["state", "checkpoints", "raw write + fsync", "wait for boundary", "save"]
+    header += ["save/raw", "save rate", "exit", "signal → gone", "gone/save", "gone/local"]
     print(table(header, rows))
 
 

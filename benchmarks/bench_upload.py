@@ -23,19 +23,12 @@ another S3-compatible one (its bucket --bucket must exist).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import subprocess
 import tempfile
 import time
-import urllib.request
-import uuid
 from pathlib import Path
 
-from _common import machine, median, table
-
-ROOT = Path(__file__).resolve().parent.parent
-S3_SCRIPT = ROOT / "tests" / "services" / "s3.sh"
+from _common import machine, median, s3_bucket, table
 
 
 def make_data(where: Path, mb: int, files: int) -> tuple[Path, Path]:
@@ -61,33 +54,8 @@ def main() -> None:
     p.add_argument("--endpoint", default=None)
     p.add_argument("--bucket", default=None)
     args = p.parse_args()
-    server_dir = Path(tempfile.mkdtemp(prefix="bench-s3-"))
-    endpoint = args.endpoint
-    if endpoint is None:
-        endpoint = subprocess.run(
-            ["bash", str(S3_SCRIPT), "up", str(server_dir / "s3")],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    bucket = args.bucket or f"bench-{uuid.uuid4().hex[:12]}"
-    try:
-        if args.bucket is None:
-            request = urllib.request.Request(f"{endpoint}/{bucket}", method="PUT")
-            urllib.request.urlopen(request, timeout=30).close()
-        os.environ.update(
-            AWS_ENDPOINT_URL=endpoint,
-            AWS_ALLOW_HTTP="true",
-            AWS_ACCESS_KEY_ID=os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
-            AWS_SECRET_ACCESS_KEY=os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
-            AWS_REGION=os.environ.get("AWS_REGION", "us-east-1"),
-        )
-        run(args, endpoint, bucket)
-    finally:
-        if args.endpoint is None:
-            subprocess.run(["bash", str(S3_SCRIPT), "down", str(server_dir / "s3")], check=False)
-        with contextlib.suppress(OSError):
-            server_dir.rmdir()
+    with s3_bucket(args.endpoint, args.bucket) as bucket:
+        run(args, str(os.environ["AWS_ENDPOINT_URL"]), bucket)
 
 
 def raw_get(raw: object, keys: list[str], target: Path) -> float:
