@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -130,7 +131,6 @@ class RemoteCheckpoints:
         self._writer_body: dict[str, Any] | None = None  # what this writer put in writer.json
         self._bodies: dict[str, dict[str, Any]] = {}  # manifests read (a key is written once)
         self._seq = 0
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="preemptible-sha256")
         self._check()
 
     def __repr__(self) -> str:
@@ -426,13 +426,27 @@ class RemoteCheckpoints:
 
     def _put_file(self, key: str, path: Path) -> tuple[int, str]:
         """Upload one file and return its size and sha256, computed in a second thread while
-        obstore sends it (both release the GIL; the file is committed, nobody writes it)."""
-        hashing = self._hasher.submit(sha256_file, path)
+        obstore sends it (both release the GIL; the file is committed, nobody writes it). A
+        plain daemon thread, not a pool: the last upload of a run that ends runs in the atexit
+        flush, when Python's thread pools take no new work, and a pool's thread would also be
+        joined at exit, past a notice's deadline."""
+        hashed: list[tuple[int, str] | BaseException] = []
+
+        def hashing() -> None:
+            try:
+                hashed.append(sha256_file(path))
+            except BaseException as exc:  # raised again below, in the uploader's thread
+                hashed.append(exc)
+
+        hasher = threading.Thread(target=hashing, name="preemptible-sha256", daemon=True)
+        hasher.start()
         try:
             _obstore().put(self.bucket, key, path)
         finally:
-            size, sha = hashing.result()
-        return size, sha
+            hasher.join()
+        if isinstance(hashed[0], BaseException):
+            raise hashed[0]
+        return hashed[0]
 
     def _commit_manifest(self, name: str, body: dict[str, Any]) -> str:
         obs = _obstore()
