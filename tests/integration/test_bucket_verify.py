@@ -51,6 +51,7 @@ EMPTY_SHA = hashlib.sha256(b"").hexdigest()  # what a negative size reads as
             None,
         ),
         ({"epoch": "1"}, None),
+        ({"epoch": 10**6}, None),
         ({"seq": None}, None),
         ({}, b"[" * 100_000 + b"]" * 100_000),
         ({}, b"pad"),
@@ -62,6 +63,7 @@ EMPTY_SHA = hashlib.sha256(b"").hexdigest()  # what a negative size reads as
         "kind",
         "file-is-dir",
         "epoch-text",
+        "epoch-ahead",
         "seq-null",
         "nested-deep",
         "too-large",
@@ -76,8 +78,10 @@ def test_a_manifest_this_version_does_not_write_is_never_taken_nor_stops_a_start
 ) -> None:
     """A manifest in the bucket that is not what this version writes (a field of another type,
     JSON nested past the parser's depth, an object too large to be a manifest) is skipped or
-    quarantined, and a new machine starts from the newest checkpoint that does verify: it used
-    to stop every start with an exception until someone deleted the object by hand."""
+    quarantined, and a new machine starts from the newest checkpoint that does verify, and
+    becomes the writer: it used to stop every start with an exception until someone deleted the
+    object by hand. One of an epoch writer.json never reached used to hide every checkpoint (a
+    start from zero)."""
     from preemptible.checkpoint import _remote
 
     monkeypatch.setattr(
@@ -98,3 +102,4 @@ def test_a_manifest_this_version_does_not_write_is_never_taken_nor_stops_a_start
     newest = reader.latest()
     assert newest is not None and newest.step == 1 and newest.path.read_bytes() == b"good one"
     assert key in s3_bucket.objects()  # never deleted
+    assert reader.lock()  # and it becomes the writer there

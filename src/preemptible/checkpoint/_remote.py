@@ -206,9 +206,12 @@ class RemoteCheckpoints:
         """Become the location's only writer (see the module docstring); also removes files
         without a manifest older than ``ABANDONED_AFTER``."""
         obs = _obstore()
-        for _ in range(8):
+        for attempt in range(8):
             current, version = self._get_json(WRITER)
-            adopted = [r.key for r in self._valid(current)]
+            try:
+                adopted = [r.key for r in self._valid(current, settled=attempt == 7)]
+            except _Retry:
+                continue  # another writer took over while we listed: read writer.json again
             epoch = int((current or {}).get("epoch", 0)) + 1
             body = {
                 "format": FORMAT,
@@ -258,15 +261,19 @@ class RemoteCheckpoints:
 
     def committed(self) -> list[Remote]:
         """The checkpoints committed in the bucket, newest first."""
-        for _ in range(4):
+        for attempt in range(4):
             writer, _version = self._get_json(WRITER)
             try:
-                return self._valid(writer)
+                return self._valid(writer, settled=attempt == 3)
             except _Retry:
                 continue  # a takeover happened while we listed: read writer.json again
         return []
 
-    def _valid(self, writer: dict[str, Any] | None) -> list[Remote]:
+    def _valid(self, writer: dict[str, Any] | None, *, settled: bool = False) -> list[Remote]:
+        """The manifests that count under ``writer`` (writer.json's content). A manifest of a
+        later epoch means a takeover while we listed (``_Retry``); ``settled``: after the
+        retries, such a manifest is one writer.json does not vouch for, skipped like any
+        other (not taken for a reason to see no checkpoint at all)."""
         if not writer:
             return []
         epoch = int(writer.get("epoch", 0))
@@ -284,7 +291,7 @@ class RemoteCheckpoints:
             written = _whole(body.get("epoch")) if body else None
             if body is None or written is None:
                 continue  # not a manifest this version writes: never taken for a checkpoint
-            if written > epoch:
+            if written > epoch and not settled:
                 raise _Retry
             if written == epoch or key in adopted:
                 found.append(Remote(name, int(m.group(1)), key, body))
