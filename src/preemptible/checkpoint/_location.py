@@ -118,14 +118,15 @@ class Location:
                 "(3 to 63 lower-case letters, digits and single dashes, a letter or digit first "
                 "and last)"
             )
-        pieces = [p for p in unquote(parts.path).split("/") if p]
+        decoded = unquote(parts.path)
+        if any(ord(c) < 32 or c == "\x7f" for c in text + decoded):  # %0A as much as a newline
+            raise ConfigError(f"checkpoint location {text!r}: control characters are not valid")
+        pieces = [p for p in decoded.split("/") if p]
         if any(p in (".", "..") for p in pieces):
             raise ConfigError(
                 f"checkpoint location {shown}: '.' and '..' are not valid in the prefix; "
                 "name the prefix as it is"
             )
-        if any(ord(c) < 32 or c == "\x7f" for c in text):
-            raise ConfigError(f"checkpoint location {shown!r}: control characters are not valid")
         return cls(scheme, bucket, "/".join(pieces))
 
     @property
