@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -103,3 +104,24 @@ def test_the_grace_policy_counts_a_bucket_s_upload_in_a_save(
         handler.save(2)
         assert len(handler.save_times) == 2 and handler.save_times.max() >= uploaded
         assert handler.store.flush(time.monotonic() + 30)  # nothing left for the exit
+
+
+def test_a_run_that_ends_uploads_its_last_checkpoint_at_the_exit(
+    s3_bucket: Bucket, tmp_path: Path
+) -> None:
+    """A run that ends without a stop leaves its last upload to the interpreter's exit (the
+    atexit flush): by then Python refuses new work to its thread pools, so the upload must need
+    none. The process saves and returns at once; its checkpoint is in the bucket after."""
+    program = (
+        "import os, preemptible\n"
+        "store = preemptible.CheckpointStore(os.environ['CKPT_URL'])\n"
+        "store.save(1, lambda tmp: tmp.write_bytes(b'last'))\n"
+    )
+    env = {**os.environ, **CLEAN, **s3_bucket.env, "CKPT_URL": s3_bucket.url}
+    done = subprocess.run([PY, "-c", program], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "failed" not in done.stderr, done.stderr
+    objects = s3_bucket.objects()
+    assert [k for k in objects if k.startswith("manifests/")] == [
+        "manifests/step-0000000001.ckpt/0000000001.json"
+    ], done.stderr

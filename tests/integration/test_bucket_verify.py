@@ -4,6 +4,8 @@ older one is brought back."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 
@@ -31,3 +33,73 @@ def test_a_file_of_another_size_quarantines_its_checkpoint(
     assert newest is not None and newest.step == 1 and newest.path.read_bytes() == b"good one"
     assert "quarantined" in caplog.text
     assert "quarantine/step-0000000002.ckpt/0000000001.json" in s3_bucket.objects()
+
+
+GOOD_SHA = "0" * 64
+EMPTY_SHA = hashlib.sha256(b"").hexdigest()  # what a negative size reads as
+
+
+@pytest.mark.parametrize(
+    ("change", "raw"),
+    [
+        ({"files": [{"path": ""}]}, None),
+        ({"files": ["x"]}, None),
+        ({"files": [{"path": "", "size": -1, "sha256": EMPTY_SHA}]}, None),
+        ({"kind": "link"}, None),
+        (
+            {"kind": "dir", "dirs": ["a"], "files": [{"path": "a", "size": 1, "sha256": GOOD_SHA}]},
+            None,
+        ),
+        ({"epoch": "1"}, None),
+        ({"epoch": 10**6}, None),
+        ({"seq": None}, None),
+        ({}, b"[" * 100_000 + b"]" * 100_000),
+        ({}, b"pad"),
+    ],
+    ids=[
+        "no-size",
+        "entry-text",
+        "size-negative",
+        "kind",
+        "file-is-dir",
+        "epoch-text",
+        "epoch-ahead",
+        "seq-null",
+        "nested-deep",
+        "too-large",
+    ],
+)
+def test_a_manifest_this_version_does_not_write_is_never_taken_nor_stops_a_start(
+    change: dict,
+    raw: bytes | None,
+    s3_bucket: Bucket,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A manifest in the bucket that is not what this version writes (a field of another type,
+    JSON nested past the parser's depth, an object too large to be a manifest) is skipped or
+    quarantined, and a new machine starts from the newest checkpoint that does verify, and
+    becomes the writer: it used to stop every start with an exception until someone deleted the
+    object by hand. One of an epoch writer.json never reached used to hide every checkpoint (a
+    start from zero)."""
+    from preemptible.checkpoint import _remote
+
+    monkeypatch.setattr(
+        _remote, "MANIFEST_MAX", 1000, raising=False
+    )  # "too-large": 2 KB is past it
+    writer = store_on(s3_bucket, monkeypatch, tmp_path, "a")
+    assert writer.lock()
+    assert save_and_flush(writer, 1, b"good one")
+    assert save_and_flush(writer, 2, b"good two")
+    writer.unlock()
+    key = "manifests/step-0000000002.ckpt/0000000001.json"
+    body = manifests(s3_bucket)[key]
+    data = json.dumps({**body, **change}).encode()
+    if raw == b"pad":  # a manifest as written, but larger than one can be
+        raw = data + b" " * 2000
+    s3_bucket.put(key, raw if raw is not None else data)
+    reader = store_on(s3_bucket, monkeypatch, tmp_path, "b")
+    newest = reader.latest()
+    assert newest is not None and newest.step == 1 and newest.path.read_bytes() == b"good one"
+    assert key in s3_bucket.objects()  # never deleted
+    assert reader.lock()  # and it becomes the writer there

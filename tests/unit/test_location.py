@@ -41,6 +41,12 @@ def test_valid_urls(url: str, scheme: str, bucket: str, prefix: str) -> None:
         ("s3://Bucket_Upper/p", "not a valid bucket"),
         ("s3://key:secret@bucket/p", "credentials in the URL"),
         ("file://host/p", "not a host"),
+        ("s3://bucket/a%0Ab", "control characters"),
+        ("s3://bucket/a%7F", "control characters"),
+        ("s3://bucket/a\tb", "control characters"),
+        ("s3:/bucket/p", "needs '//'"),
+        ("S3:bucket", "needs '//'"),
+        ("gs:/bucket", "needs '//'"),
     ],
 )
 def test_a_bad_url_is_one_line_naming_what_is_valid(url: str, says: str) -> None:
@@ -55,6 +61,23 @@ def test_plain_paths_are_not_urls() -> None:
     assert not is_url("ckpt/s3")
     assert not is_url("/abs/s3:/x")
     assert not is_url(Path("s3://b/p"))
+    assert not is_url("s3cache/x") and not is_url("./s3:/x")
+
+
+def test_a_url_missing_a_slash_is_not_a_relative_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``s3:/bucket/p`` is a typo: an error, not a directory ``s3:`` that the run trains in and
+    a new machine never sees."""
+    from preemptible import CheckpointStore
+
+    monkeypatch.chdir(tmp_path)
+    assert is_url("s3:/bucket/p")
+    with pytest.raises(ConfigError, match="needs '//'"):
+        CheckpointStore("s3:/bucket/p")
+    with pytest.raises(ConfigError, match="needs '//'"):
+        checkpoint_directory("s3:/bucket/p")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_url_stays_a_url_for_the_front_ends(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,6 +28,9 @@ from .._errors import ConfigError
 
 _SCHEMES = {"s3": "s3", "gs": "gs", "az": "az", "azure": "az", "file": "file"}
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# a scheme of ours without its "//" (s3:/bucket/p, s3:bucket): a typo, never meant as a relative
+# directory named "s3:" (which is what Path makes of it, the run then starting from zero)
+_NEAR_URL = re.compile(r"^(s3|gs|az|azure|file):(?!//)", re.IGNORECASE)
 # S3, GCS and Azure differ in the details; this is what all three can hold, roughly: lower case
 # letters, digits, dots, dashes (GCS also takes underscores), 3 to 222 characters
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
@@ -41,7 +44,7 @@ _VALID = (
 def is_url(value: object) -> bool:
     """Whether ``value`` is a location string written as a URL (``scheme://...``)."""
     return isinstance(value, str | Location) and (
-        isinstance(value, Location) or bool(_URL.match(value))
+        isinstance(value, Location) or bool(_URL.match(value) or _NEAR_URL.match(value))
     )
 
 
@@ -65,6 +68,12 @@ class Location:
         from urllib.parse import unquote, urlsplit  # a URL given: not at every import
 
         text = os.fspath(value)
+        near = _NEAR_URL.match(text)
+        if near:
+            raise ConfigError(
+                f"checkpoint location {near.group(0)}...: a URL needs '//' after its scheme; "
+                f"{_VALID}"
+            )
         if not _URL.match(text):
             raise ConfigError(f"checkpoint location {text!r} is not a URL; {_VALID}")
         scheme_given = text.split("://", 1)[0]
@@ -109,14 +118,15 @@ class Location:
                 "(3 to 63 lower-case letters, digits and single dashes, a letter or digit first "
                 "and last)"
             )
-        pieces = [p for p in unquote(parts.path).split("/") if p]
+        decoded = unquote(parts.path)
+        if any(ord(c) < 32 or c == "\x7f" for c in text + decoded):  # %0A as much as a newline
+            raise ConfigError(f"checkpoint location {text!r}: control characters are not valid")
+        pieces = [p for p in decoded.split("/") if p]
         if any(p in (".", "..") for p in pieces):
             raise ConfigError(
                 f"checkpoint location {shown}: '.' and '..' are not valid in the prefix; "
                 "name the prefix as it is"
             )
-        if any(ord(c) < 32 or c == "\x7f" for c in text):
-            raise ConfigError(f"checkpoint location {shown!r}: control characters are not valid")
         return cls(scheme, bucket, "/".join(pieces))
 
     @property

@@ -155,7 +155,10 @@ class Mirror:
             if mark == remote.key:
                 return True
             if isinstance(mark, dict) and "local" in mark:  # committed here, maybe not uploaded
-                return float(mark["local"]) >= float(remote.body.get("committed_at", 0))
+                committed_at = remote.body.get("committed_at")
+                if not isinstance(committed_at, int | float):
+                    committed_at = 0.0
+                return float(mark["local"]) >= float(committed_at)
         _key, pattern = _family(remote.name)
         m = pattern.match(remote.name) if pattern is not None else None
         if pattern is None or m is None:

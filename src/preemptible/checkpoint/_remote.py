@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +74,17 @@ _PARALLEL_FILES = 4  # files of a checkpoint downloaded at once (as an upload se
 _RANGE = 128 * 1024 * 1024  # bytes per GET of a download: >= 2.2 MB/s within the timeout
 
 _GEN = re.compile(r"^(\d{10})\.json$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+MANIFEST_MAX = 64 * 1024 * 1024
+"""Bytes past which a manifest (or writer.json) is not read: one of a checkpoint with 400 000
+files fits; a larger object there is not ours, and reading it whole could exhaust memory."""
+
+
+def _whole(value: object) -> int | None:
+    """``value`` when it is an integer (a JSON number without a fraction), else None: a
+    manifest's numbers are read only as what this version writes."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class _Fenced(CheckpointError):
@@ -95,7 +107,7 @@ class Remote:
     @property
     def order(self) -> tuple[int, int]:
         """Commit order: a later epoch (writer) first, then the writer's own count."""
-        return int(self.body.get("epoch", 0)), int(self.body.get("seq", 0))
+        return _whole(self.body.get("epoch")) or 0, _whole(self.body.get("seq")) or 0
 
 
 def _obstore() -> Any:
@@ -130,7 +142,6 @@ class RemoteCheckpoints:
         self._writer_body: dict[str, Any] | None = None  # what this writer put in writer.json
         self._bodies: dict[str, dict[str, Any]] = {}  # manifests read (a key is written once)
         self._seq = 0
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="preemptible-sha256")
         self._check()
 
     def __repr__(self) -> str:
@@ -155,10 +166,18 @@ class RemoteCheckpoints:
             if _is(exc, "NotFoundError"):
                 return None, None
             raise
+        if int(result.meta.get("size") or 0) > MANIFEST_MAX:
+            logger.warning(
+                "preemptible: ignoring %s in %s: %d bytes, more than a manifest holds",
+                key,
+                self.location,
+                int(result.meta["size"]),
+            )
+            return {}, None
         data = bytes(result.bytes())
         try:
             body = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
             body = None
         version = {k: v for k in ("e_tag", "version") if (v := result.meta.get(k)) is not None}
         return (body if isinstance(body, dict) else {}), version
@@ -187,9 +206,12 @@ class RemoteCheckpoints:
         """Become the location's only writer (see the module docstring); also removes files
         without a manifest older than ``ABANDONED_AFTER``."""
         obs = _obstore()
-        for _ in range(8):
+        for attempt in range(8):
             current, version = self._get_json(WRITER)
-            adopted = [r.key for r in self._valid(current)]
+            try:
+                adopted = [r.key for r in self._valid(current, settled=attempt == 7)]
+            except _Retry:
+                continue  # another writer took over while we listed: read writer.json again
             epoch = int((current or {}).get("epoch", 0)) + 1
             body = {
                 "format": FORMAT,
@@ -239,15 +261,19 @@ class RemoteCheckpoints:
 
     def committed(self) -> list[Remote]:
         """The checkpoints committed in the bucket, newest first."""
-        for _ in range(4):
+        for attempt in range(4):
             writer, _version = self._get_json(WRITER)
             try:
-                return self._valid(writer)
+                return self._valid(writer, settled=attempt == 3)
             except _Retry:
                 continue  # a takeover happened while we listed: read writer.json again
         return []
 
-    def _valid(self, writer: dict[str, Any] | None) -> list[Remote]:
+    def _valid(self, writer: dict[str, Any] | None, *, settled: bool = False) -> list[Remote]:
+        """The manifests that count under ``writer`` (writer.json's content). A manifest of a
+        later epoch means a takeover while we listed (``_Retry``); ``settled``: after the
+        retries, such a manifest is one writer.json does not vouch for, skipped like any
+        other (not taken for a reason to see no checkpoint at all)."""
         if not writer:
             return []
         epoch = int(writer.get("epoch", 0))
@@ -262,11 +288,12 @@ class RemoteCheckpoints:
             if not m or "/" in gen or rest in quarantined or name.startswith("."):
                 continue  # a name of ours is a plain file name: never .preemptible.lock
             body = self._body(key)
-            if not body:
-                continue
-            if int(body.get("epoch", 0)) > epoch:
+            written = _whole(body.get("epoch")) if body else None
+            if body is None or written is None:
+                continue  # not a manifest this version writes: never taken for a checkpoint
+            if written > epoch and not settled:
                 raise _Retry
-            if int(body.get("epoch", 0)) == epoch or key in adopted:
+            if written == epoch or key in adopted:
                 found.append(Remote(name, int(m.group(1)), key, body))
         found.sort(key=lambda r: r.order, reverse=True)
         return found
@@ -294,27 +321,18 @@ class RemoteCheckpoints:
         """Write ``remote``'s files at ``tmp`` (a file, or a directory tree), each checked
         against the manifest's size and sha256 (``_Corrupt`` when one differs or is missing)."""
         body = remote.body
-        upload = str(body.get("upload", ""))
-        files = body.get("files")
-        if not upload or "/" in upload or not isinstance(files, list):
-            raise _Corrupt(f"{remote.key}: not a manifest this version can read", None)
-        base = f"{UPLOADS}{upload}/{remote.name}"
-        kind = body.get("kind")
+        kind, files, dirs = self._contents(remote)
+        base = f"{UPLOADS}{body['upload']}/{remote.name}"
         if kind == "dir":
             tmp.mkdir()
-            for d in body.get("dirs", []):
-                if not safe_rel(str(d)):
-                    raise _Corrupt(f"{remote.key}: a directory name escapes: {d!r}", None)
+            for d in dirs:
                 (tmp / d).mkdir(parents=True, exist_ok=True)
         jobs = []
-        for entry in files:
-            rel = str(entry.get("path", ""))
-            if kind == "dir" and not safe_rel(rel):
-                raise _Corrupt(f"{remote.key}: a file name escapes: {rel!r}", None)
+        for rel, size, sha in files:
             target = tmp / rel if kind == "dir" else tmp
             target.parent.mkdir(parents=True, exist_ok=True)
             key = f"{base}/{rel}" if kind == "dir" else base
-            jobs.append((key, target, int(entry["size"]), str(entry["sha256"])))
+            jobs.append((key, target, size, sha))
         total = sum(job[2] for job in jobs)
         with progress(total, f"{remote.name} from {self.location}") as advance:
             with ThreadPoolExecutor(_PARALLEL_FILES, thread_name_prefix="preemptible-get") as pool:
@@ -325,6 +343,51 @@ class RemoteCheckpoints:
                     raise _Corrupt(f"{job[0]}: missing from the bucket", None)
                 if exc is not None:
                     raise exc
+
+    def _contents(self, remote: Remote) -> tuple[str, list[tuple[str, int, str]], list[str]]:
+        """A manifest's kind, files (relative name, size, sha256) and directories, checked
+        before anything is written: ``_Corrupt`` (a quarantine) for anything this version does
+        not write, such as a name that escapes, a size that is not a whole number of bytes, or a
+        file that is also a directory."""
+        body = remote.body
+        bad = _Corrupt(f"{remote.key}: not a manifest this version can read", None)
+        upload, kind, entries = body.get("upload"), body.get("kind"), body.get("files")
+        dirs = body.get("dirs", [])
+        if not isinstance(upload, str) or not upload or "/" in upload or upload in (".", ".."):
+            raise bad
+        if kind not in ("file", "dir") or not isinstance(entries, list):
+            raise bad
+        if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+            raise bad
+        files = []
+        for entry in entries:
+            if not isinstance(entry, dict):
+                raise bad
+            rel, size, sha = entry.get("path"), _whole(entry.get("size")), entry.get("sha256")
+            if not isinstance(rel, str) or size is None or size < 0:
+                raise bad
+            if not isinstance(sha, str) or not _SHA256.match(sha):
+                raise bad
+            files.append((rel, size, sha))
+        if kind == "file":
+            if len(files) != 1 or dirs:
+                raise bad
+            return kind, files, []
+        for d in dirs:
+            if not safe_rel(d):
+                raise _Corrupt(f"{remote.key}: a directory name escapes: {d!r}", None)
+        names = [rel for rel, _size, _sha in files]
+        for rel in names:
+            if not safe_rel(rel):
+                raise _Corrupt(f"{remote.key}: a file name escapes: {rel!r}", None)
+        parents = {rel.rsplit("/", 1)[0] for rel in names if "/" in rel}
+        folders: set[str] = set()
+        for folder in parents | set(dirs):
+            parts = folder.split("/")
+            folders.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+        if len(set(names)) != len(names) or folders & set(names):
+            raise bad  # a file named twice, or a file that is also a directory
+        return kind, files, list(dirs)
 
     def _get_file(
         self, key: str, target: Path, size: int, sha: str, advance: Callable[[int], None]
@@ -426,13 +489,27 @@ class RemoteCheckpoints:
 
     def _put_file(self, key: str, path: Path) -> tuple[int, str]:
         """Upload one file and return its size and sha256, computed in a second thread while
-        obstore sends it (both release the GIL; the file is committed, nobody writes it)."""
-        hashing = self._hasher.submit(sha256_file, path)
+        obstore sends it (both release the GIL; the file is committed, nobody writes it). A
+        plain daemon thread, not a pool: the last upload of a run that ends runs in the atexit
+        flush, when Python's thread pools take no new work, and a pool's thread would also be
+        joined at exit, past a notice's deadline."""
+        hashed: list[tuple[int, str] | BaseException] = []
+
+        def hashing() -> None:
+            try:
+                hashed.append(sha256_file(path))
+            except BaseException as exc:  # raised again below, in the uploader's thread
+                hashed.append(exc)
+
+        hasher = threading.Thread(target=hashing, name="preemptible-sha256", daemon=True)
+        hasher.start()
         try:
             _obstore().put(self.bucket, key, path)
         finally:
-            size, sha = hashing.result()
-        return size, sha
+            hasher.join()
+        if isinstance(hashed[0], BaseException):
+            raise hashed[0]
+        return hashed[0]
 
     def _commit_manifest(self, name: str, body: dict[str, Any]) -> str:
         obs = _obstore()
@@ -452,7 +529,7 @@ class RemoteCheckpoints:
                 if not _is(exc, "AlreadyExistsError"):
                     raise
             other, _ = self._get_json(key)
-            if other and int(other.get("epoch", 0)) >= int(body["epoch"]):
+            if other and (_whole(other.get("epoch")) or 0) >= int(body["epoch"]):
                 raise CheckpointError(
                     f"{self.location}: another writer committed {name} generation {generation} "
                     "first",
@@ -499,8 +576,12 @@ class RemoteCheckpoints:
         self._bodies.pop(remote.key, None)
         base = f"{UPLOADS}{upload}/{remote.name}"
         files = remote.body.get("files") or []
-        if remote.body.get("kind") == "dir":
-            keys = [f"{base}/{f['path']}" for f in files if safe_rel(str(f.get("path", "")))]
+        if remote.body.get("kind") == "dir" and isinstance(files, list):
+            keys = [
+                f"{base}/{f['path']}"
+                for f in files
+                if isinstance(f, dict) and isinstance(f.get("path"), str) and safe_rel(f["path"])
+            ]
         else:
             keys = [base]
         if keys:
