@@ -4,14 +4,15 @@ evaluation per epoch through ``gather_for_metrics``) on a small regression model
 with ``preemptible.accelerate.PreemptibleLoop`` added as its docs page says.
 
 Run by ``accelerate launch --multi_gpu --num_processes 2`` (CPU, gloo). Every process prints
-``rank R step N`` as step N starts (``--sleep``: seconds per step); rank 0 prints the
-evaluation per epoch and, at the end, writes the weights to ``--weights``.
+``rank R pid P`` once prepared and ``rank R step N`` as step N starts (``--sleep``: seconds
+per step); rank 0 prints the evaluation per epoch and writes the weights to ``--weights``.
 ``--plain``: the same loop without preemptible (the run never stopped, to compare with).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -44,6 +45,7 @@ def training_function(args: argparse.Namespace) -> None:
         model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
     )
     rank = accelerator.process_index
+    sys.stdout.write(f"rank {rank} pid {os.getpid()}\n")
 
     if args.plain:
         epochs = range(args.epochs)
