@@ -221,7 +221,9 @@ class PreemptibleLoop:
         if hasattr(loader, "iteration") and loader.iteration != self.epoch:
             loader.set_epoch(self.epoch)  # accelerate's count of the loader's passes (its seed)
         generator = getattr(loader, "synchronized_generator", None)
-        resumed = skip > 0 and self._epoch_rng is not None
+        # a stateful loader (use_stateful_dataloader) is put back by load_state itself
+        stateful = bool(getattr(loader, "use_stateful_dataloader", False))
+        resumed = skip > 0 and self._epoch_rng is not None and not stateful
         if resumed:
             # the iterator is made from the random states of the epoch's start, as it was
             epoch_rng = self._epoch_rng
