@@ -204,6 +204,7 @@ FRAMEWORK_FILES = frozenset(
         "test_lightning.py",
         "test_lightning_stops.py",
         "test_transformers.py",
+        "test_accelerate.py",
         "test_keras_stops.py",
         "test_distributed.py",
     }

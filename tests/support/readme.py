@@ -556,7 +556,8 @@ def _run_torchrun(block: Block, options: dict[str, str], ctx: Ctx) -> None:
     assert rc == want, f"{block.where}: SIGTERM to {launcher}: exit {rc}, expected {want}\n" + (
         first.output
     )
-    assert sorted(run_dir.glob("ckpt/step-*.ckpt")), f"no checkpoint after the stop\n{first.output}"
+    saved = [*run_dir.glob("ckpt/step-*.ckpt"), *run_dir.glob("ckpt/checkpoint-*")]
+    assert saved, f"no checkpoint after the stop\n{first.output}"
     assert not (run_dir / "final.pt").exists(), f"the run was not stopped early\n{first.output}"
     second = spawn(args(), cwd=run_dir, env=env)
     assert second.wait(180) == 0, f"{block.where}: the resumed run failed\n{second.output}"

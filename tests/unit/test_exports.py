@@ -20,6 +20,7 @@ PUBLIC = [
     "preemptible",
     "preemptible.lightning",
     "preemptible.transformers",
+    "preemptible.accelerate",
     "preemptible.keras",
     "preemptible.frontend",
     "preemptible.trackers",

@@ -45,9 +45,10 @@ LAYERS = {
     "_handler": 6,
     "lightning": 6,
     "transformers": 6,
+    "accelerate": 6,
     "keras": 6,
 }
-FRONT_ENDS = ("_handler", "lightning", "transformers", "keras")
+FRONT_ENDS = ("_handler", "lightning", "transformers", "accelerate", "keras")
 
 
 def module_name(path: Path) -> str:

@@ -1,0 +1,124 @@
+"""The accelerate front end (``preemptible.accelerate.PreemptibleLoop``) under the real
+``accelerate launch --multi_gpu --num_processes 2`` (two CPU processes, gloo), on
+``tests/scripts/accelerate_train.py``: accelerate's ``examples/by_feature/checkpointing.py``
+made tiny (3 epochs of 6 batches a process, dropout, a shuffled loader prepared by accelerate).
+
+Each stop commits ``checkpoint-N`` (``accelerator.save_state``) at the same step on both
+processes, and the same command again resumes it (``load_state`` and ``skip_first_batches``,
+mid-epoch) to the weights of the same loop run without preemptible, bit for bit. One such run
+serves every test (``tests/support/reference.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCRIPTS, Child, attempts, supervise
+from tests.support.checkpoints import committed, same_weights, temporaries
+from tests.support.reference import DIR, PORT, References, free_port
+
+pytest.importorskip("accelerate")
+
+pytestmark = pytest.mark.timeout(240)
+
+ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
+SCRIPT = str(SCRIPTS / "accelerate_train.py")
+ENV = {"OMP_NUM_THREADS": "1"}
+STEPS = 18  # 3 epochs of 6 batches on each process
+
+
+def launch(port: str, *args: str) -> list[str]:
+    return [
+        ACCELERATE,
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        port,
+        SCRIPT,
+        *args,
+    ]
+
+
+REFERENCE = launch(PORT, "--plain", "--weights", f"{DIR}/w.pt")
+
+
+def job(out: Path, *extra: str) -> list[str]:
+    return launch(
+        str(free_port()), "--output_dir", str(out), "--weights", str(out / "w.pt"), *extra
+    )
+
+
+def at_step(rank: int, n: int):  # type: ignore[no-untyped-def]
+    return lambda line: (m := re.fullmatch(rf"rank {rank} step (\d+)", line)) and int(m[1]) >= n
+
+
+def stopped_steps(child: Child) -> list[int]:
+    """The step each process says it stopped at (searched: the processes share one stream)."""
+    return [int(n) for n in re.findall(r"rank \d: stopped at step (\d+)", child.output)]
+
+
+def resume_exactly(spawn, out: Path, step: int, reference_runs: References) -> None:  # type: ignore[no-untyped-def]
+    again = spawn(job(out), env=ENV)
+    assert again.wait(180) == 0, again.output
+    said = f"resumed from {out / f'checkpoint-{step}'} at step {step}"
+    assert again.output.count(said) == 2, again.output  # both processes (lines may run together)
+    assert same_weights(reference_runs.result(REFERENCE, ENV) / "w.pt", out / "w.pt"), again.output
+
+
+def test_sigterm_to_the_launcher_under_preemptible_run_exits_143_and_resumes_exactly(
+    reference_runs: References, tmp_path: Path, spawn
+) -> None:
+    reference_runs.start(REFERENCE, ENV)
+    out = tmp_path / "out"
+    sup = supervise(
+        spawn, tmp_path, "--max-preemptions", "0", "--", *job(out, "--sleep", "0.1"), env=ENV
+    )
+    sup.wait_line(at_step(0, 8), timeout=150)  # the middle of the second epoch
+    sup.signal(signal.SIGTERM)  # as a platform sends it: the supervisor signals the job's group
+    assert sup.wait(90) == 143, sup.output
+    [first] = attempts(tmp_path)
+    assert first["state"] == "PREEMPTED", first
+    steps = stopped_steps(sup)
+    assert len(steps) == 2 and steps[0] == steps[1], sup.output
+    assert committed(out, "checkpoint-*") == [f"checkpoint-{steps[0]}"]
+    assert temporaries(out) == []
+    resume_exactly(spawn, out, steps[0], reference_runs)
+
+
+def test_sigkill_with_periodic_saves_then_sigterm_to_one_process_each_resume_exactly(
+    reference_runs: References, tmp_path: Path, spawn
+) -> None:
+    """One run through both: a SIGKILL (no stop, no save) resumes from the last periodic
+    checkpoint; that resumed run, signalled on one process alone, stops both at one step
+    (mid-epoch); the last run resumes from there and ends exactly as the reference."""
+    reference_runs.start(REFERENCE, ENV)
+    out = tmp_path / "out"
+    periodic = ("--checkpointing_steps", "4", "--sleep", "0.1")
+    first = spawn(job(out, *periodic), env=ENV)
+    first.wait_line(at_step(0, 6), timeout=150)
+    first.kill()  # SIGKILL to the launcher and both processes
+    names = committed(out, "checkpoint-*")
+    assert names and names[-1] in ("checkpoint-4", "checkpoint-8"), names
+    newest = int(names[-1].split("-")[1])
+
+    second = spawn(job(out, *periodic), env=ENV)
+    line = second.wait_line(lambda line: line.startswith("rank 1 pid "), timeout=150)
+    second.wait_line(at_step(1, newest + 3), timeout=150)
+    said = f"resumed from {out / f'checkpoint-{newest}'} at step {newest}"
+    assert second.output.count(said) == 2, second.output
+    assert temporaries(out) == []  # a temporary left by the kill is gone
+    os.kill(int(line.split()[-1]), signal.SIGTERM)  # rank 1 alone; rank 0 learns of it
+    assert second.wait(90) == 1, second.output  # torch's elastic agent: a worker exited 143
+    steps = stopped_steps(second)
+    assert len(steps) == 2 and steps[0] == steps[1], second.output
+    assert newest + 3 <= steps[0] < STEPS, second.output
+    assert committed(out, "checkpoint-*")[-1] == f"checkpoint-{steps[0]}"
+    resume_exactly(spawn, out, steps[0], reference_runs)
