@@ -205,6 +205,7 @@ FRAMEWORK_FILES = frozenset(
         "test_lightning_stops.py",
         "test_transformers.py",
         "test_keras_stops.py",
+        "test_tf_handler.py",
         "test_distributed.py",
     }
 )

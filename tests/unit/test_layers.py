@@ -46,8 +46,9 @@ LAYERS = {
     "lightning": 6,
     "transformers": 6,
     "keras": 6,
+    "tensorflow": 6,
 }
-FRONT_ENDS = ("_handler", "lightning", "transformers", "keras")
+FRONT_ENDS = ("_handler", "lightning", "transformers", "keras", "tensorflow")
 
 
 def module_name(path: Path) -> str:
