@@ -74,6 +74,7 @@ def test_a_tf_docs_loop_stops_and_resumes_exactly(
     last = spawn(loop_args(tmp_path))
     assert last.wait(120) == 0, last.output
     assert steps(last.lines)[0] == done + 1 and "done it=18" in last.lines
+    assert "tf-18" in committed(tmp_path / "ckpt", "tf-*")  # close(): the end committed
     reference = reference_runs.result(loop_args(Path(DIR))) / "out.npz"
     with np.load(reference) as want, np.load(tmp_path / "out.npz") as got:
         assert want.files == got.files

@@ -82,6 +82,7 @@ for epoch in range(handler.total_run_calls // STEPS_PER_EPOCH, args.epochs):
         print(f"step {it} loss={float(loss)!r} epoch={epoch} in_epoch={step}", flush=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
+handler.close()  # the last step committed: a stop after the loop retrains nothing
 print(f"done it={int(optimizer.iterations.numpy())}", flush=True)
 with open(args.out, "wb") as fh:
     np.savez(fh, *[v.numpy() for v in [*model.variables, *optimizer.variables]])

@@ -19,6 +19,7 @@ from ..frontend import (
     ConfigError,
     NamedSaver,
     Periodic,
+    Phase,
     PreemptibleError,
     StopSession,
     TerminationConfig,
@@ -181,6 +182,7 @@ class PreemptionCheckpointHandler:
             periodic=periodic,
             exit_code=exit_code_of(exit_code),
         )
+        self._open = True
         self._session.start()
         try:
             self._session.begin()  # TensorFlow's handler restores when it is made
@@ -234,8 +236,22 @@ class PreemptionCheckpointHandler:
             raise
 
     def close(self) -> None:
-        """Restore the signal handlers, stop the watcher, release the directory."""
-        self._session.close()
+        """The loop is over (TensorFlow's handler has no such call; ``with handler:`` makes
+        it): a stop that came during the last step is acted on (save, exit); else the last
+        step is committed, so that a stop in the code after the loop, which no ``run()`` will
+        see, leaves a checkpoint a rerun resumes from with nothing left to train. Then the
+        signal handlers are restored and the directory released; safe to call twice."""
+        session = self._session
+        if self._open and not session.stopped:
+            self._open = False
+            try:
+                if not session.at_boundary(Phase.END, step=session.step):
+                    session.finished(always=True)
+            finally:
+                session.close()
+        else:
+            self._open = False
+            session.close()
 
     def __enter__(self) -> PreemptionCheckpointHandler:
         return self
@@ -246,7 +262,8 @@ class PreemptionCheckpointHandler:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if isinstance(exc, Exception):
+        if isinstance(exc, Exception):  # a step raised: nothing to commit
+            self._open = False
             self._session.failed()
         self.close()
 
