@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["KERAS_BACKEND"] = "tensorflow"  # tf.keras is Keras 3: its backend, whatever is set
 
 import numpy as _np
 import tensorflow as tf

@@ -11,6 +11,7 @@ and writes the model's and optimizer's variables to ``--out``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -23,6 +24,7 @@ p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--exit-42", action="store_true")
 args = p.parse_args()
+os.environ["KERAS_BACKEND"] = "tensorflow"  # tf.keras is Keras 3: its backend, whatever is set
 
 import tensorflow as tf  # noqa: E402
 
