@@ -10,8 +10,10 @@ equal, bit for bit, to a loop never stopped (one reference run, shared).
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -79,3 +81,44 @@ def test_a_tf_docs_loop_stops_and_resumes_exactly(
     with np.load(reference) as want, np.load(tmp_path / "out.npz") as got:
         assert want.files == got.files
         assert all(np.array_equal(want[k], got[k]) for k in want.files)
+
+
+ARGUMENTS = """
+import json, os, sys
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import tensorflow as tf
+from preemptible.frontend import ConfigError
+from preemptible.tensorflow import PreemptionCheckpointHandler
+
+checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+config = tf.distribute.experimental.TerminationConfig(save_fn=lambda: None)
+said = []
+two = tf.distribute.cluster_resolver.SimpleClusterResolver(
+    tf.train.ClusterSpec({"worker": ["localhost:1", "localhost:2"]})
+)
+for args, kwargs in [
+    ((None, checkpoint), {}),
+    ((None, object(), "ckpt"), {}),
+    ((two, checkpoint, "ckpt"), {}),
+    ((None, checkpoint, "ckpt"), {"termination_config": config}),
+    ((None, checkpoint, "ckpt"), {"exit_code": 256}),
+]:
+    try:
+        PreemptionCheckpointHandler(*args, **kwargs).close()
+        said.append(None)
+    except ConfigError as exc:
+        said.append(str(exc))
+print(json.dumps(said))
+"""
+
+
+def test_bad_arguments_say_what_is_valid(tmp_path: Path, spawn) -> None:
+    child = spawn([sys.executable, "-c", ARGUMENTS], cwd=tmp_path)
+    assert child.wait(120) == 0, child.output
+    said = json.loads(child.lines[-1])
+    assert "checkpoint_dir is required with a tf.train.Checkpoint" in said[0]
+    assert "use a tf.train.Checkpoint or a tf.train.CheckpointManager" in said[1]
+    assert "runs on one worker for now" in said[2]
+    assert "termination_config.save_fn is not used by the TensorFlow" in said[3]
+    assert "exit_code=256 is not valid" in said[4]
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").glob("tf-*"))
