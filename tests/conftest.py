@@ -206,6 +206,7 @@ FRAMEWORK_FILES = frozenset(
         "test_transformers.py",
         "test_accelerate.py",
         "test_keras_stops.py",
+        "test_tf_handler.py",
         "test_distributed.py",
     }
 )

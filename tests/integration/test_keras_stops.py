@@ -209,3 +209,48 @@ def test_a_fit_stopped_on_one_machine_resumes_from_the_bucket_on_a_new_one(
     assert "resumed from " in second.output and f"keras-{step}.npz at step {step}" in second.output
     assert f"fit done it={TOTAL['array']}" in second.lines
     assert same_values(reference_out(reference_runs, "torch", "array"), two.cwd / "out.npz")
+
+
+# -- a model with state of its own: keras-io's GAN ---------------------------------------------
+
+
+def gan_args(d: Path, *extra: str) -> list[str]:
+    out = str(d / "out.npz")
+    return python_args("keras_gan.py", "--dir", str(d / "ckpt"), "--out", out, *extra)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_gan_with_its_own_optimizers_resumes_exactly(
+    backend: str, reference_runs: References, tmp_path: Path, spawn
+) -> None:
+    """keras-io's GAN keeps ``d_optimizer`` and ``g_optimizer`` on the model and overrides
+    ``train_step``. SIGTERM mid-epoch: the checkpoint holds both Adams (and not the default
+    optimizer ``compile()`` made and nothing steps); the resumed fit ends with every model and
+    optimizer variable equal to a fit never stopped."""
+    env = {"KERAS_BACKEND": backend}
+    reference_runs.start(gan_args(Path(DIR)), env)
+    first = spawn(gan_args(tmp_path, "--step-sleep", "0.05"), env=env)
+    first.wait_line(at_iteration(8), timeout=120)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 143, first.output
+    step = max(n for line in first.lines if (n := iterations(line)) is not None)
+    [name] = committed(tmp_path / "ckpt", "keras-*.npz")
+    assert name == f"keras-{step}.npz"
+    with np.load(tmp_path / "ckpt" / name, allow_pickle=False) as npz:
+        groups = {k.rpartition("/")[0] for k in npz.files if not k.startswith(("rng/", "meta"))}
+    assert groups == {"model", "metrics", "optimizer:d_optimizer", "optimizer:g_optimizer"}
+    second = spawn(gan_args(tmp_path), env=env)
+    assert second.wait(120) == 0, second.output
+    check_resumed(second, tmp_path, step)
+    assert "fit done it=18" in second.lines
+    reference = reference_runs.result(gan_args(Path(DIR)), env) / "out.npz"
+    assert same_values(reference, tmp_path / "out.npz")
+
+
+def test_a_model_holding_state_the_checkpoint_would_miss_is_refused(tmp_path: Path, spawn) -> None:
+    child = spawn(gan_args(tmp_path, "--hold-numpy-rng"), env={"KERAS_BACKEND": "torch"})
+    assert child.wait(120) != 0, child.output
+    assert "cannot resume this fit exactly: the model's attribute 'noise' is a numpy" in (
+        child.output
+    )
+    assert committed(tmp_path / "ckpt", "keras-*.npz") == []

@@ -15,7 +15,9 @@ python    run it (the venv's python, a tmp working directory) after ``setup=NAME
           validate, ...), ``lightning`` (a LightningModule model, train_loader, val_loader,
           an active MLflow run), ``transformers`` (``model``, ``args``, ``data``: a tiny
           GPT-2 and a few Trainer steps; python only), ``keras`` (``make_model()``, ``x``,
-          ``y``: a Keras model on the torch backend), ``bare`` (nothing). ``exit=N`` (default 0).
+          ``y``: a Keras model on the torch backend), ``tensorflow`` (``strategy``,
+          ``make_model()``, ``dataset``, ``TOTAL_STEPS``, ``log_step(step)``: a TensorFlow
+          custom loop's pieces), ``bare`` (nothing). ``exit=N`` (default 0).
 loop      a training loop: run it uninterrupted, and again with a SIGTERM once the setup
           printed step ``at=N`` (default 13); that run must exit with the setup's stop code
           (``exit=`` overrides) leaving a checkpoint, and the same program run once more must
@@ -48,8 +50,8 @@ skip:     ``<!-- readme-test: skip: REASON -->``.
 
 A page's blocks are a program of their own: ``group=`` joins blocks of one page only, and a
 traceback names the page and its line. Blocks that need a framework (``setup=lightning``,
-``setup=keras``, ``setup=transformers``, ``trainer``, ``torchrun``) are marked ``frameworks``
-by test_readme.py, so they run in that lane (tests/services/lanes.sh).
+``setup=keras``, ``setup=tensorflow``, ``setup=transformers``, ``trainer``, ``torchrun``) are
+marked ``frameworks`` by test_readme.py, so they run in that lane (tests/services/lanes.sh).
 
 Commands named by ``make run=`` and ``output of=`` start in the background when the module
 starts and their items run last, so the demo (a sweep: about a minute) overlaps the other items.
@@ -100,10 +102,15 @@ SETUPS = {
         checkpoint="ckpt/keras-*.npz",
         resumed="preemptible: resumed from ckpt/keras-{step}.npz at step {step}",
     ),
+    "tensorflow": Setup(
+        "tf_loop",
+        checkpoint="ckpt/tf-*",
+        resumed="preemptible: resumed from ckpt/tf-{step} at step {step}",
+    ),
     "transformers": Setup("transformers_trainer"),  # python only: a few Trainer steps
     "bare": Setup("bare"),  # nothing defined: for blocks that need no names
 }
-FRAMEWORK_SETUPS = frozenset({"lightning", "keras", "transformers"})
+FRAMEWORK_SETUPS = frozenset({"lightning", "keras", "tensorflow", "transformers"})
 FRAMEWORK_KINDS = frozenset({"trainer", "torchrun"})
 
 

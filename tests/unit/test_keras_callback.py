@@ -94,6 +94,59 @@ def test_keras_canary_an_epochs_order_is_drawn_after_on_epoch_begin() -> None:
     assert not np.array_equal(np.concatenate(firsts[:3]), X)  # shuffled
 
 
+def test_keras_canary_an_optimizer_keeps_the_variables_it_was_built_for() -> None:
+    # a resume builds a custom train_step's optimizer for the same variables, found by path
+    from preemptible.keras._state import built_for, custom_train_step
+
+    model = tiny()
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(model.trainable_variables[::-1])
+    assert [id(v) for v in built_for(optimizer)] == [id(v) for v in model.trainable_variables[::-1]]
+    assert not custom_train_step(model)
+
+
+def test_state_the_checkpoint_would_miss_is_refused_naming_it(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    model = tiny()
+    model.rng = np.random.default_rng(0)
+    cb = PreemptionCallback(tmp_path)
+    cb.set_model(model)
+    with pytest.raises(ConfigError, match=r"the model's attribute 'rng' is a numpy\.random"):
+        cb.on_train_begin()
+    del model.rng
+    cb = PreemptionCallback(tmp_path, state={"noise": np.random.default_rng(0)})
+    cb.set_model(model)
+    with pytest.raises(ConfigError, match=r"state='noise' is a numpy\.random.*takes Keras"):
+        cb.on_train_begin()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_objects_given_in_state_are_saved_and_restored(tmp_path: Path) -> None:
+    from preemptible.keras._state import (
+        Position,
+        capture_rng,
+        find_holdings,
+        read_checkpoint,
+        restore_variables,
+        write_checkpoint,
+    )
+
+    model = tiny()
+    scale, other = keras.Variable(2.0), keras.optimizers.SGD(0.1)
+    other.build(model.trainable_variables)
+    other.iterations.assign(3)
+    holdings = find_holdings(model, {"scale": scale, "other": other})
+    rng = capture_rng()
+    write_checkpoint(tmp_path / "c.npz", model, holdings, Position(3, 0, 3), rng, rng)
+    scale.assign(5.0)
+    other.iterations.assign(0)
+    checkpoint = read_checkpoint(tmp_path / "c.npz", model, holdings)
+    assert set(checkpoint.groups) == {"state:scale", "optimizer:other"}  # model.optimizer: unused
+    restore_variables(model, holdings, checkpoint)
+    assert float(keras.ops.convert_to_numpy(scale)) == 2.0
+    assert int(keras.ops.convert_to_numpy(other.iterations)) == 3
+
+
 def test_bad_arguments_say_what_is_valid(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"keep=0 is not valid; use an integer >= 1"):
         PreemptionCallback(tmp_path, keep=0)

@@ -47,8 +47,9 @@ LAYERS = {
     "transformers": 6,
     "accelerate": 6,
     "keras": 6,
+    "tensorflow": 6,
 }
-FRONT_ENDS = ("_handler", "lightning", "transformers", "accelerate", "keras")
+FRONT_ENDS = ("_handler", "lightning", "transformers", "accelerate", "keras", "tensorflow")
 
 
 def module_name(path: Path) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,13 @@ from ..frontend import (
 from ..trackers import Tracker
 from ._state import (
     Checkpoint,
+    Holdings,
     Position,
     Rng,
+    Unsaveable,
     capture_rng,
+    custom_train_step,
+    find_holdings,
     read_checkpoint,
     restore_metrics,
     restore_rng,
@@ -69,9 +73,11 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
     ``termination_config`` (default: the detected platform's), the current batch finishes,
     ``keras-<step>.npz`` is committed (weights, optimizer and metric variables, the states of
     the layers' ``SeedGenerator``s, the global random states of Python, NumPy and torch, the
-    epoch and the batch within it) and the process exits with 128 + signum (143 for a notice).
-    A second signal exits at once with code 1. A notice with time to spare commits an
-    insurance checkpoint and training goes on to the last batch the grace policy allows.
+    epoch and the batch within it; every other Keras optimizer the model holds in an attribute,
+    as a GAN's ``self.d_optimizer``, and the objects of ``state``) and the process exits with
+    128 + signum (143 for a notice). A second signal exits at once with code 1. A notice with
+    time to spare commits an insurance checkpoint and training goes on to the last batch the
+    grace policy allows.
     ``save_every_steps`` (batches, or "auto") or ``save_every_seconds``: periodic checkpoints
     (against a SIGKILL); the newest ``keep`` are kept. ``tracker``: uploads the final
     checkpoint and is finalized once, as for ``PreemptionCheckpointHandler``.
@@ -80,8 +86,12 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
     at the saved batch of the saved epoch: the batches before it in that epoch are drawn from
     the data (so that the shuffle is the same) but not trained on. The fit then ends with the
     same weights, bit for bit, as a fit never stopped (CPU; ``keras.utils.set_random_seed``
-    called before the model is built). ``checkpoint_dir`` None: the supervisor's
-    ``PREEMPTIBLE_CHECKPOINT_DIR``. Backends: torch and TensorFlow; ``steps_per_execution=1``.
+    called before the model is built). A fit whose model holds state the checkpoint would miss
+    (an attribute holding a NumPy or torch generator, a torch module, a TensorFlow variable)
+    is refused at its start, naming it. ``state``: more Keras objects to save and restore
+    (optimizers, layers, metrics, seed generators, variables), by name. ``checkpoint_dir``
+    None: the supervisor's ``PREEMPTIBLE_CHECKPOINT_DIR``. Backends: torch and TensorFlow;
+    ``steps_per_execution=1``.
     """
 
     def __init__(
@@ -94,8 +104,11 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
         save_every_steps: int | str | None = None,
         save_every_seconds: float | None = None,
         tracker: Tracker | None = None,
+        state: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.state = dict(state or {})
+        self._holdings = Holdings({}, {})
         self.termination_config = saving_config(
             termination_config,
             "the Keras PreemptionCallback (it saves the model, optimizer and random states itself)",
@@ -152,7 +165,15 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
             )
         if self._session is not None:  # a fit after one whose SystemExit was caught
             self._session.close()
-        if not model.optimizer.built:  # its slot variables exist from here: restorable
+        try:
+            self._holdings = find_holdings(model, self.state)
+        except Unsaveable as exc:
+            raise ConfigError(f"PreemptionCallback cannot resume this fit exactly: {exc}") from None
+        if not custom_train_step(model) and not model.optimizer.built:
+            # fit's own step applies it to the trainable variables: its slot variables exist
+            # from here, restorable. A custom train_step's optimizers (and the default one a
+            # GAN's compile() makes and never steps) are built by their first step, or by a
+            # resume for the variables they were saved for.
             model.optimizer.build(model.trainable_variables)
         self._step = self._epoch = self._batch = self._skip = self._ignore = 0
         self._resume = self._metrics = None
@@ -318,11 +339,14 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
         epoch_rng = self._epoch_rng
         batch_rng = moment.rng or capture_rng()
         position = Position(step, self._epoch, self._batch, finished=moment.finished)
-        write_checkpoint(tmp, self.model, position, epoch_rng or batch_rng, batch_rng)
+        write_checkpoint(
+            tmp, self.model, self._holdings, position, epoch_rng or batch_rng, batch_rng
+        )
 
     def _load(self, path: Path) -> int:
-        checkpoint = read_checkpoint(path, self.model)  # checked whole before anything is set
-        restore_variables(self.model, checkpoint)
+        # checked whole before anything is set
+        checkpoint = read_checkpoint(path, self.model, self._holdings)
+        restore_variables(self.model, self._holdings, checkpoint)
         self._resume = checkpoint
         self._step = checkpoint.position.step
         return checkpoint.position.step
