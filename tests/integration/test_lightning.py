@@ -249,7 +249,7 @@ def test_slurm_usr1_under_preemptible_run_checkpoints_with_the_default_signals(
     assert sup.wait(60) == 128 + signal.SIGUSR1, sup.output
     [a] = attempts(tmp_path)
     assert a["state"] == "PREEMPTED" and a["ending"] == "exit 0", a
-    assert "preemptible: SIGUSR1: saving" in sup.output
+    assert "preemptible: SIGUSR1 at step" in sup.output and ", then stopping" in sup.output
     assert re.search(r"stopped at step \d+ on \S+; .*; exiting with 0", sup.output)
     assert "later train-end hook ran" not in sup.output
     resumed = spawn(fit_args(tmp_path, "--resume"))
@@ -266,7 +266,7 @@ def test_usr2_and_hup_stop_a_fit_with_their_own_exit_codes(
     child.signal(sig)
     assert child.wait(60) == 128 + sig, child.output
     assert (tmp_path / "resume.ckpt").exists()
-    assert f"preemptible: {sig.name}: saving" in child.output
+    assert f"preemptible: {sig.name} at step" in child.output, child.output
 
 
 @pytest.mark.parametrize("tracker", ["local", "mlflow", "wandb"])
@@ -320,7 +320,7 @@ def _record(*args, **kwargs):
 
 logging.setLogRecordFactory(_record)
 """
-SAVE = re.compile(r"\[pid (\d+)\] preemptible: (?:rank \d: )?[\w-]+: saving \S+ at step (\d+)")
+SAVE = re.compile(r"\[pid (\d+)\] preemptible: (?:rank \d: )?[\w-]+ at step (\d+): saving \S+")
 EXIT = re.compile(
     r"\[pid (\d+)\] preemptible: (?:rank \d: )?stopped at step \d+ on \S+; .*; exiting with 0"
 )
