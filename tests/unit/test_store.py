@@ -22,7 +22,7 @@ from preemptible import (
     ConfigError,
 )
 from preemptible._files import host_tag
-from preemptible.checkpoint._store import FOREIGN_TEMP_MAX_AGE, LOCK_NAME, _reaper
+from preemptible.checkpoint._store import FOREIGN_TEMP_MAX_AGE, LOCK_NAME
 
 
 def write_text(text: str):
@@ -56,33 +56,6 @@ def test_keep_prunes_oldest_only_after_commit(tmp_path: Path) -> None:
 
     store.save(2, write_and_look)
     assert [c.step for c in store.committed()] == [2]
-
-
-def test_a_pruned_checkpoint_is_renamed_aside_at_once_and_deleted_in_the_background(
-    tmp_path: Path,
-) -> None:
-    """Freeing a large file's blocks is not the save's cost: the save renames the retired
-    checkpoint aside (no reader sees it) and a thread deletes it; the exit waits for that."""
-    store = CheckpointStore(tmp_path, keep=1)
-    store.save(1, write_text("one"))
-    (tmp_path / "step-0000000001.ckpt.dir").mkdir()  # not a checkpoint name: left alone
-    store.save(2, write_text("two"))
-    assert [c.step for c in store.committed()] == [2]
-    assert _reaper.wait(10)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "step-0000000001.ckpt.dir",
-        "step-0000000002.ckpt",
-    ]
-
-
-def test_a_retired_checkpoint_left_by_a_kill_is_removed_at_the_next_start(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path, keep=1)
-    store.save(3, write_text("three"))
-    left = tmp_path / ".retired-step-0000000002.ckpt.0123abcd"
-    left.mkdir()
-    (left / "model.pt").write_text("old")
-    assert left in store.clean_stale_temporaries()
-    assert [p.name for p in tmp_path.iterdir()] == ["step-0000000003.ckpt"]
 
 
 def test_failed_write_leaves_previous_and_no_temporary(tmp_path: Path) -> None:

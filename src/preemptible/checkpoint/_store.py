@@ -5,11 +5,7 @@ fsync every file and directory written, ``rename`` to the final name, then fsync
 directory so the rename itself is durable. A reader only ever considers final names
 (``step-<N>.ckpt``), so a kill at any moment leaves either the old set of checkpoints or the
 old set plus one complete new one, never a half-written "latest". Older checkpoints are
-pruned only after the new one is committed, so ``keep=1`` is safe as well. A pruned checkpoint
-is renamed aside (``.retired-<name>.<hex>``, no longer a checkpoint to any reader) and deleted
-by a background thread: freeing a large file's blocks is not the save's cost. The interpreter's
-exit waits for those deletions (up to ``REAP_AT_EXIT`` seconds); any left by a kill are
-removed with the stale temporaries at the next start.
+pruned only after the new one is committed, so ``keep=1`` is safe as well.
 
 A checkpoint is a regular file or a directory; the store does not care what is inside.
 Anything else under a checkpoint name (a FIFO, a socket, a dangling link) is not one: opening
@@ -22,7 +18,6 @@ carries the writer's host as well as its pid: a pid only says something on its o
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import fcntl
@@ -65,7 +60,6 @@ _TEMP = re.compile(r"^\.tmp-step-(\d+)\.ckpt\.(?:([A-Za-z0-9-]+)\.)?(\d+)\.[0-9a
 # checkpoint-500): the host has no dots, so the name is what comes before the last three parts
 _NAMED_TEMP = re.compile(r"^\.tmp-(.+)\.([A-Za-z0-9-]+)\.(\d+)\.[0-9a-f]{8}$")
 _OLD = re.compile(r"^\.old-(.+)\.[0-9a-f]+$")
-_RETIRED = re.compile(r"^\.retired-(.+)\.[0-9a-f]{8}$")
 
 LOCK_NAME = ".preemptible.lock"
 """The advisory lock file of ``CheckpointStore.lock()``; it never looks like a checkpoint."""
@@ -83,49 +77,6 @@ writer is gone (also allows for clock skew between hosts and the file server).""
 
 _locked_here: set[tuple[int, int]] = set()  # (st_dev, st_ino) of lock files this process holds
 _locked_here_guard = threading.Lock()
-
-
-REAP_AT_EXIT = 30.0
-"""Seconds the interpreter's exit waits for pruned checkpoints still being deleted."""
-
-
-class _Reaper:
-    """Deletes retired checkpoints in a daemon thread of its own, started at the first one."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: list[Path] = []
-        self._idle = threading.Condition(self._lock)
-        self._thread: threading.Thread | None = None
-
-    def remove(self, paths: list[Path]) -> None:
-        with self._lock:
-            self._pending.extend(paths)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="preemptible-prune", daemon=True
-                )
-                self._thread.start()
-                atexit.register(self.wait, REAP_AT_EXIT)
-            self._idle.notify_all()
-
-    def wait(self, timeout: float) -> bool:
-        """Until nothing is pending (True), or ``timeout`` seconds."""
-        with self._lock:
-            return self._idle.wait_for(lambda: not self._pending, timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                self._idle.wait_for(lambda: bool(self._pending))
-                path = self._pending[0]
-            remove_path(path)
-            with self._lock:
-                self._pending.pop(0)
-                self._idle.notify_all()
-
-
-_reaper = _Reaper()
 
 
 @dataclass(frozen=True)
@@ -414,23 +365,16 @@ class CheckpointStore:
                 )
             committed = [c for c in committed if c.step <= upto]
         kept = 0 if keep_path is None else 1
-        retired = []
         for ckpt in committed:
             if keep_path is not None and ckpt.path == keep_path:
                 continue
             if kept < self.keep:
                 kept += 1
                 continue
-            aside = ckpt.path.with_name(f".retired-{ckpt.path.name}.{os.urandom(4).hex()}")
             try:
-                os.rename(ckpt.path, aside)  # no longer a checkpoint: deleted in the background
-            except OSError as exc:  # best effort: gone already, or the directory is read-only
-                if ckpt.path.exists():
-                    logger.warning("preemptible: could not prune %s: %s", ckpt.path, exc)
-                continue
-            retired.append(aside)
-        if retired:
-            _reaper.remove(retired)
+                remove_path(ckpt.path)
+            except OSError as exc:  # pragma: no cover - best effort
+                logger.warning("preemptible: could not prune %s: %s", ckpt.path, exc)
 
     def clean_stale_temporaries(self) -> list[Path]:
         """Remove temporaries left by writers that no longer run (killed mid-save).
@@ -455,9 +399,6 @@ class CheckpointStore:
                 if stale:
                     remove_path(entry)
                     removed.append(entry)
-            elif _RETIRED.match(entry.name):  # pruned; its deletion cut short by a kill
-                remove_path(entry)
-                removed.append(entry)
             elif old := _OLD.match(entry.name):
                 final = self.directory / old.group(1)
                 if final.exists():
