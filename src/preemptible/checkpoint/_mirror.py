@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._files import host_tag, pid_alive, remove_path, write_text_atomic
+from .._run import current_run
 from ._buckets import first_line
 from ._location import Location
 from ._remote import Remote, RemoteCheckpoints
@@ -349,14 +350,25 @@ def flush_all(deadline: float | None = None, *, final: bool = False) -> bool:
 
 def upload_deadline(requests: StopRequests) -> float:
     """How long a stop waits for its upload (a ``time.monotonic()`` value): until the notice's
-    deadline less ``EXIT_MARGIN`` when it has one (a platform's notice, a grace period), else
-    ``EXIT_FLUSH_SECONDS`` (a plain signal: nothing says the machine goes away soon)."""
+    deadline less ``EXIT_MARGIN`` when it has one (a platform's notice, a grace period). A
+    plain signal has none, but under a supervisor it is (or comes with) a stop the supervisor
+    passed on, and the supervisor SIGKILLs the attempt's group its term timeout later
+    (``current_run().kill_after``): the wait ends ``EXIT_MARGIN`` before that, counted from
+    the first stop signal's receipt, so that the process says which checkpoint reached the
+    bucket and exits by itself. Otherwise (no supervisor, or a stop by no signal, which no
+    SIGKILL follows) ``EXIT_FLUSH_SECONDS``."""
     timed = [n for n in requests.stopping if n.deadline is not None]
     if timed or requests.grace_period is not None:
         wall = requests.deadline()
         if wall is not None:
             return time.monotonic() + (wall - time.time()) - EXIT_MARGIN
-    return time.monotonic() + EXIT_FLUSH_SECONDS
+    longest = time.monotonic() + EXIT_FLUSH_SECONDS
+    signalled = [n for n in requests.stopping if n.signum is not None]
+    kill_after = current_run().kill_after
+    if not signalled or kill_after is None:
+        return longest
+    killed_at = signalled[0].received_at + kill_after  # wall clock
+    return min(longest, time.monotonic() + (killed_at - time.time()) - EXIT_MARGIN)
 
 
 def _flush_at_exit() -> None:

@@ -368,6 +368,7 @@ class Supervisor:
             nested=self.parent is not None,
             journal=self.paths.journal,
             resumes=self.resumes,
+            kill_after=self.term_timeout()[0],
         )
 
     def _supervise(self, number: int, group: ProcessGroup, first: int) -> tuple[float, bool]:
