@@ -19,7 +19,19 @@ def test_a_notice_with_a_deadline_bounds_the_upload_wait() -> None:
     assert 30 - EXIT_MARGIN - 1 < left <= 30 - EXIT_MARGIN
 
 
-def test_a_grace_period_bounds_it_too() -> None:
+def test_a_supervisor_s_kill_before_the_deadline_bounds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PREEMPTIBLE_GRACE_PERIOD=10: the supervisor escalates 2 s before it (kill_after 8)."""
+    monkeypatch.setenv("PREEMPTIBLE_KILL_AFTER", "8")
+    requests = StopRequests(grace_period=10)
+    requests.add(Notice(source="SIGTERM", signum=15))
+    left = upload_deadline(requests) - time.monotonic()
+    assert 8 - EXIT_MARGIN - 1 < left <= 8 - EXIT_MARGIN
+
+
+def test_a_grace_period_bounds_it_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PREEMPTIBLE_KILL_AFTER", raising=False)
     requests = StopRequests(grace_period=10)
     requests.add(Notice(source="SIGTERM", signum=15))
     left = upload_deadline(requests) - time.monotonic()
