@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -48,6 +49,9 @@ class RunInfo:
     # PREEMPTIBLE_CHECKPOINT_DIR when it is a URL (s3://, gs://, az://, as given): checkpoints
     # live in a bucket, which no local path names
     checkpoint_url: str | None = None
+    # PREEMPTIBLE_KILL_AFTER: seconds from a stop the supervisor passes on to its SIGKILL of the
+    # attempt's group (its term timeout); what a stop without a deadline of its own can count on
+    kill_after: float | None = None
 
     @property
     def supervised(self) -> bool:
@@ -76,7 +80,18 @@ def current_run() -> RunInfo:
         resume_from=_path_env("PREEMPTIBLE_RESUME_FROM"),
         checkpoint_dir_default=env_str("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT") == "1",
         checkpoint_url=url,
+        kill_after=_seconds_env("PREEMPTIBLE_KILL_AFTER"),
     )
+
+
+def _seconds_env(name: str) -> float | None:
+    """A positive finite number of seconds, or None (unset or not one: the supervisor writes
+    it, so anything else is not from a supervisor and is ignored rather than refused)."""
+    try:
+        value = float(env_str(name) or "nan")
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:

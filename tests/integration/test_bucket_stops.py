@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from preemptible import PreemptionCheckpointHandler, TerminationConfig
-from tests.conftest import PY
+from tests.conftest import PY, attempts, supervise
 from tests.support.buckets import Bucket, S3Server
 from tests.support.env import CLEAN
+from tests.support.faults import fault_proxy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -125,3 +126,48 @@ def test_a_run_that_ends_uploads_its_last_checkpoint_at_the_exit(
     assert [k for k in objects if k.startswith("manifests/")] == [
         "manifests/step-0000000001.ckpt/0000000001.json"
     ], done.stderr
+
+
+TERM_TIMEOUT = 8.0  # preemptible run --term-timeout: the supervisor's SIGKILL of the job then
+
+
+def test_a_plain_sigterm_under_run_ends_the_upload_wait_before_the_supervisor_s_kill(
+    s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """``preemptible run --term-timeout 8`` on a bucket, a plain SIGTERM (no deadline of its
+    own) while the bucket stalls: the job knows the supervisor's kill comes 8 s after the stop
+    (``PREEMPTIBLE_KILL_AFTER``), so its wait for the stop's upload ends before it: one line
+    names the newest checkpoint in the bucket, the job exits 143 by itself (the attempt is not
+    killed), the run is PREEMPTED, and the supervisor is gone within the term timeout. It used
+    to wait up to 600 s and be SIGKILLed at 8 s without a word."""
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        sup = supervise(
+            spawn,
+            tmp_path,
+            "--term-timeout",
+            f"{TERM_TIMEOUT:g}",
+            "--checkpoint-dir",
+            s3_bucket.url,
+            "--",
+            PY,
+            "-c",
+            PROGRAM,
+            env={**CLEAN, "AWS_ENDPOINT_URL": proxy.endpoint, "CKPT_URL": s3_bucket.url},
+        )
+        sup.wait_line(lambda line: line == "step 3", timeout=60)  # step 0 is in the bucket
+        proxy.stall.set()  # from now on every request hangs
+        sent = time.monotonic()
+        sup.signal(signal.SIGTERM)
+        rc = sup.wait(30)
+        took = time.monotonic() - sent
+    assert rc == 143, sup.output
+    assert took < TERM_TIMEOUT, f"{took:.2f} s\n{sup.output}"
+    said = [line for line in sup.lines if "did not finish in time" in line]
+    assert len(said) == 1, sup.output
+    assert s3_bucket.url in said[0] and said[0].endswith("in the bucket is step-0000000000.ckpt")
+    [a] = attempts(tmp_path)
+    assert (a["state"], a["ending"], a.get("killed")) == ("PREEMPTED", "exit 143", None), a
+    [record] = (tmp_path / ".preemptible" / "runs").glob("*/attempt-1/record.json")
+    assert json.loads(record.read_text())["remote_checkpoint"] == (
+        f"{s3_bucket.url}/step-0000000000.ckpt"
+    )

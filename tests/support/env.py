@@ -33,6 +33,7 @@ PLATFORM_VARS = (
     "PREEMPTIBLE_CONTAINMENT",
     # what a supervisor tells the process it runs
     "PREEMPTIBLE_RUN_DIR",
+    "PREEMPTIBLE_KILL_AFTER",
 )
 
 # for a child's environment, over os.environ: {**os.environ, **CLEAN, ...}, or Child(env=CLEAN)

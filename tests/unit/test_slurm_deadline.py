@@ -14,6 +14,7 @@ import pytest
 
 from preemptible import ConfigError
 from preemptible.supervisor import _slurm, term_timeout
+from preemptible.supervisor._deadlines import kill_after
 from tests.conftest import wait_for
 from tests.support.slurm import FakeScontrol, slurm_time
 
@@ -163,9 +164,21 @@ def test_hung_scontrol_is_killed_with_its_group_and_not_asked_again(
     assert fake.calls == ["show config"]
 
 
+def test_an_attempt_is_told_the_shortest_kill_slurm_can_bring(fake: FakeScontrol) -> None:
+    """At an attempt's start SLURM is not ending the job (the default 60 s), but a scancel
+    later makes the escalation KillWait - 2 s: the attempt counts on that."""
+    fake.answer(kill_wait=30, state="RUNNING", end=time.time() + 86400)
+    assert (term_timeout()[0], kill_after()) == (60.0, 28.0)
+    assert kill_after(8.0) == 8.0  # an explicit --term-timeout is the supervisor's word
+    # near the time limit: a --signal warning's stop may get 126 s, a scancel's only 28 s
+    fake.answer(kill_wait=30, state="RUNNING", end=time.time() + 100)
+    assert kill_after() == 28.0
+
+
 def test_outside_slurm_nothing_is_asked(fake: FakeScontrol, monkeypatch) -> None:
     monkeypatch.delenv("SLURM_JOB_ID")
     assert term_timeout() == (60.0, "the default; set --term-timeout")
+    assert kill_after() == 60.0
     assert fake.calls == []
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._files import host_tag, pid_alive, remove_path, write_text_atomic
+from .._run import current_run
 from ._buckets import first_line
 from ._location import Location
 from ._remote import Remote, RemoteCheckpoints
@@ -348,15 +349,29 @@ def flush_all(deadline: float | None = None, *, final: bool = False) -> bool:
 
 
 def upload_deadline(requests: StopRequests) -> float:
-    """How long a stop waits for its upload (a ``time.monotonic()`` value): until the notice's
-    deadline less ``EXIT_MARGIN`` when it has one (a platform's notice, a grace period), else
-    ``EXIT_FLUSH_SECONDS`` (a plain signal: nothing says the machine goes away soon)."""
+    """How long a stop waits for its upload (a ``time.monotonic()`` value): at most
+    ``EXIT_FLUSH_SECONDS``, and ``EXIT_MARGIN`` before the first of
+
+    - the notice's deadline when it has one (a platform's notice, a grace period);
+    - under a supervisor, its SIGKILL of the attempt's group, ``current_run().kill_after``
+      after the first stop signal's receipt: the supervisor passes a signal on and escalates
+      by its term timeout, whether the stop has a deadline of its own (which may be later) or
+      none (a plain SIGTERM). A stop by no signal (a stop file) has no kill coming.
+
+    So the process says which checkpoint reached the bucket and exits by itself."""
+    now = time.monotonic()
+    ends = [now + EXIT_FLUSH_SECONDS]
     timed = [n for n in requests.stopping if n.deadline is not None]
     if timed or requests.grace_period is not None:
         wall = requests.deadline()
         if wall is not None:
-            return time.monotonic() + (wall - time.time()) - EXIT_MARGIN
-    return time.monotonic() + EXIT_FLUSH_SECONDS
+            ends.append(now + (wall - time.time()) - EXIT_MARGIN)
+    signalled = [n for n in requests.stopping if n.signum is not None]
+    kill_after = current_run().kill_after
+    if signalled and kill_after is not None:
+        killed_at = signalled[0].received_at + kill_after  # wall clock
+        ends.append(now + (killed_at - time.time()) - EXIT_MARGIN)
+    return min(ends)
 
 
 def _flush_at_exit() -> None:

@@ -3,9 +3,12 @@
 The environment each attempt starts with: who it is (``PREEMPTIBLE_RUN_ID``,
 ``PREEMPTIBLE_ATTEMPT``, ``PREEMPTIBLE_RUN_DIR``), where it saves and whether that directory
 was chosen for it (``PREEMPTIBLE_CHECKPOINT_DIR``, ``..._DEFAULT``), where it resumes from
-(``PREEMPTIBLE_RESUME_FROM``) and how long the exits of earlier attempts took
-(``PREEMPTIBLE_EXIT_SECONDS``). And, when a nested run ends, the record its last attempt
-passes up to the attempt of its parent run (``PASSED_UP``).
+(``PREEMPTIBLE_RESUME_FROM``), how long the exits of earlier attempts took
+(``PREEMPTIBLE_EXIT_SECONDS``) and how long it has from a stop passed on to it to the SIGKILL
+of its group (``PREEMPTIBLE_KILL_AFTER``: the term timeout, so that a stop with no deadline of
+its own, a plain SIGTERM, still ends its wait for an upload before that kill). And, when a
+nested run ends, the record its last attempt passes up to the attempt of its parent run
+(``PASSED_UP``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def attempt_environment(
     nested: bool,
     journal: Path,
     resumes: Resumes,
+    kill_after: float,
 ) -> dict[str, str]:
     """The environment attempt ``number`` of run ``run_id`` starts with: this process's,
     plus what the attempt is told (see the module docstring)."""
@@ -71,6 +75,10 @@ def attempt_environment(
         env["PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT"] = "1"
     else:
         env.pop("PREEMPTIBLE_CHECKPOINT_DIR_DEFAULT", None)
+    # nested: the outer supervisor's SIGKILL reaches this attempt's processes too
+    if outer.kill_after is not None:
+        kill_after = min(kill_after, outer.kill_after)
+    env["PREEMPTIBLE_KILL_AFTER"] = f"{kill_after:.3f}"
     env.pop("PREEMPTIBLE_RESUME_FROM", None)
     env.update(config.extra_env)
     exits = measured_exits(journal)

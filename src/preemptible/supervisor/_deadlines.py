@@ -1,9 +1,11 @@
 """When a supervisor escalates: the term timeout from the first stop signal to SIGKILL (from
-``--term-timeout``, SLURM's KillWait, PREEMPTIBLE_GRACE_PERIOD or Kubernetes' grace), and
-what is due to an attempt's group when (``Escalation``)."""
+``--term-timeout``, SLURM's KillWait, PREEMPTIBLE_GRACE_PERIOD or Kubernetes' grace), what is
+due to an attempt's group when (``Escalation``), and what an attempt is told of it when it
+starts (``kill_after``)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
@@ -11,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._env import env_str
-from .._errors import ConfigError
+from .._errors import ConfigError, SlurmError
 from ..notices import KUBERNETES_DEFAULT_GRACE as KUBERNETES_GRACE
 from ..notices import grace_period_from_env
 from ..stop._signals import signal_name
@@ -143,3 +145,17 @@ def term_timeout(explicit: float | None = None) -> tuple[float, str]:
             "terminationGracePeriodSeconds",
         )
     return DEFAULT_TERM_TIMEOUT, "the default; set --term-timeout"
+
+
+def kill_after(explicit: float | None = None) -> float:
+    """What an attempt starting now is told of the term timeout (``PREEMPTIBLE_KILL_AFTER``):
+    the seconds it can count on between a stop passed on to it and the SIGKILL, for the waits
+    of a stop with no deadline of its own (an upload's). The term timeout is decided at the
+    stop, and under SLURM (nothing explicit) it may then be shorter than now, SLURM's KillWait
+    less the margin once SLURM ends the job: the attempt is told the shorter, as a wait that
+    ends a little early costs less than a job killed in the middle of it."""
+    seconds, _source = term_timeout(explicit)
+    if explicit is None and _slurm.job_id() is not None:
+        with contextlib.suppress(SlurmError):  # term_timeout warned; its answer stands
+            seconds = min(seconds, _slurm.before_kill(_slurm.kill_wait()))
+    return seconds

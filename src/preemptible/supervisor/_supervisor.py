@@ -59,7 +59,7 @@ from ._attempt_env import attempt_environment, tell_parent
 from ._cgroup import Containment, cgroup_name, choose, remove_stale
 from ._classify import Ending, classify, exit_code_for
 from ._config import SupervisorConfig
-from ._deadlines import Escalation, escalate, term_timeout
+from ._deadlines import Escalation, escalate, kill_after, term_timeout
 from ._earlier import stop_earlier_attempts
 from ._forwarding import Forwarder
 from ._journal import Attempt, Received, exit_seconds
@@ -368,6 +368,7 @@ class Supervisor:
             nested=self.parent is not None,
             journal=self.paths.journal,
             resumes=self.resumes,
+            kill_after=kill_after(self.config.term_timeout),
         )
 
     def _supervise(self, number: int, group: ProcessGroup, first: int) -> tuple[float, bool]:
