@@ -30,7 +30,6 @@ from ._state import (
     Holdings,
     Position,
     Rng,
-    Unsaveable,
     capture_rng,
     custom_train_step,
     find_holdings,
@@ -165,10 +164,7 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
             )
         if self._session is not None:  # a fit after one whose SystemExit was caught
             self._session.close()
-        try:
-            self._holdings = find_holdings(model, self.state)
-        except Unsaveable as exc:
-            raise ConfigError(f"PreemptionCallback cannot resume this fit exactly: {exc}") from None
+        self._holdings = find_holdings(model, self.state)  # ConfigError: state it cannot save
         if not custom_train_step(model) and not model.optimizer.built:
             # fit's own step applies it to the trainable variables: its slot variables exist
             # from here, restorable. A custom train_step's optimizers (and the default one a

@@ -33,6 +33,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from ..frontend import ConfigError
+
 FORMAT = "preemptible-keras/1"
 
 
@@ -84,8 +86,9 @@ class Holdings:
     others: dict[str, list[Any]]
 
 
-class Unsaveable(ValueError):
+def _refused(why: str) -> ConfigError:
     """The model holds state a Keras checkpoint cannot hold: the resume would not be exact."""
+    return ConfigError(f"PreemptionCallback cannot resume this fit exactly: {why}")
 
 
 def custom_train_step(model: Any) -> bool:
@@ -94,7 +97,7 @@ def custom_train_step(model: Any) -> bool:
 
 def find_holdings(model: Any, state: Mapping[str, Any] | None) -> Holdings:
     """Every optimizer the fit may step (``model.optimizer``, those in the model's attributes,
-    those of ``state``) and the variables of ``state``'s other objects. Raise ``Unsaveable``
+    those of ``state``) and the variables of ``state``'s other objects. Raise ``ConfigError``
     naming an attribute whose state would be lost (a NumPy or torch generator, a torch module
     or optimizer, a TensorFlow variable or generator outside Keras)."""
     optimizers: dict[str, Any] = {}
@@ -104,7 +107,7 @@ def find_holdings(model: Any, state: Mapping[str, Any] | None) -> Holdings:
         if id(optimizer) in names:
             return
         if name in optimizers:
-            raise Unsaveable(f"two optimizers are named {name!r}: give state= another name")
+            raise _refused(f"two optimizers are named {name!r}: give state= another name")
         names[id(optimizer)] = name
         optimizers[name] = optimizer
 
@@ -114,7 +117,7 @@ def find_holdings(model: Any, state: Mapping[str, Any] | None) -> Holdings:
         if isinstance(value, keras.optimizers.Optimizer):
             add(f"optimizer:{where}", value)
         elif (kind := _unsaveable(value)) is not None:
-            raise Unsaveable(
+            raise _refused(
                 f"the model's attribute {where!r} is a {kind}: its state would not be saved and "
                 "the resume would not be exact; keep it in Keras objects (keras.Variable, "
                 "keras.random.SeedGenerator, a Keras optimizer or layer), or give them in state="
@@ -122,7 +125,7 @@ def find_holdings(model: Any, state: Mapping[str, Any] | None) -> Holdings:
     others: dict[str, list[Any]] = {}
     for name, obj in (state or {}).items():
         if not isinstance(name, str) or not name or "/" in name:
-            raise Unsaveable(f"state= names must be non-empty strings without '/', not {name!r}")
+            raise _refused(f"state= names must be non-empty strings without '/', not {name!r}")
         if isinstance(obj, keras.optimizers.Optimizer):
             add(f"optimizer:{name}", obj)
         elif isinstance(obj, keras.Variable):
@@ -132,7 +135,7 @@ def find_holdings(model: Any, state: Mapping[str, Any] | None) -> Holdings:
         elif isinstance(obj, (keras.layers.Layer, keras.metrics.Metric)):
             others[f"state:{name}"] = list(obj.variables)
         else:
-            raise Unsaveable(
+            raise _refused(
                 f"state={name!r} is a {_kind(obj)}; state= takes Keras optimizers, layers, "
                 "models, metrics, seed generators and variables"
             )
