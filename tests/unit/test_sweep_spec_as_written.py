@@ -42,6 +42,23 @@ def write(tmp_path: Path, text: str, name: str = "sweep.yaml") -> Path:
     return path
 
 
+DB = "sqlite:s.db"
+
+
+def sweep_create(where: Path) -> subprocess.CompletedProcess[str]:
+    """``preemptible sweep create sweep.yaml`` in ``where``, with none of the test's own
+    PREEMPTIBLE_ variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREEMPTIBLE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "preemptible", "sweep", "create", "sweep.yaml", "--db", DB],
+        cwd=where,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+
+
 def test_a_number_yaml_1_1_reads_as_text_is_the_number_with_a_warning_naming_key_and_line(
     tmp_path: Path,
 ) -> None:
@@ -156,24 +173,7 @@ def test_every_problem_of_a_file_is_reported_at_once_and_the_cli_exits_2(tmp_pat
         "controller"
     )
     assert "'log_uniform_value' is not valid; valid: constant, categorical" in lines[2]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREEMPTIBLE_")}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "preemptible",
-            "sweep",
-            "create",
-            "sweep.yaml",
-            "--db",
-            "sqlite:s.db",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=50,
-    )
+    out = sweep_create(tmp_path)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert lines[0].startswith("preemptible: sweep.yaml: run_caps: not a sweep key"), out.stderr
@@ -183,24 +183,7 @@ def test_every_problem_of_a_file_is_reported_at_once_and_the_cli_exits_2(tmp_pat
 
 def test_sweep_create_shows_the_warnings_and_creates_the_sweep(tmp_path: Path) -> None:
     write(tmp_path, EXPONENTS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREEMPTIBLE_")}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "preemptible",
-            "sweep",
-            "create",
-            "sweep.yaml",
-            "--db",
-            "sqlite:s.db",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=50,
-    )
+    out = sweep_create(tmp_path)
     assert out.returncode == 0, out.stderr
     assert (
         "preemptible: sweep.yaml: warning: parameters.lr.min: line 9: 1e-6 is text to YAML 1.1"
