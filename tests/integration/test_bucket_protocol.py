@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from preemptible import CheckpointStore
 from preemptible.checkpoint import _remote
 from tests.support.azure_blob import AnyBucket
-from tests.support.buckets import Bucket
+from tests.support.buckets import Bucket, manifests, save_and_flush
 from tests.support.faults import fault_proxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,21 +28,12 @@ def store_on(
     return CheckpointStore(bucket.url, **kw)
 
 
-def save(store: CheckpointStore, step: int, data: bytes) -> bool:
-    store.save(step, lambda tmp: tmp.write_bytes(data))
-    return store.flush(time.monotonic() + 60)
-
-
-def manifests(bucket: Bucket) -> dict[str, dict[str, object]]:
-    return {k: json.loads(v) for k, v in bucket.objects().items() if k.startswith("manifests/")}
-
-
 def test_files_without_a_manifest_are_never_read(
     bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     writer = store_on(bucket, monkeypatch, tmp_path, "a")
     assert writer.lock()
-    assert save(writer, 2, b"two")
+    assert save_and_flush(writer, 2, b"two")
     writer.unlock()
     # an upload that never got its manifest (its writer killed), newer than the committed one
     bucket.put("uploads/9-00aa/step-0000000009.ckpt", b"half of nine")
@@ -70,7 +60,7 @@ def test_two_writers_cannot_commit_the_same_name(
 ) -> None:
     writer = store_on(bucket, monkeypatch, tmp_path, "a")
     assert writer.lock()
-    assert save(writer, 1, b"one")
+    assert save_and_flush(writer, 1, b"one")
     # another writer commits step 5, generation 1, right after this one looked for the
     # generations of step 5 (the listing is taken as it was before that commit, the race)
     other = {**next(iter(manifests(bucket).values())), "name": "step-0000000005.ckpt"}
@@ -82,7 +72,7 @@ def test_two_writers_cannot_commit_the_same_name(
         remote, "_list", lambda prefix: [] if "step-0000000005" in prefix else listing(prefix)
     )
     with caplog.at_level(logging.WARNING, logger="preemptible"):
-        assert not save(writer, 5, b"five")
+        assert not save_and_flush(writer, 5, b"five")
     assert "another writer committed step-0000000005.ckpt generation 1 first" in caplog.text
     kept = manifests(bucket)["manifests/step-0000000005.ckpt/0000000001.json"]
     assert kept == other  # the create-only put did not replace it
@@ -93,11 +83,11 @@ def test_a_writer_replaced_by_a_takeover_cannot_commit_after_it(
 ) -> None:
     old = store_on(bucket, monkeypatch, tmp_path, "old")
     assert old.lock()
-    assert save(old, 1, b"old one")
+    assert save_and_flush(old, 1, b"old one")
     new = store_on(bucket, monkeypatch, tmp_path, "new")  # resumed elsewhere
     assert new.lock()  # the takeover
     with caplog.at_level(logging.ERROR, logger="preemptible"):
-        assert not save(old, 2, b"old two")
+        assert not save_and_flush(old, 2, b"old two")
     assert "another writer took over" in caplog.text
     assert not any("step-0000000002" in k for k in manifests(bucket))
     # the old writer's manifest written in the gap after its last look at writer.json (the
@@ -105,9 +95,9 @@ def test_a_writer_replaced_by_a_takeover_cannot_commit_after_it(
     assert old.mirror is not None
     old.mirror.remote.fenced = False
     monkeypatch.setattr(old.mirror.remote, "_check_fence", lambda: None)
-    assert save(old, 3, b"old three")
+    assert save_and_flush(old, 3, b"old three")
     assert any("step-0000000003" in k for k in manifests(bucket))
-    assert save(new, 3, b"new three")  # the same name: the next generation
+    assert save_and_flush(new, 3, b"new three")  # the same name: the next generation
     reader = store_on(bucket, monkeypatch, tmp_path, "reader")
     newest = reader.latest()
     assert newest is not None and newest.step == 3 and newest.path.read_bytes() == b"new three"
@@ -120,9 +110,9 @@ def test_retention_removes_the_manifest_before_the_files(
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         store = store_on(s3_bucket, monkeypatch, tmp_path, "a", keep=1)
         assert store.lock()
-        assert save(store, 1, b"one")
+        assert save_and_flush(store, 1, b"one")
         upload = next(iter(manifests(s3_bucket).values()))["upload"]
-        assert save(store, 2, b"two")
+        assert save_and_flush(store, 2, b"two")
         requests = list(proxy.requests)
     deletes = [r for r in requests if r.startswith("DELETE") or r.startswith("POST")]
     gone_manifest = next(i for i, r in enumerate(deletes) if "manifests/step-0000000001.ckpt" in r)
@@ -138,8 +128,8 @@ def test_a_checkpoint_that_does_not_verify_is_quarantined_not_deleted(
 ) -> None:
     writer = store_on(bucket, monkeypatch, tmp_path, "a")
     assert writer.lock()
-    assert save(writer, 1, b"good one")
-    assert save(writer, 2, b"good two")
+    assert save_and_flush(writer, 1, b"good one")
+    assert save_and_flush(writer, 2, b"good two")
     writer.unlock()
     body = manifests(bucket)["manifests/step-0000000002.ckpt/0000000001.json"]
     damaged = f"uploads/{body['upload']}/step-0000000002.ckpt"
