@@ -83,6 +83,11 @@ def training_function(args: argparse.Namespace) -> None:
         accelerator.print(f"epoch {epoch}: error {torch.cat(errors).mean().item():.6f}")
     if accelerator.is_main_process and args.weights:
         torch.save(accelerator.unwrap_model(model).state_dict(), args.weights)
+    # Rank 0 writes the weights while rank 1 would already tear its process group down; with
+    # gloo (torch 2.13) a process that destroys its group while its peer is still busy aborts
+    # ("terminate called without an active exception") in about one run of four. accelerate's
+    # example has no main-only write here, so it needs no barrier; this copy does.
+    accelerator.wait_for_everyone()
     accelerator.end_training()
 
 
