@@ -55,9 +55,10 @@ def test_a_metric_flood_neither_starves_the_lease_nor_delays_the_record(
     assert attempts[0].ended_at is not None
     to_record = attempts[0].ended_at - ended
     # quiet, the copy has caught up during the 6 s hold and this is under a second; with CI's
-    # three lanes on two cores the copy runs at a fraction of its rate (3.7 s seen): the bound
-    # says "soon", against the minutes a final copy with no renewals took before
-    assert to_record < 10.0, f"recorded {to_record:.1f} s after the end\n{agent.output}"
+    # three lanes on two cores the copy runs at a fraction of its rate (3.7 s seen, 17.9 s once
+    # with four more test processes on the two cores): the bound says "soon", against the
+    # minutes a final copy with no renewals took before
+    assert to_record < 30.0, f"recorded {to_record:.1f} s after the end\n{agent.output}"
 
 
 def count_points(path: Path) -> int:
