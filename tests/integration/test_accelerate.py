@@ -73,8 +73,17 @@ def resume_exactly(spawn, out: Path, step: int, reference_runs: References) -> N
     assert same_weights(reference_runs.result(REFERENCE, ENV) / "w.pt", out / "w.pt"), again.output
 
 
-def test_sigterm_to_the_launcher_under_preemptible_run_exits_143_and_resumes_exactly(
-    reference_runs: References, tmp_path: Path, spawn
+@pytest.mark.parametrize(
+    ("sig", "group"),
+    [
+        (signal.SIGTERM, False),  # a platform's stop, to the supervisor
+        (signal.SIGINT, True),  # Ctrl+C: the terminal signals the whole foreground group
+        (signal.SIGUSR1, False),  # sbatch --signal USR1@T, to the batch step's supervisor
+    ],
+    ids=["SIGTERM", "SIGINT-group", "SIGUSR1"],
+)
+def test_a_stop_signal_to_the_launcher_under_preemptible_run_exits_128_plus_it_and_resumes_exactly(
+    sig: signal.Signals, group: bool, reference_runs: References, tmp_path: Path, spawn
 ) -> None:
     reference_runs.start(REFERENCE, ENV)
     out = tmp_path / "out"
@@ -82,8 +91,11 @@ def test_sigterm_to_the_launcher_under_preemptible_run_exits_143_and_resumes_exa
         spawn, tmp_path, "--max-preemptions", "0", "--", *job(out, "--sleep", "0.1"), env=ENV
     )
     sup.wait_line(at_step(0, 8), timeout=150)  # the middle of the second epoch
-    sup.signal(signal.SIGTERM)  # as a platform sends it: the supervisor signals the job's group
-    assert sup.wait(90) == 143, sup.output
+    if group:
+        sup.signal_group(sig)
+    else:
+        sup.signal(sig)  # the supervisor passes it on to the job's group
+    assert sup.wait(90) == 128 + sig, sup.output
     [first] = attempts(tmp_path)
     assert first["state"] == "PREEMPTED", first
     steps = stopped_steps(sup)
