@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SCRIPTS, Child, attempts, supervise
+from tests.support.buckets import Bucket
 from tests.support.checkpoints import committed, same_weights, temporaries
+from tests.support.machines import Machine
 from tests.support.reference import DIR, PORT, References, free_port
 
 pytest.importorskip("accelerate")
@@ -134,3 +136,43 @@ def test_sigkill_with_periodic_saves_then_sigterm_to_one_process_each_resume_exa
     assert newest + 3 <= steps[0] < STEPS, second.output
     assert committed(out, "checkpoint-*")[-1] == f"checkpoint-{steps[0]}"
     resume_exactly(spawn, out, steps[0], reference_runs)
+
+
+def test_a_bucket_under_preemptible_run_resumes_on_a_new_machine_exactly(
+    reference_runs: References, s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """``preemptible run --checkpoint-dir s3://...`` and ``PreemptibleLoop(accelerator)`` (the
+    supervisor's URL). SIGTERM: both processes commit checkpoint-N in the machine's staging and
+    it is in the bucket before they exit. On a new machine (the first one's disks gone) the two
+    processes, which share that machine's staging, bring it back once, resume from it and end
+    exactly as the reference."""
+    reference_runs.start(REFERENCE, ENV)
+    url = f"{s3_bucket.url}/acc"
+
+    def run_on(machine: Machine, *extra: str) -> Child:
+        weights = str(machine.cwd / "w.pt")
+        command = launch(str(free_port()), "--output_dir", "", "--weights", weights, *extra)
+        args = ("--max-preemptions", "0", "--checkpoint-dir", url, "--", *command)
+        return supervise(spawn, machine.cwd, *args, env={**ENV, **machine.env})
+
+    one, two = Machine(tmp_path / "one"), Machine(tmp_path / "two")
+    first = run_on(one, "--sleep", "0.1")
+    first.wait_line(at_step(0, 8), timeout=150)
+    first.signal(signal.SIGTERM)
+    assert first.wait(90) == 143, first.output
+    steps = stopped_steps(first)
+    assert len(steps) == 2 and steps[0] == steps[1], first.output
+    step = steps[0]
+    uploaded = [k for k in s3_bucket.objects() if k.startswith("acc/manifests/")]
+    assert [k.split("/")[2] for k in uploaded] == [f"checkpoint-{step}"], uploaded
+    one.gone()
+
+    second = run_on(two)
+    assert second.wait(180) == 0, second.output
+    assert second.output.count(f"brought checkpoint-{step} back from {url}") == 1, second.output
+    resumed = re.findall(rf"resumed from (\S+)/checkpoint-{step} at step {step}", second.output)
+    assert len(resumed) == 2 and resumed[0].startswith(str(two.root)), second.output
+    [a] = attempts(two.cwd)
+    assert a["state"] == "FINISHED", a
+    reference = reference_runs.result(REFERENCE, ENV) / "w.pt"
+    assert same_weights(reference, two.cwd / "w.pt"), second.output
