@@ -75,36 +75,60 @@ def resume_exactly(spawn, out: Path, step: int, reference_runs: References) -> N
     assert same_weights(reference_runs.result(REFERENCE, ENV) / "w.pt", out / "w.pt"), again.output
 
 
-@pytest.mark.parametrize(
-    ("sig", "group"),
-    [
-        (signal.SIGTERM, False),  # a platform's stop, to the supervisor
-        (signal.SIGINT, True),  # Ctrl+C: the terminal signals the whole foreground group
-        (signal.SIGUSR1, False),  # sbatch --signal USR1@T, to the batch step's supervisor
-    ],
-    ids=["SIGTERM", "SIGINT-group", "SIGUSR1"],
-)
-def test_a_stop_signal_to_the_launcher_under_preemptible_run_exits_128_plus_it_and_resumes_exactly(
-    sig: signal.Signals, group: bool, reference_runs: References, tmp_path: Path, spawn
-) -> None:
-    reference_runs.start(REFERENCE, ENV)
-    out = tmp_path / "out"
+def newest_checkpoint(out: Path) -> str:
+    """The highest-numbered committed ``checkpoint-N`` (by its number, not its name)."""
+    return max(committed(out, "checkpoint-*"), key=lambda name: int(name.split("-")[1]))
+
+
+def stop_under_preemptible_run(  # type: ignore[no-untyped-def]
+    spawn, tmp_path: Path, out: Path, sig: signal.Signals, at: int, *, group: bool = False
+) -> int:
+    """Run the job under ``preemptible run``, send ``sig`` once rank 0 is at step ``at``: both
+    processes stop at one step with its checkpoint, and the supervisor exits 128 + ``sig``.
+    ``group``: to the supervisor's whole process group, as a terminal's Ctrl+C; else to the
+    supervisor alone, as a platform or ``sbatch --signal`` sends it. The step they stopped at."""
+    home = tmp_path / sig.name  # the run's record (a run id of its own: the port differs)
+    home.mkdir()
     sup = supervise(
-        spawn, tmp_path, "--max-preemptions", "0", "--", *job(out, "--sleep", "0.1"), env=ENV
+        spawn, home, "--max-preemptions", "0", "--", *job(out, "--sleep", "0.1"), env=ENV
     )
-    sup.wait_line(at_step(0, 8), timeout=150)  # the middle of the second epoch
+    sup.wait_line(at_step(0, at), timeout=150)
     if group:
         sup.signal_group(sig)
     else:
         sup.signal(sig)  # the supervisor passes it on to the job's group
     assert sup.wait(90) == 128 + sig, sup.output
-    [first] = attempts(tmp_path)
-    assert first["state"] == "PREEMPTED", first
+    [attempt] = attempts(home)
+    assert attempt["state"] == "PREEMPTED", sup.output
     steps = stopped_steps(sup)
     assert len(steps) == 2 and steps[0] == steps[1], sup.output
-    assert committed(out, "checkpoint-*") == [f"checkpoint-{steps[0]}"]
+    assert newest_checkpoint(out) == f"checkpoint-{steps[0]}"
     assert temporaries(out) == []
-    resume_exactly(spawn, out, steps[0], reference_runs)
+    return steps[0]
+
+
+def test_sigterm_to_the_launcher_under_preemptible_run_exits_143_and_resumes_exactly(
+    reference_runs: References, tmp_path: Path, spawn
+) -> None:
+    reference_runs.start(REFERENCE, ENV)
+    out = tmp_path / "out"
+    step = stop_under_preemptible_run(spawn, tmp_path, out, signal.SIGTERM, 8)  # mid-epoch 2
+    assert committed(out, "checkpoint-*") == [f"checkpoint-{step}"]
+    resume_exactly(spawn, out, step, reference_runs)
+
+
+def test_ctrl_c_then_sigusr1_under_preemptible_run_exit_130_then_138_and_resume_exactly(
+    reference_runs: References, tmp_path: Path, spawn
+) -> None:
+    """One run through both: Ctrl+C (SIGINT to the foreground group) in the first epoch,
+    then, resumed, SIGUSR1 (``sbatch --signal``) in the second; torch's elastic agent passes
+    USR1 on only because the supervisor tells it to. The last run ends as the reference."""
+    reference_runs.start(REFERENCE, ENV)
+    out = tmp_path / "out"
+    first = stop_under_preemptible_run(spawn, tmp_path, out, signal.SIGINT, 3, group=True)
+    second = stop_under_preemptible_run(spawn, tmp_path, out, signal.SIGUSR1, first + 4)
+    assert first < second < STEPS, (first, second)
+    resume_exactly(spawn, out, second, reference_runs)
 
 
 def test_sigkill_with_periodic_saves_then_sigterm_to_one_process_each_resume_exactly(
@@ -134,7 +158,7 @@ def test_sigkill_with_periodic_saves_then_sigterm_to_one_process_each_resume_exa
     steps = stopped_steps(second)
     assert len(steps) == 2 and steps[0] == steps[1], second.output
     assert newest + 3 <= steps[0] < STEPS, second.output
-    assert committed(out, "checkpoint-*")[-1] == f"checkpoint-{steps[0]}"
+    assert newest_checkpoint(out) == f"checkpoint-{steps[0]}"
     resume_exactly(spawn, out, steps[0], reference_runs)
 
 
