@@ -8,13 +8,13 @@ was chosen for it (``PREEMPTIBLE_CHECKPOINT_DIR``, ``..._DEFAULT``), where it re
 of its group (``PREEMPTIBLE_KILL_AFTER``: the term timeout, so that a stop with no deadline of
 its own, a plain SIGTERM, still ends its wait for an upload before that kill). Which
 signals torch's elastic agent (``torchrun``, ``accelerate launch --multi_gpu``) passes on to
-its workers (``PET_SIGNALS_TO_HANDLE``, torchrun's ``--signals-to-handle``, and
-``TORCHELASTIC_SIGNALS_TO_HANDLE``, which torch read before it had that option; unless the
-job's environment names either): every stop signal the supervisor passes on. The agent starts
-each worker in a session of its own, so the supervisor's signal to the job's group reaches the
-agent alone; by default the agent passes on TERM, INT, HUP and QUIT, and a USR1
-(``sbatch --signal``) or USR2 killed it, and with it the store its workers agree through,
-before they could save. And, when a nested run ends, the record its last attempt passes up to
+its workers (``PET_SIGNALS_TO_HANDLE``, the environment's value of torchrun's
+``--signals-to-handle``, unless the job's environment sets it): every stop signal the
+supervisor passes on. The agent starts each worker in a session of its own, so the
+supervisor's signal to the job's group reaches the agent alone; by default the agent passes on
+TERM, INT, HUP and QUIT, and a USR1 (``sbatch --signal``) or USR2 killed it, and with it the
+store its workers agree through, before they could save. A torch without that option ignores
+the variable. And, when a nested run ends, the record its last attempt passes up to
 the attempt of its parent run (``PASSED_UP``).
 """
 
@@ -92,8 +92,7 @@ def attempt_environment(
     if outer.kill_after is not None:
         kill_after = min(kill_after, outer.kill_after)
     env["PREEMPTIBLE_KILL_AFTER"] = f"{kill_after:.3f}"
-    if not {"PET_SIGNALS_TO_HANDLE", "TORCHELASTIC_SIGNALS_TO_HANDLE"} & env.keys():
-        env["PET_SIGNALS_TO_HANDLE"] = env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ELASTIC_SIGNALS
+    env.setdefault("PET_SIGNALS_TO_HANDLE", ELASTIC_SIGNALS)
     env.pop("PREEMPTIBLE_RESUME_FROM", None)
     env.update(config.extra_env)
     exits = measured_exits(journal)
