@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SCRIPTS, Child, attempts, supervise
+from tests.support.buckets import Bucket
 from tests.support.checkpoints import committed, same_weights, temporaries
+from tests.support.machines import Machine
 from tests.support.reference import DIR, PORT, References, free_port
 
 pytest.importorskip("accelerate")
@@ -73,24 +75,60 @@ def resume_exactly(spawn, out: Path, step: int, reference_runs: References) -> N
     assert same_weights(reference_runs.result(REFERENCE, ENV) / "w.pt", out / "w.pt"), again.output
 
 
+def newest_checkpoint(out: Path) -> str:
+    """The highest-numbered committed ``checkpoint-N`` (by its number, not its name)."""
+    return max(committed(out, "checkpoint-*"), key=lambda name: int(name.split("-")[1]))
+
+
+def stop_under_preemptible_run(  # type: ignore[no-untyped-def]
+    spawn, tmp_path: Path, out: Path, sig: signal.Signals, at: int, *, group: bool = False
+) -> int:
+    """Run the job under ``preemptible run``, send ``sig`` once rank 0 is at step ``at``: both
+    processes stop at one step with its checkpoint, and the supervisor exits 128 + ``sig``.
+    ``group``: to the supervisor's whole process group, as a terminal's Ctrl+C; else to the
+    supervisor alone, as a platform or ``sbatch --signal`` sends it. The step they stopped at."""
+    home = tmp_path / sig.name  # the run's record (a run id of its own: the port differs)
+    home.mkdir()
+    sup = supervise(
+        spawn, home, "--max-preemptions", "0", "--", *job(out, "--sleep", "0.1"), env=ENV
+    )
+    sup.wait_line(at_step(0, at), timeout=150)
+    if group:
+        sup.signal_group(sig)
+    else:
+        sup.signal(sig)  # the supervisor passes it on to the job's group
+    assert sup.wait(90) == 128 + sig, sup.output
+    [attempt] = attempts(home)
+    assert attempt["state"] == "PREEMPTED", sup.output
+    steps = stopped_steps(sup)
+    assert len(steps) == 2 and steps[0] == steps[1], sup.output
+    assert newest_checkpoint(out) == f"checkpoint-{steps[0]}"
+    assert temporaries(out) == []
+    return steps[0]
+
+
 def test_sigterm_to_the_launcher_under_preemptible_run_exits_143_and_resumes_exactly(
     reference_runs: References, tmp_path: Path, spawn
 ) -> None:
     reference_runs.start(REFERENCE, ENV)
     out = tmp_path / "out"
-    sup = supervise(
-        spawn, tmp_path, "--max-preemptions", "0", "--", *job(out, "--sleep", "0.1"), env=ENV
-    )
-    sup.wait_line(at_step(0, 8), timeout=150)  # the middle of the second epoch
-    sup.signal(signal.SIGTERM)  # as a platform sends it: the supervisor signals the job's group
-    assert sup.wait(90) == 143, sup.output
-    [first] = attempts(tmp_path)
-    assert first["state"] == "PREEMPTED", first
-    steps = stopped_steps(sup)
-    assert len(steps) == 2 and steps[0] == steps[1], sup.output
-    assert committed(out, "checkpoint-*") == [f"checkpoint-{steps[0]}"]
-    assert temporaries(out) == []
-    resume_exactly(spawn, out, steps[0], reference_runs)
+    step = stop_under_preemptible_run(spawn, tmp_path, out, signal.SIGTERM, 8)  # mid-epoch 2
+    assert committed(out, "checkpoint-*") == [f"checkpoint-{step}"]
+    resume_exactly(spawn, out, step, reference_runs)
+
+
+def test_ctrl_c_then_sigusr1_under_preemptible_run_exit_130_then_138_and_resume_exactly(
+    reference_runs: References, tmp_path: Path, spawn
+) -> None:
+    """One run through both: Ctrl+C (SIGINT to the foreground group) in the first epoch,
+    then, resumed, SIGUSR1 (``sbatch --signal``) in the second; torch's elastic agent passes
+    USR1 on only because the supervisor tells it to. The last run ends as the reference."""
+    reference_runs.start(REFERENCE, ENV)
+    out = tmp_path / "out"
+    first = stop_under_preemptible_run(spawn, tmp_path, out, signal.SIGINT, 3, group=True)
+    second = stop_under_preemptible_run(spawn, tmp_path, out, signal.SIGUSR1, first + 4)
+    assert first < second < STEPS, (first, second)
+    resume_exactly(spawn, out, second, reference_runs)
 
 
 def test_sigkill_with_periodic_saves_then_sigterm_to_one_process_each_resume_exactly(
@@ -120,5 +158,45 @@ def test_sigkill_with_periodic_saves_then_sigterm_to_one_process_each_resume_exa
     steps = stopped_steps(second)
     assert len(steps) == 2 and steps[0] == steps[1], second.output
     assert newest + 3 <= steps[0] < STEPS, second.output
-    assert committed(out, "checkpoint-*")[-1] == f"checkpoint-{steps[0]}"
+    assert newest_checkpoint(out) == f"checkpoint-{steps[0]}"
     resume_exactly(spawn, out, steps[0], reference_runs)
+
+
+def test_a_bucket_under_preemptible_run_resumes_on_a_new_machine_exactly(
+    reference_runs: References, s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """``preemptible run --checkpoint-dir s3://...`` and ``PreemptibleLoop(accelerator)`` (the
+    supervisor's URL). SIGTERM: both processes commit checkpoint-N in the machine's staging and
+    it is in the bucket before they exit. On a new machine (the first one's disks gone) the two
+    processes, which share that machine's staging, bring it back once, resume from it and end
+    exactly as the reference."""
+    reference_runs.start(REFERENCE, ENV)
+    url = f"{s3_bucket.url}/acc"
+
+    def run_on(machine: Machine, *extra: str) -> Child:
+        weights = str(machine.cwd / "w.pt")
+        command = launch(str(free_port()), "--output_dir", "", "--weights", weights, *extra)
+        args = ("--max-preemptions", "0", "--checkpoint-dir", url, "--", *command)
+        return supervise(spawn, machine.cwd, *args, env={**ENV, **machine.env})
+
+    one, two = Machine(tmp_path / "one"), Machine(tmp_path / "two")
+    first = run_on(one, "--sleep", "0.1")
+    first.wait_line(at_step(0, 8), timeout=150)
+    first.signal(signal.SIGTERM)
+    assert first.wait(90) == 143, first.output
+    steps = stopped_steps(first)
+    assert len(steps) == 2 and steps[0] == steps[1], first.output
+    step = steps[0]
+    uploaded = [k for k in s3_bucket.objects() if k.startswith("acc/manifests/")]
+    assert [k.split("/")[2] for k in uploaded] == [f"checkpoint-{step}"], uploaded
+    one.gone()
+
+    second = run_on(two)
+    assert second.wait(180) == 0, second.output
+    assert second.output.count(f"brought checkpoint-{step} back from {url}") == 1, second.output
+    resumed = re.findall(rf"resumed from (\S+)/checkpoint-{step} at step {step}", second.output)
+    assert len(resumed) == 2 and resumed[0].startswith(str(two.root)), second.output
+    [a] = attempts(two.cwd)
+    assert a["state"] == "FINISHED", a
+    reference = reference_runs.result(REFERENCE, ENV) / "w.pt"
+    assert same_weights(reference, two.cwd / "w.pt"), second.output

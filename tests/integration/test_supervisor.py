@@ -547,3 +547,24 @@ def test_a_run_in_a_bucket_stopped_on_one_machine_resumes_on_a_new_one(
     assert listed.wait(30) == 0, listed.output
     [row] = json.loads(listed.output)
     assert row["state"] == "FINISHED" and row["checkpoint"].startswith(f"{url}/step-"), row
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("own", "seen"),
+    [
+        ({}, ["SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"]),
+        ({"PET_SIGNALS_TO_HANDLE": "SIGTERM"}, ["SIGTERM"]),  # the job's own is kept
+    ],
+    ids=["told", "own"],
+)
+def test_torchs_elastic_agent_is_told_to_pass_every_stop_signal_on(
+    own: dict[str, str], seen: list[str], tmp_path: Path, spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun's workers run in sessions of their own, out of reach of the signal the
+    supervisor sends the job's group: the agent passes on what it is told (USR1 too)."""
+    prints = "import os; print(os.environ.get('PET_SIGNALS_TO_HANDLE', '-'), flush=True)"
+    monkeypatch.delenv("PET_SIGNALS_TO_HANDLE", raising=False)
+    sup = supervise(spawn, tmp_path, "--", PY, "-c", prints, env=own)
+    assert sup.wait(30) == 0, sup.output
+    assert [line for line in sup.lines if line.startswith(("SIG", "-"))] == seen, sup.output

@@ -97,9 +97,9 @@ def test_signal_at_a_random_step_commits_and_resumes_exactly(
 ) -> None:
     reference.start()
     out = tmp_path / "out"
-    # at most STEPS - 2: the step under way (at or at + 1) is never the last one, where the
-    # stop's checkpoint is the finished run's (a rerun then trains nothing and runs none of the
-    # code after train(): test_a_rerun_of_a_finished_run_trains_nothing_and_keeps_its_results)
+    # at most STEPS - 2: the step under way (at or at + 1) is never the last one, where a stop
+    # has nothing left to stop and the run finishes instead (exit 0, no resume to compare:
+    # test_a_stop_at_the_last_step_lets_train_return_and_the_run_finish)
     at = random.Random(f"{sig}{extra}").randint(1, STEPS - 2)
     child = spawn(hf_args(out, "--sleep", "0.05", *extra))
     child.wait_line(step_line(at), timeout=120)
@@ -331,6 +331,25 @@ def test_a_rerun_of_a_finished_run_trains_nothing_and_keeps_its_results(
     assert f"{out / f'checkpoint-{STEPS}'} is of a finished run" in again.output
     assert checkpoints(out) == [f"checkpoint-{STEPS}"] and temporaries(out) == []
     assert (out / "train_results.json").read_bytes() == results
+
+
+def test_a_stop_at_the_last_step_lets_train_return_and_the_run_finish(
+    reference: Reference, tmp_path: Path, spawn
+) -> None:
+    """SIGTERM during the run's last step, under ``preemptible run``: nothing is left to stop.
+    The last step is committed, train() returns, the code after it runs (the results, the
+    weights), the process exits 0 and the run is FINISHED."""
+    reference.start()
+    out = tmp_path / "out"
+    job = hf_args(out, "--signal-at", str(STEPS), "--results", "--weights", str(out / "w.pt"))
+    sup = supervise(spawn, tmp_path, "--max-preemptions", "0", "--", *job)
+    assert sup.wait(180) == 0, sup.output
+    assert f"SIGTERM came at step {STEPS}, the run's last" in sup.output
+    assert "done" in sup.lines and (out / "train_results.json").is_file(), sup.output
+    [a] = attempts(tmp_path)
+    assert (a["state"], a["exit_code"]) == ("FINISHED", 0), a
+    assert checkpoints(out) == [f"checkpoint-{STEPS}"] and temporaries(out) == []
+    assert same_weights(reference.weights(), out / "w.pt")
 
 
 def test_a_run_stopped_on_one_machine_resumes_from_the_bucket_on_a_new_one(

@@ -52,8 +52,8 @@ def training_function(args: argparse.Namespace) -> None:
     else:
         from preemptible.accelerate import PreemptibleLoop
 
-        loop = PreemptibleLoop(
-            accelerator, args.output_dir, save_every_steps=args.checkpointing_steps
+        loop = PreemptibleLoop(  # --output_dir "": the supervisor's (PREEMPTIBLE_CHECKPOINT_DIR)
+            accelerator, args.output_dir or None, save_every_steps=args.checkpointing_steps
         )
         epochs = loop.epochs(args.epochs)
     step = 0

@@ -5,6 +5,10 @@ saves the final weights with ``--weights``.
     hf_train.py OUT [--steps N] [--save-steps N] [--workers N] [--sleep S] [--resume]
                     [--weights FILE] [--no-callback] [--jit] [--return] [--limit N]
                     [--slow-at N] [--report mlflow|wandb] [--results] [--mirror URL]
+                    [--signal-at N]
+
+``--signal-at N``: the process sends itself SIGTERM as step N begins, a signal that lands
+during step N whatever the machine's load.
 
 ``--results``: after train(), what ``run_clm.py`` does: ``save_metrics("train", ...)``
 (``OUT/train_results.json``).
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -46,10 +51,13 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 class Steps(TrainerCallback):
     """``step N`` on stdout at each step's end; ``--sleep`` seconds at each step's start."""
 
-    def __init__(self, sleep: float) -> None:
+    def __init__(self, sleep: float, signal_at: int) -> None:
         self.sleep = sleep
+        self.signal_at = signal_at
 
     def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        if state.global_step + 1 == self.signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
         if self.sleep:
             time.sleep(self.sleep)
 
@@ -97,6 +105,7 @@ def main() -> int:
     p.add_argument("--return", dest="returns", action="store_true")
     p.add_argument("--results", action="store_true")
     p.add_argument("--mirror", default=None, help="a bucket's URL the checkpoints go to too")
+    p.add_argument("--signal-at", type=int, default=-1)
     a = p.parse_args()
 
     config = GPT2Config(
@@ -128,7 +137,7 @@ def main() -> int:
         use_cpu=True,
         enable_jit_checkpoint=a.jit,
     )
-    callbacks: list[TrainerCallback] = [Steps(a.sleep)]
+    callbacks: list[TrainerCallback] = [Steps(a.sleep, a.signal_at)]
     preemption = None
     if not a.no_callback:
         from preemptible.transformers import PreemptionCallback

@@ -124,7 +124,9 @@ class PreemptibleLoop:
 
     Create it after ``accelerator.prepare`` (and ``register_for_checkpointing``): it resumes
     at once from the newest committed ``checkpoint-N`` in ``checkpoint_dir`` (None: the
-    supervisor's ``PREEMPTIBLE_CHECKPOINT_DIR``). ``epochs`` starts at the resumed epoch,
+    supervisor's ``PREEMPTIBLE_CHECKPOINT_DIR``; a bucket's URL: committed in the machine's
+    staging directory and uploaded, the newest brought back on a new machine; the processes
+    of one machine share it). ``epochs`` starts at the resumed epoch,
     ``batches`` at the resumed batch (``accelerator.skip_first_batches``). On the first signal
     of ``signals`` or a notice, every process finishes its step, the checkpoint is committed
     and the processes exit 128 + signum (143 for a notice; ``exit_code``: a fixed code).

@@ -23,6 +23,8 @@ a start knows that staging has the bucket's newest already, or something newer.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -31,12 +33,12 @@ import shutil
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._files import host_tag, pid_alive, remove_path, write_text_atomic
+from .._files import host_tag, open_in_place, pid_alive, remove_path, write_text_atomic
 from .._run import current_run
 from ._buckets import first_line
 from ._location import Location
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("preemptible")
 
 STATE_NAME = ".preemptible-mirror.json"
+RESTORE_LOCK = ".preemptible-restore.lock"
 SNAPSHOT_PREFIX = ".upload-"
 
 EXIT_FLUSH_SECONDS = 600.0
@@ -78,6 +81,28 @@ _mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
 _exit_registered = False
 _exit_flushed = False
 _registry_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_restore_at_a_time(staging: Path) -> Iterator[None]:
+    """Hold ``RESTORE_LOCK`` in staging while bringing checkpoints back. The processes of one
+    machine share its staging directory (``accelerate launch``'s or torchrun's, one store
+    each): the first brings the bucket's newest back and the others, waiting here, find it
+    there. Without it every process downloaded it, and each later commit of the same name
+    moved the copy before it aside, possibly while another process was loading it. Where the
+    file cannot be made or locked, each process restores on its own, as without it."""
+    try:
+        fd = open_in_place(staging / RESTORE_LOCK, os.O_RDWR | os.O_CREAT)
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released when the fd closes
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 class Mirror:
@@ -127,6 +152,10 @@ class Mirror:
         if not remotes:
             return []
         self.newest_remote = remotes[0].name
+        with _one_restore_at_a_time(self.staging):
+            return self._restore(remotes, store)
+
+    def _restore(self, remotes: list[Remote], store: Staging) -> list[Path]:
         families: dict[str, list[Remote]] = {}
         for remote in remotes:  # newest first, so is each family's list
             families.setdefault(_family(remote.name)[0], []).append(remote)

@@ -6,9 +6,16 @@ was chosen for it (``PREEMPTIBLE_CHECKPOINT_DIR``, ``..._DEFAULT``), where it re
 (``PREEMPTIBLE_RESUME_FROM``), how long the exits of earlier attempts took
 (``PREEMPTIBLE_EXIT_SECONDS``) and how long it has from a stop passed on to it to the SIGKILL
 of its group (``PREEMPTIBLE_KILL_AFTER``: the term timeout, so that a stop with no deadline of
-its own, a plain SIGTERM, still ends its wait for an upload before that kill). And, when a
-nested run ends, the record its last attempt passes up to the attempt of its parent run
-(``PASSED_UP``).
+its own, a plain SIGTERM, still ends its wait for an upload before that kill). Which
+signals torch's elastic agent (``torchrun``, ``accelerate launch --multi_gpu``) passes on to
+its workers (``PET_SIGNALS_TO_HANDLE``, the environment's value of torchrun's
+``--signals-to-handle``, unless the job's environment sets it): every stop signal the
+supervisor passes on. The agent starts each worker in a session of its own, so the
+supervisor's signal to the job's group reaches the agent alone; by default the agent passes on
+TERM, INT, HUP and QUIT, and a USR1 (``sbatch --signal``) or USR2 killed it, and with it the
+store its workers agree through, before they could save. A torch without that option ignores
+the variable. And, when a nested run ends, the record its last attempt passes up to
+the attempt of its parent run (``PASSED_UP``).
 """
 
 from __future__ import annotations
@@ -22,11 +29,17 @@ from .._errors import PreemptibleError
 from .._files import write_text_atomic
 from .._paths import RECORD_NAME
 from .._run import current_run, read_record
+from ..stop._signals import STOP_SIGNALS
 from ..stop._termination import EXIT_SECONDS_ENV
 from ._config import SupervisorConfig
 from ._journal import measured_exits
 from ._resume import Resumes
 from ._runfiles import RunFiles
+
+# torch's default (SIGTERM,SIGINT,SIGHUP,SIGQUIT) and every stop signal a supervisor passes on
+ELASTIC_SIGNALS = ",".join(
+    dict.fromkeys(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", *(s.name for s in STOP_SIGNALS)])
+)
 
 # what a nested run passes up from its last attempt's record to its parent's attempt
 PASSED_UP = (
@@ -79,6 +92,7 @@ def attempt_environment(
     if outer.kill_after is not None:
         kill_after = min(kill_after, outer.kill_after)
     env["PREEMPTIBLE_KILL_AFTER"] = f"{kill_after:.3f}"
+    env.setdefault("PET_SIGNALS_TO_HANDLE", ELASTIC_SIGNALS)
     env.pop("PREEMPTIBLE_RESUME_FROM", None)
     env.update(config.extra_env)
     exits = measured_exits(journal)

@@ -18,6 +18,12 @@ the Trainer wrote once it is complete:
 - ``on_epoch_end`` (the training loop was left): the stop is finished by the session: record,
   trackers, exit code, exit.
 
+A stop decided at the run's last step (``max_steps``) has nothing left to stop: the Trainer
+ends there anyway. It is not acted on as a stop: the last step is saved (the Trainer's save of
+it, asked for when its ``save_strategy`` does not), ``train()`` returns, the run finishes and
+the program's code after ``train()`` runs. Acted on as a stop, its checkpoint would be the
+finished run's, and the rerun, which must not train past it, would exit before that code.
+
 The RNG states in the checkpoint are the Trainer's own, taken at the end of the step, which is
 why ``trainer.train(resume_from_checkpoint=...)`` then continues bit for bit.
 
@@ -179,6 +185,7 @@ class PreemptionCallback(TrainerCallback):
         self._staged: _Staged | None = None
         self._stopping = False
         self._stop_on_save = False
+        self._ending = False  # a stop came at the last step: training ends as it would
         self._auto_tracker = False
         self._warned_unstaged = False
 
@@ -209,7 +216,7 @@ class PreemptionCallback(TrainerCallback):
             tracker=tracker if state.is_world_process_zero else None,
             exit_code=self.fixed_code,
         )
-        self._stopping = self._stop_on_save = False
+        self._stopping = self._stop_on_save = self._ending = False
         self.stopped = self.exit_code = None
         session.start()
         session.begin()
@@ -272,6 +279,9 @@ class PreemptionCallback(TrainerCallback):
 
     def _ask(self, decision: Decision, state: Any, control: Any) -> bool:
         """Ask the Trainer for what the session decided; True for a stop."""
+        if decision is Decision.STOP and _last_step(state):
+            self._end_instead(state, control)
+            return False
         if decision is Decision.STOP:
             self._stopping = True
             control.should_save = control.should_training_stop = True
@@ -282,6 +292,23 @@ class PreemptionCallback(TrainerCallback):
                 "preemptible: insurance checkpoint at step %d; training goes on", state.global_step
             )
         return False
+
+    def _end_instead(self, state: Any, control: Any) -> None:
+        """A stop decided at the run's last step: training ends as it would have (see the
+        module docstring), with the last step saved."""
+        if self._ending:
+            return
+        self._ending = True
+        session = self.session
+        assert session is not None
+        control.should_save = control.should_save or not session.saved_here
+        first = session.sequence.agreed or session.controller.requests.first_stop()
+        logger.warning(
+            "preemptible: %s came at step %d, the run's last: nothing is left to stop; "
+            "training ends as it would, and the code after train() runs",
+            first.source if first is not None else "the stop",
+            state.global_step,
+        )
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         session = self.session
@@ -294,6 +321,11 @@ class PreemptionCallback(TrainerCallback):
             self._stopping = False
             session.stop(step=state.global_step)  # record, trackers, exit
             control.should_training_stop = True  # exit=False: train() returns
+            return
+        if self._ending:
+            if session.saved_here:  # no second save of the last step
+                control.should_save = False
+            self._stage_if_saving(args, state, control)
             return
         # a stop that came after the epoch's last step: the Trainer's epoch-end save is it
         if self._ask(session.decide(step=state.global_step), state, control):
@@ -332,8 +364,14 @@ class PreemptionCallback(TrainerCallback):
                 best_model_checkpoint=state.best_model_checkpoint,
                 use_mtime=False,
             )
-        if not self._stopping and session.decide(step=state.global_step) is Decision.STOP:
-            self._stop_on_save = True  # it came during this save, which is the stop's then
+        if (
+            not (self._stopping or self._ending)
+            and session.decide(step=state.global_step) is Decision.STOP
+        ):
+            if _last_step(state):
+                self._end_instead(state, control)  # this save is the last step's
+            else:
+                self._stop_on_save = True  # it came during this save, which is the stop's then
         if self._stop_on_save:  # nothing of training is left to finish first
             self._stop_on_save = self._stopping = False
             control.should_save = control.should_evaluate = False
@@ -389,6 +427,11 @@ class PreemptionCallback(TrainerCallback):
         if session is not None:
             first = session.controller.requests.first_stop()
             self.stopped = first
+
+
+def _last_step(state: Any) -> bool:
+    """Whether the step just trained is the run's last (``max_steps``)."""
+    return bool(state.max_steps) and state.global_step >= state.max_steps
 
 
 def _same_dir(a: Path, b: str) -> bool:
