@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import Child, python_args, wait_for
 from tests.support.buckets import Bucket
-from tests.support.checkpoints import committed, temporaries
+from tests.support.checkpoints import committed, same_values, temporaries
 from tests.support.machines import Machine
 from tests.support.metadata import MetadataServer
 from tests.support.reference import DIR, References
@@ -59,11 +59,6 @@ def keras_fit_args(d: Path, data: str, *extra: str, ckpt: str | None = None) -> 
         *("--dir", where, "--out", str(d / "out.npz"), "--data", data),
         *("--epochs", EPOCHS[data], *extra),
     )
-
-
-def same_values(a: Path, b: Path) -> bool:
-    with np.load(a, allow_pickle=False) as wa, np.load(b, allow_pickle=False) as wb:
-        return wa.files == wb.files and all(np.array_equal(wa[k], wb[k]) for k in wa.files)
 
 
 def iterations(line: str) -> int | None:

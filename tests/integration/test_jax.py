@@ -1,0 +1,125 @@
+"""JAX loops stopped by real signals: ``tests/scripts/flax_train.py`` (a Flax NNX loop shaped like
+Flax's MNIST tutorial, dropout drawing from the model's ``nnx.Rngs``, Orbax checkpoints through
+``preemptible.jax.PreemptibleLoop``) in its own process.
+
+A stopped run must exit with the documented code and leave a committed ``checkpoint-N`` (Orbax's
+``state/`` and the data position); the same command run again must resume at the next batch and
+end with every array of the model and the optimizer (the dropout's PRNG key among them) equal,
+bit for bit, to a run never stopped. One uninterrupted run is shared by the tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Child, python_args, wait_for
+from tests.support.checkpoints import committed, same_values, temporaries
+from tests.support.reference import DIR, References
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        importlib.util.find_spec("flax") is None or importlib.util.find_spec("orbax") is None,
+        reason="the jax extra (jax, flax, orbax-checkpoint) is not installed",
+    ),
+]
+
+STEP = re.compile(r"^step (\d+) loss ")
+TOTAL = 18  # 3 epochs of 6 batches
+
+
+def train_args(d: Path, *extra: str) -> list[str]:
+    return python_args(
+        "flax_train.py", "--dir", str(d / "ckpt"), "--out", str(d / "out.npz"), *extra
+    )
+
+
+def reference(references: References) -> Path:
+    return references.result(train_args(Path(DIR))) / "out.npz"
+
+
+def steps(child: Child) -> list[int]:
+    return [int(m.group(1)) for line in child.lines if (m := STEP.match(line))]
+
+
+def at_step(n: int) -> Callable[[str], bool]:
+    return lambda line: (m := STEP.match(line)) is not None and int(m.group(1)) == n
+
+
+def check_resumed(child: Child, d: Path, step: int) -> None:
+    """``child`` resumed from ``checkpoint-<step>`` and trained the next step first."""
+    assert f"resumed from {d / 'ckpt' / f'checkpoint-{step}'} at step {step}" in child.output
+    assert steps(child)[0] == step + 1, child.output
+
+
+def test_each_signal_at_a_random_step_resumes_exactly(
+    reference_runs: References, tmp_path: Path, spawn
+) -> None:
+    """SIGTERM, SIGUSR1 and SIGINT, each at a random step of its own run: each run exits with
+    128 + signum leaving ``checkpoint-<its last step>``, and the last run ends as the run never
+    stopped did, bit for bit."""
+    reference_runs.start(train_args(Path(DIR)))
+    seed = random.randrange(1 << 30)
+    # not the last steps: a signal that lands a step late must still find one to stop at
+    stops = sorted(random.Random(seed).sample(range(1, TOTAL - 2), 3))
+    step = 0
+    for sig, at in zip((signal.SIGTERM, signal.SIGUSR1, signal.SIGINT), stops, strict=True):
+        child = spawn(train_args(tmp_path, "--step-sleep", "0.05"))
+        child.wait_line(at_step(at), timeout=120)
+        child.signal(sig)
+        rc = child.wait(60)
+        assert rc == 128 + sig, f"seed {seed}: {sig.name} at {at}: exit {rc}\n{child.output}"
+        if step:
+            check_resumed(child, tmp_path, step)
+        step = max(steps(child))  # the step the signal reached (or the next one)
+        assert f"checkpoint-{step}" in committed(tmp_path / "ckpt", "checkpoint-*"), seed
+        assert f"exiting with {128 + sig}" in child.output
+        assert temporaries(tmp_path / "ckpt") == []
+    last = spawn(train_args(tmp_path))
+    assert last.wait(120) == 0, last.output
+    check_resumed(last, tmp_path, step)
+    assert f"done step={TOTAL}" in last.lines
+    assert same_values(reference(reference_runs), tmp_path / "out.npz"), seed
+
+
+def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_a_second_int_exits_1(
+    reference_runs: References, tmp_path: Path, spawn
+) -> None:
+    reference_runs.start(train_args(Path(DIR)))
+    periodic = ("--save-every", "4", "--step-sleep", "0.05")
+    # 1. Periodic saves at 4 and 8; the one at 12 is SIGKILLed while Orbax writes it.
+    first = spawn(train_args(tmp_path, *periodic, "--slow-write", "60", "--slow-write-from", "12"))
+    first.wait_line(lambda line: line == "writing 12", timeout=120)
+    first.kill()
+    ckpt = tmp_path / "ckpt"
+    assert committed(ckpt, "checkpoint-*") == ["checkpoint-4", "checkpoint-8"]
+    [torn] = temporaries(ckpt)
+
+    # 2. Resumed from 8; SIGINT at 10 starts the stop's (slow) save, and a second SIGINT exits
+    # at once with 1: nothing of step 10 is committed, the torn temporary of 12 is gone.
+    second = spawn(train_args(tmp_path, *periodic, "--slow-write", "60"))
+    second.wait_line(at_step(10), timeout=120)
+    second.signal(signal.SIGINT)
+    sent = time.monotonic()
+    writing = second.wait_line(lambda line: line.startswith("writing "), timeout=30)
+    assert writing in ("writing 10", "writing 11"), second.output  # the step it reached
+    assert not torn.exists(), "the killed writer's temporary was not cleaned up"
+    wait_for(lambda: time.monotonic() - sent > 0.6, 5, "the 0.5 s that makes it a 2nd signal")
+    second.signal(signal.SIGINT)
+    assert second.wait(30) == 1, second.output
+    check_resumed(second, tmp_path, 8)
+    assert committed(ckpt, "checkpoint-*") == ["checkpoint-4", "checkpoint-8"]
+
+    # 3. Resumed from 8 again: the replay is exact.
+    third = spawn(train_args(tmp_path, *periodic))
+    assert third.wait(120) == 0, third.output
+    check_resumed(third, tmp_path, 8)
+    assert same_values(reference(reference_runs), tmp_path / "out.npz")
