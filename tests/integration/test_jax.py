@@ -5,7 +5,8 @@ Flax's MNIST tutorial, dropout drawing from the model's ``nnx.Rngs``, Orbax chec
 A stopped run must exit with the documented code and leave a committed ``checkpoint-N`` (Orbax's
 ``state/`` and the data position); the same command run again must resume at the next batch and
 end with every array of the model and the optimizer (the dropout's PRNG key among them) equal,
-bit for bit, to a run never stopped. One uninterrupted run is shared by the tests.
+bit for bit, to a run never stopped. One uninterrupted run of one process, and one of two
+``jax.distributed`` processes (CPU, gloo), are shared by the tests.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 
 from tests.conftest import Child, python_args, wait_for
 from tests.support.checkpoints import committed, same_values, temporaries
-from tests.support.reference import DIR, References
+from tests.support.reference import DIR, References, free_port, rank_env
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -123,3 +124,50 @@ def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_a_second_int_exits_1
     assert third.wait(120) == 0, third.output
     check_resumed(third, tmp_path, 8)
     assert same_values(reference(reference_runs), tmp_path / "out.npz")
+
+
+STOPPED = re.compile(
+    r"^preemptible: rank (\d): stopped at step (\d+) on (\w+); .* exiting with (\d+)$"
+)
+
+
+def launch(spawn: Callable[..., Child], d: Path, *extra: str) -> list[Child]:
+    """Two ``jax.distributed`` processes of the loop (data parallel, one CPU device each)."""
+    port = str(free_port())
+    args = train_args(d, "--distributed", *extra)
+    return [spawn(args, env=rank_env(r, 2, port)) for r in range(2)]
+
+
+def test_two_processes_stop_at_the_same_step_when_one_is_signalled_and_resume_exactly(
+    reference_runs: References, tmp_path: Path, spawn
+) -> None:
+    """SIGTERM to one of two ``jax.distributed`` processes (chosen at random) at a random step:
+    both stop at the same step (agreed in JAX's coordination service, no collective per step),
+    both exit 143 leaving one ``checkpoint-N`` with both positions, and the two resumed
+    processes end as two never stopped did, bit for bit."""
+    reference_runs.start(train_args(Path(DIR), "--distributed"), ranks=2)
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    told, at = rng.randrange(2), rng.randrange(2, TOTAL - 4)
+    first = launch(spawn, tmp_path, "--step-sleep", "0.05")
+    first[told].wait_line(at_step(at), timeout=180)
+    first[told].signal(signal.SIGTERM)
+    codes = [child.wait(90) for child in first]
+    assert codes == [143, 143], (seed, codes, [child.output for child in first])
+    stopped = [[m.groups() for line in c.lines if (m := STOPPED.match(line))] for c in first]
+    assert [len(found) for found in stopped] == [1, 1], [c.output for c in first]
+    (r0, step0, source0, _), (r1, step1, source1, _) = stopped[0][0], stopped[1][0]
+    assert (r0, r1) == ("0", "1") and step0 == step1 and source0 == source1 == "SIGTERM", seed
+    step = int(step0)
+    ckpt = tmp_path / "ckpt"
+    assert committed(ckpt, "checkpoint-*") == [f"checkpoint-{step}"]
+    assert sorted(p.name for p in (ckpt / f"checkpoint-{step}").glob("preemptible-*.json")) == [
+        "preemptible-0.json",
+        "preemptible-1.json",
+    ]
+    second = launch(spawn, tmp_path)
+    assert [child.wait(180) for child in second] == [0, 0], [c.output for c in second]
+    for child in second:
+        check_resumed(child, tmp_path, step)
+    reference = reference_runs.result(train_args(Path(DIR), "--distributed"), ranks=2)
+    assert same_values(reference / "out.npz", tmp_path / "out.npz"), seed

@@ -13,6 +13,7 @@ first (inside the checkpoint's temporary, which exists by then).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -30,7 +31,16 @@ p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--save-every", type=int, default=None)
 p.add_argument("--slow-write", type=float, default=0.0)
 p.add_argument("--slow-write-from", type=int, default=0)
+p.add_argument("--distributed", action="store_true")
 args = p.parse_args()
+
+if args.distributed:  # one CPU device per process, the processes found as torchrun's ranks
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        num_processes=int(os.environ["WORLD_SIZE"]),
+        process_id=int(os.environ["RANK"]),
+    )
 
 from preemptible.jax import PreemptibleLoop  # noqa: E402
 
@@ -54,6 +64,23 @@ BATCH = 8
 model = MLP(rngs=nnx.Rngs(0))
 optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 metrics = nnx.MultiMetric(loss=nnx.metrics.Average("loss"))
+if args.distributed:
+    # data parallel over the processes: the state replicated, each batch split between them
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    jax.set_mesh(mesh)  # the arrays made in the loop (a metric's reset) are the mesh's too
+    replicated = NamedSharding(mesh, PartitionSpec())
+    split = NamedSharding(mesh, PartitionSpec("data"))
+
+    def replicate(v: jax.Array) -> jax.Array:
+        if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key):
+            data = jax.make_array_from_process_local_data(replicated, jax.random.key_data(v))
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(v))
+        return jax.make_array_from_process_local_data(replicated, np.asarray(v))
+
+    for obj in (model, optimizer, metrics):
+        nnx.update(obj, jax.tree.map(replicate, nnx.state(obj)))
 
 
 def loss_fn(model: MLP, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
@@ -71,7 +98,15 @@ def train_step(model, optimizer, metrics, batch):  # type: ignore[no-untyped-def
 def batches():  # type: ignore[no-untyped-def]
     order = np.random.permutation(len(x))
     for i in range(0, len(x), BATCH):
-        yield x[order[i : i + BATCH]], y[order[i : i + BATCH]]
+        batch = x[order[i : i + BATCH]], y[order[i : i + BATCH]]
+        if args.distributed:  # this process's part of the global batch
+            n, k = jax.process_count(), jax.process_index()
+            part = BATCH // n
+            batch = tuple(
+                jax.make_array_from_process_local_data(split, b[k * part : (k + 1) * part])
+                for b in batch
+            )
+        yield batch
 
 
 class SlowCheckpointer(ocp.StandardCheckpointer):  # type: ignore[misc]
@@ -109,6 +144,7 @@ def plain(v: jax.Array) -> np.ndarray:
 
 
 values = [plain(v) for v in jax.tree.leaves(nnx.state((model, optimizer)))]
-with open(args.out, "wb") as fh:
-    np.savez(fh, *values)
+if jax.process_index() == 0:
+    with open(args.out, "wb") as fh:
+        np.savez(fh, *values)
 sys.exit(0)

@@ -26,6 +26,7 @@ from ..frontend import (
     exit_code_of,
     saving_config,
 )
+from ._store import jax_ranks
 
 NAME = "checkpoint-{step}"
 STATE = "state"  # Orbax's directory inside checkpoint-N
@@ -194,6 +195,7 @@ class PreemptibleLoop:
             tracker=tracker,
             periodic=periodic,
             exit_code=exit_code_of(exit_code),
+            ranks=jax_ranks(),  # jax.distributed's processes agree on the stop step
         )
         self.session.start()
         try:
