@@ -82,7 +82,7 @@ class _OrbaxSaver(StagedSaver):
         try:
             target.mkdir(exist_ok=True)
             state = {name: nnx.state(obj) for name, obj in self.objects.items()}
-            self.checkpointer.save(target / STATE, state)
+            self.checkpointer.save((target / STATE).absolute(), state)  # Orbax: absolute only
             wait = getattr(self.checkpointer, "wait_until_finished", None)
             if wait is not None:  # an async checkpointer: the commit needs every byte
                 wait()
@@ -125,7 +125,8 @@ class _OrbaxSaver(StagedSaver):
             _check_rng(position["epoch_rng"])
         live = {name: nnx.state(obj) for name, obj in self.objects.items()}
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, live)
-        restored = self.checkpointer.restore(path / STATE, target)  # raises: not this model's
+        # raises for a checkpoint of another model (Orbax checks the shapes)
+        restored = self.checkpointer.restore((path / STATE).absolute(), target)
         for name, obj in self.objects.items():
             nnx.update(obj, restored[name])
         self.position = position
