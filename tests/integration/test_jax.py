@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Child, python_args, wait_for
+from tests.support.buckets import Bucket
 from tests.support.checkpoints import committed, same_values, temporaries
+from tests.support.machines import Machine
 from tests.support.reference import DIR, References, free_port, rank_env
 
 pytestmark = [
@@ -37,10 +39,10 @@ STEP = re.compile(r"^step (\d+) loss ")
 TOTAL = 18  # 3 epochs of 6 batches
 
 
-def train_args(d: Path, *extra: str) -> list[str]:
-    return python_args(
-        "flax_train.py", "--dir", str(d / "ckpt"), "--out", str(d / "out.npz"), *extra
-    )
+def train_args(d: Path, *extra: str, ckpt: str | None = None) -> list[str]:
+    """``ckpt``: where the checkpoints go (a bucket's URL, say), not ``d/ckpt``."""
+    where = str(d / "ckpt") if ckpt is None else ckpt
+    return python_args("flax_train.py", "--dir", where, "--out", str(d / "out.npz"), *extra)
 
 
 def reference(references: References) -> Path:
@@ -124,6 +126,29 @@ def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_a_second_int_exits_1
     assert third.wait(120) == 0, third.output
     check_resumed(third, tmp_path, 8)
     assert same_values(reference(reference_runs), tmp_path / "out.npz")
+
+
+def test_a_run_stopped_on_one_machine_resumes_from_the_bucket_on_a_new_one(
+    reference_runs: References, s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """The checkpoint directory is a bucket's URL. SIGTERM: ``checkpoint-N`` (Orbax's directory
+    and the position) is committed in staging and uploaded before the process exits 143. On a
+    new machine (the old one's disks gone) the same loop finds it in the bucket, resumes at the
+    next step and ends as the run never stopped did, bit for bit."""
+    reference_runs.start(train_args(Path(DIR)))
+    url = f"{s3_bucket.url}/jax"
+    one, two = Machine(tmp_path / "one"), Machine(tmp_path / "two")
+    first = spawn(train_args(one.cwd, "--step-sleep", "0.05", ckpt=url), cwd=one.cwd, env=one.env)
+    first.wait_line(at_step(7), timeout=120)
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 143, first.output
+    step = max(steps(first))
+    one.gone()
+    second = spawn(train_args(two.cwd, ckpt=url), cwd=two.cwd, env=two.env)
+    assert second.wait(120) == 0, second.output
+    assert f"checkpoint-{step} at step {step}" in second.output
+    assert steps(second)[0] == step + 1 and f"done step={TOTAL}" in second.lines
+    assert same_values(reference(reference_runs), two.cwd / "out.npz")
 
 
 STOPPED = re.compile(
