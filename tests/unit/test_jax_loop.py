@@ -5,6 +5,7 @@ and two processes, are in tests/integration/test_jax.py.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -98,6 +99,34 @@ def test_a_checkpoint_of_another_model_is_refused_and_a_torn_newer_one_set_aside
     with pytest.raises(CheckpointLoadError):
         PreemptibleLoop(tmp_path, state={"model": wide, "optimizer": wide_optimizer})
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def shuffled(directory: Path, stop_after_epoch: int | None = None) -> list[Any]:
+    """Three epochs shuffled by NumPy's global generator; SIGTERM during an epoch's evaluation
+    (after its last batch) when asked: the stop is acted on at the epoch's end."""
+    from preemptible.frontend import TerminationConfig
+
+    np.random.seed(0)
+    model, optimizer = make()
+    config = TerminationConfig(termination_watcher_fn=lambda: False, exit_fn=lambda code: None)
+    state = {"model": model, "optimizer": optimizer}
+    loop = PreemptibleLoop(directory, state=state, termination_config=config)
+    for epoch in loop.epochs(3):
+        order = np.random.permutation(len(X))
+        for x in loop.batches([X[order[:4]], X[order[4:]]]):
+            train_step(model, optimizer, x)
+        if epoch == stop_after_epoch:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arrays(model, optimizer)
+
+
+def test_a_stop_at_an_epochs_end_resumes_with_the_next_epochs_shuffle(tmp_path: Path) -> None:
+    never_stopped = shuffled(tmp_path / "a")
+    stopped = shuffled(tmp_path / "b", stop_after_epoch=0)
+    assert committed(tmp_path / "b", "checkpoint-*") == ["checkpoint-2"]
+    assert any(not np.array_equal(a, b) for a, b in zip(stopped, never_stopped, strict=True))
+    resumed = shuffled(tmp_path / "b")
+    assert all(np.array_equal(a, b) for a, b in zip(resumed, never_stopped, strict=True))
 
 
 @pytest.mark.parametrize(

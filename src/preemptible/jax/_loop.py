@@ -232,6 +232,10 @@ class PreemptibleLoop:
         session = self.session
         try:
             while self.epoch < total:
+                if self._step_rng is not None and not self.batch:
+                    # resumed at an epoch's start (a stop at the end of the one before)
+                    restore_rng(self._step_rng)
+                    self._step_rng = None
                 if self._epoch_rng is not None and self.batch:
                     restore_rng(self._epoch_rng)  # the resumed epoch's data, drawn again
                 else:
