@@ -140,3 +140,13 @@ def test_a_stop_at_an_epochs_end_resumes_with_the_next_epochs_shuffle(tmp_path: 
 def test_bad_state_says_what_is_valid(state: Any, message: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=message):
         PreemptibleLoop(tmp_path, state=state)
+
+
+def test_a_checkpoint_manager_is_refused_naming_what_is_valid(tmp_path: Path) -> None:
+    import orbax.checkpoint as ocp
+
+    model, _ = make()
+    manager = ocp.CheckpointManager(tmp_path / "orbax")
+    with pytest.raises(ConfigError, match="checkpointer=CheckpointManager is not valid; give"):
+        PreemptibleLoop(tmp_path / "ckpt", state={"model": model}, checkpointer=manager)
+    manager.close()

@@ -186,6 +186,15 @@ class PreemptibleLoop:
             periodic = Periodic(every_steps=save_every_steps, every_seconds=save_every_seconds)
         if checkpointer is None:
             checkpointer = ocp.StandardCheckpointer()
+        elif isinstance(checkpointer, ocp.CheckpointManager) or not all(
+            callable(getattr(checkpointer, m, None)) for m in ("save", "restore")
+        ):
+            raise ConfigError(
+                f"checkpointer={type(checkpointer).__name__} is not valid; give an Orbax "
+                "checkpointer with save(path, item) and restore(path, target), such as "
+                "ocp.StandardCheckpointer() (PreemptibleLoop names, keeps and commits the "
+                "checkpoint-N directories itself, as a CheckpointManager would)"
+            )
         self.saver = _OrbaxSaver(
             checkpoint_directory(checkpoint_dir), objects, checkpointer, keep=keep
         )
