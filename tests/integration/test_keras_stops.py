@@ -113,9 +113,9 @@ def test_each_signal_at_a_random_batch_resumes_exactly(
     assert same_values(reference_out(reference_runs, backend, "array"), tmp_path / "out.npz"), seed
 
 
-@pytest.mark.parametrize(
-    ("backend", "data"), [("torch", "pydataset"), ("tensorflow", "tfdata"), ("jax", "pydataset")]
-)
+# not on JAX: the kill and the double signal are the kit's, the same on every backend; JAX's
+# own part of a save mid-epoch (fit's state synced into the variables) runs in the test above
+@pytest.mark.parametrize(("backend", "data"), [("torch", "pydataset"), ("tensorflow", "tfdata")])
 def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_a_second_signal_exits_1(
     backend: str, data: str, reference_runs: References, tmp_path: Path, spawn
 ) -> None:
