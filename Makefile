@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,torch,lightning,mlflow,wandb,postgres,bayes,plot,transformers,keras,cloud,docs]' tensorflow-cpu
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,torch,lightning,mlflow,wandb,postgres,bayes,plot,transformers,keras,jax,cloud,docs]' tensorflow-cpu
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,4 +1,4 @@
-"""Keras 3 fits stopped by real signals and notices, on the torch and TensorFlow backends.
+"""Keras 3 fits stopped by real signals and notices, on the torch, TensorFlow and JAX backends.
 
 Each fit is ``tests/scripts/keras_fit.py`` in its own process (a tiny model with dropout,
 ``shuffle=True``, Adam). A stopped fit must exit with the documented code and leave a committed
@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import Child, python_args, wait_for
 from tests.support.buckets import Bucket
-from tests.support.checkpoints import committed, temporaries
+from tests.support.checkpoints import committed, same_values, temporaries
 from tests.support.machines import Machine
 from tests.support.metadata import MetadataServer
 from tests.support.reference import DIR, References
@@ -37,7 +37,7 @@ pytestmark = [
 BATCH = re.compile(r"^batch (\d+) (\d+) it=(\d+)$")
 EPOCHS = {"array": "6", "pydataset": "3", "tfdata": "3"}  # 6 batches an epoch
 TOTAL = {"array": 36, "pydataset": 18, "tfdata": 18}
-BACKENDS = ("torch", "tensorflow")
+BACKENDS = ("torch", "tensorflow", "jax")
 
 
 def start_reference(references: References, backend: str, data: str) -> None:
@@ -59,11 +59,6 @@ def keras_fit_args(d: Path, data: str, *extra: str, ckpt: str | None = None) -> 
         *("--dir", where, "--out", str(d / "out.npz"), "--data", data),
         *("--epochs", EPOCHS[data], *extra),
     )
-
-
-def same_values(a: Path, b: Path) -> bool:
-    with np.load(a, allow_pickle=False) as wa, np.load(b, allow_pickle=False) as wb:
-        return wa.files == wb.files and all(np.array_equal(wa[k], wb[k]) for k in wa.files)
 
 
 def iterations(line: str) -> int | None:
@@ -118,6 +113,8 @@ def test_each_signal_at_a_random_batch_resumes_exactly(
     assert same_values(reference_out(reference_runs, backend, "array"), tmp_path / "out.npz"), seed
 
 
+# not on JAX: the kill and the double signal are the kit's, the same on every backend; JAX's
+# own part of a save mid-epoch (fit's state synced into the variables) runs in the test above
 @pytest.mark.parametrize(("backend", "data"), [("torch", "pydataset"), ("tensorflow", "tfdata")])
 def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_a_second_signal_exits_1(
     backend: str, data: str, reference_runs: References, tmp_path: Path, spawn
@@ -219,7 +216,7 @@ def gan_args(d: Path, *extra: str) -> list[str]:
     return python_args("keras_gan.py", "--dir", str(d / "ckpt"), "--out", out, *extra)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])  # its train_step is theirs
 def test_a_gan_with_its_own_optimizers_resumes_exactly(
     backend: str, reference_runs: References, tmp_path: Path, spawn
 ) -> None:

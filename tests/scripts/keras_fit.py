@@ -1,6 +1,6 @@
 """A tiny Keras 3 fit with ``preemptible.keras.PreemptionCallback`` (the backend from
-``KERAS_BACKEND``): dropout, ``shuffle=True``, Adam; arrays, a ``PyDataset`` or a ``tf.data``
-input. Run it again with the same arguments and it resumes.
+``KERAS_BACKEND``: torch, tensorflow or jax): dropout, ``shuffle=True``, Adam; arrays, a
+``PyDataset`` or a ``tf.data`` input. Run it again with the same arguments and it resumes.
 
 Prints ``batch E B it=N`` after each batch (N: the optimizer's iterations, which a batch
 skipped on resume leaves as they are), ``epoch E`` and its logs after each epoch, ``fit done
@@ -50,6 +50,13 @@ if backend == "torch":
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+elif backend == "jax":
+    import random
+
+    # JAX has no global generator: dropout draws from its layer's SeedGenerator, seeded from
+    # Python's random when the layer is made (and TensorFlow's import is not paid for)
+    random.seed(0)
+    np.random.seed(0)
 else:
     import tensorflow as tf
 

@@ -17,6 +17,14 @@ def same_weights(a: Path, b: Path) -> bool:
     return bool(wa) and wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def same_values(a: Path, b: Path) -> bool:
+    """Two ``.npz`` files hold the same arrays, bit for bit."""
+    import numpy as np
+
+    with np.load(a, allow_pickle=False) as wa, np.load(b, allow_pickle=False) as wb:
+        return wa.files == wb.files and all(np.array_equal(wa[k], wb[k]) for k in wa.files)
+
+
 def committed(folder: Path, pattern: str = "step-*.ckpt") -> list[str]:
     """The names of the committed checkpoints in ``folder``, in order."""
     return sorted(p.name for p in folder.glob(pattern))

@@ -17,7 +17,9 @@ python    run it (the venv's python, a tmp working directory) after ``setup=NAME
           GPT-2 and a few Trainer steps; python only), ``keras`` (``make_model()``, ``x``,
           ``y``: a Keras model on the torch backend), ``tensorflow`` (``strategy``,
           ``make_model()``, ``dataset``, ``TOTAL_STEPS``, ``log_step(step)``: a TensorFlow
-          custom loop's pieces), ``bare`` (nothing). ``exit=N`` (default 0).
+          custom loop's pieces), ``jax`` (``MLP``, ``train_batches()``, ``NUM_EPOCHS``,
+          ``log_step(step)``: a Flax NNX loop's pieces), ``bare`` (nothing). ``exit=N``
+          (default 0).
 loop      a training loop: run it uninterrupted, and again with a SIGTERM once the setup
           printed step ``at=N`` (default 13); that run must exit with the setup's stop code
           (``exit=`` overrides) leaving a checkpoint, and the same program run once more must
@@ -50,8 +52,9 @@ skip:     ``<!-- readme-test: skip: REASON -->``.
 
 A page's blocks are a program of their own: ``group=`` joins blocks of one page only, and a
 traceback names the page and its line. Blocks that need a framework (``setup=lightning``,
-``setup=keras``, ``setup=tensorflow``, ``setup=transformers``, ``trainer``, ``torchrun``) are
-marked ``frameworks`` by test_readme.py, so they run in that lane (tests/services/lanes.sh).
+``setup=keras``, ``setup=tensorflow``, ``setup=transformers``, ``setup=jax``, ``trainer``,
+``torchrun``) are marked ``frameworks`` by test_readme.py, so they run in that lane
+(tests/services/lanes.sh).
 
 Commands named by ``make run=`` and ``output of=`` start in the background when the module
 starts and their items run last, so the demo (a sweep: about a minute) overlaps the other items.
@@ -108,9 +111,14 @@ SETUPS = {
         resumed="preemptible: resumed from ckpt/tf-{step} at step {step}",
     ),
     "transformers": Setup("transformers_trainer"),  # python only: a few Trainer steps
+    "jax": Setup(
+        "flax_loop",
+        checkpoint="ckpt/checkpoint-*",
+        resumed="preemptible: resumed from ckpt/checkpoint-{step} at step {step}",
+    ),
     "bare": Setup("bare"),  # nothing defined: for blocks that need no names
 }
-FRAMEWORK_SETUPS = frozenset({"lightning", "keras", "tensorflow", "transformers"})
+FRAMEWORK_SETUPS = frozenset({"lightning", "keras", "tensorflow", "transformers", "jax"})
 FRAMEWORK_KINDS = frozenset({"trainer", "torchrun"})
 
 

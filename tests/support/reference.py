@@ -37,6 +37,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def rank_env(rank: int, world: int, port: str) -> dict[str, str]:
+    """The environment of one of ``world`` processes started as torchrun starts its ranks."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "OMP_NUM_THREADS": "1",
+    }
+
+
 class _Run:
     def __init__(self, directory: Path, children: list[Child]) -> None:
         self.directory = directory
@@ -77,18 +89,7 @@ class References:
         else:
             rank_port = str(free_port())
             children = [
-                Child(
-                    command,
-                    env={
-                        "RANK": str(r),
-                        "LOCAL_RANK": str(r),
-                        "WORLD_SIZE": str(ranks),
-                        "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": rank_port,
-                        "OMP_NUM_THREADS": "1",
-                        **common,
-                    },
-                )
+                Child(command, env={**rank_env(r, ranks, rank_port), **common})
                 for r in range(ranks)
             ]
         self.runs[key] = _Run(directory, children)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +105,54 @@ def test_keras_canary_an_optimizer_keeps_the_variables_it_was_built_for() -> Non
     optimizer.build(model.trainable_variables[::-1])
     assert [id(v) for v in built_for(optimizer)] == [id(v) for v in model.trainable_variables[::-1]]
     assert not custom_train_step(model)
+
+
+JAX_CANARY = """
+import keras, numpy as np
+assert keras.backend.backend() == "jax"
+x = np.ones((24, 3), "float32")
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dropout(0.5), keras.layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+seen = []
+
+class Probe(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        original = self.model.train_function
+
+        def step(state, iterator):  # JAX: (state, iterator) in, (logs, state) out
+            assert hasattr(iterator, "__next__")  # the callback draws a skipped batch from it
+            logs, new = original(state, iterator)
+            assert len(new) == 4  # trainable, non-trainable, optimizer and metrics variables
+            metrics = list(zip(self._model.metrics_variables, new[-1]))
+            with keras.StatelessScope(state_mapping=metrics):  # the metrics of a state
+                result = self._model.get_metrics_result()
+            seen.append(sorted(result))
+            return logs, new
+
+        self.model.train_function = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        model = self._model  # not .model: that syncs on JAX
+        state = model._jax_state["trainable_variables"][0]
+        assert not model._jax_state_synced
+        model.jax_state_sync()  # a save's: the variables take the state's values
+        assert np.array_equal(np.asarray(model.trainable_variables[0].value), np.asarray(state))
+
+model.fit(x, x[:, :1], batch_size=8, epochs=1, callbacks=[Probe()], verbose=0)
+assert seen == [["loss", "mae"]] * 3, seen
+print("canary ok")
+"""
+
+
+def test_keras_canary_jax_fit_keeps_the_variables_in_its_state_mid_epoch() -> None:
+    """On JAX the callback's skipped batches take and give back fit's state, read the metrics
+    from it, and a save syncs the variables first (``jax_state_sync``)."""
+    pytest.importorskip("jax")
+    env = {**os.environ, "KERAS_BACKEND": "jax"}
+    done = subprocess.run(
+        [sys.executable, "-c", JAX_CANARY], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "canary ok" in done.stdout, done.stdout + done.stderr
 
 
 def test_state_the_checkpoint_would_miss_is_refused_naming_it(tmp_path: Path) -> None:

@@ -48,8 +48,9 @@ LAYERS = {
     "accelerate": 6,
     "keras": 6,
     "tensorflow": 6,
+    "jax": 6,
 }
-FRONT_ENDS = ("_handler", "lightning", "transformers", "accelerate", "keras", "tensorflow")
+FRONT_ENDS = ("_handler", "lightning", "transformers", "accelerate", "keras", "tensorflow", "jax")
 
 
 def module_name(path: Path) -> str:

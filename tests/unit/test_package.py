@@ -19,7 +19,8 @@ def test_import_pulls_no_heavy_library() -> None:
     code = (
         "import sys, preemptible, preemptible.cli._main\n"
         "heavy = [m for m in ('torch', 'numpy', 'lightning', 'mlflow', 'wandb', 'psycopg',"
-        " 'transformers', 'accelerate', 'keras', 'tensorflow', 'obstore', 'boto3')"
+        " 'transformers', 'accelerate', 'keras', 'tensorflow', 'jax', 'flax', 'orbax',"
+        " 'obstore', 'boto3')"
         " if m in sys.modules]\n"
         "print(heavy)"
     )

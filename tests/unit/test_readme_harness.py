@@ -142,7 +142,7 @@ def test_plans_of_the_sample() -> None:
         ("yaml exit=1", "yaml", r"option 'exit' is not one of yaml's \(none\)"),
         ("python", "bash", r"python is for ```python blocks"),
         ("shell", "python", r"shell is for ```bash/sh/shell blocks"),
-        ("loop setup=jax", "python", "setup= is one of plain, lightning, keras, tensorflow, trans"),
+        ("loop setup=mx", "python", "setup= is one of plain, lightning, keras, tensorflow, trans"),
         ('make why="unbalanced', "bash", "No closing quotation"),
     ],
 )

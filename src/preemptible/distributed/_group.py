@@ -156,6 +156,18 @@ class Ranks:
         prefix = f"{KEY_ROOT}/{next(_handlers)}/"
         return cls(found[0], found[1], dist.PrefixStore(prefix, default_store()), dist_timeout())
 
+    @classmethod
+    def over(cls, store: Any, rank: int, world: int) -> Ranks:
+        """Ranks that meet in ``store`` (any store with ``set``, ``get``, ``check``,
+        ``compare_set`` and ``delete_key``: the process group of a framework other than torch),
+        waiting ``PREEMPTIBLE_DIST_TIMEOUT`` seconds for each other."""
+        return cls(rank, world, store, dist_timeout())
+
+    @staticmethod
+    def default_timeout() -> float:
+        """``PREEMPTIBLE_DIST_TIMEOUT``: seconds a rank waits for the others."""
+        return dist_timeout()
+
     def next_key(self, what: str) -> str:
         """A fresh key for the next multi-rank step; the same on every rank."""
         self.seq += 1

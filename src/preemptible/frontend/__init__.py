@@ -6,8 +6,10 @@ your own) tells the kit two things: *where its boundaries are* and *how to save*
 after every training step (``Phase.EVALUATION`` after an evaluation batch, ``Phase.END`` when
 training is over) and ``finished()`` when it ends. The session does the rest: the signal
 latch and platform notices, the grace policy (insurance checkpoints, the last safe step),
-periodic saves, the agreement of every rank under torch.distributed, the directory lock, the
-run record; a stop goes through its stop sequence (``_sequence.py``).
+periodic saves, the agreement of every rank under torch.distributed (or over the key-value
+store of another framework's process group: ``StopSession(ranks=Ranks.over(store, rank,
+world))``), the directory lock, the run record; a stop goes through its stop sequence
+(``_sequence.py``).
 
 Savers:
 
@@ -46,6 +48,7 @@ from ..checkpoint._location import is_url, staged_in
 from ..checkpoint._payload import capture_rng, restore_rng
 from ..checkpoint._savers import BaseSaver, NamedSaver, PayloadSaver, Saved, SaveFnSaver, Saver
 from ..checkpoint._store import Checkpoint, CheckpointStore
+from ..distributed._group import Ranks
 from ..distributed._savers import RankZeroSaver, ShardedSaver
 from ..distributed._staged import StagedSaver
 from ..stop._controller import Decision
@@ -83,6 +86,7 @@ __all__ = [
     "Phase",
     "PreemptibleError",
     "RankZeroSaver",
+    "Ranks",
     "SaveFnSaver",
     "Saved",
     "Saver",

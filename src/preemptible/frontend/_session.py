@@ -77,7 +77,8 @@ class StopSession:
     ``save_failed``: called when the final save raises; returns a path to upload anyway (else
     the stop records ``save_failed`` and raises). ``after_tracker`` and ``before_exit``: the
     front end's own last words (silence a framework's loggers; flush). The three are the
-    stop sequence's ``FrontEnd``.
+    stop sequence's ``FrontEnd``. ``ranks``: the processes of a framework's own process group
+    (``Ranks.over(store, rank, world)``; default: torch.distributed's, when initialized).
     """
 
     # the stop sequence's: the ranks under torch.distributed (after ``start()``), their
@@ -101,8 +102,10 @@ class StopSession:
         save_failed: Callable[[Exception], Path | None] | None = None,
         after_tracker: Callable[[], None] | None = None,
         before_exit: Callable[[], None] | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
         self.config = termination_config_of(termination_config)
+        self._given_ranks = ranks
         self.saver = saver
         self.store = saver.store
         self.periodic = periodic
@@ -139,7 +142,7 @@ class StopSession:
         the front end was made in: its signals are not ours)."""
         seq = self.sequence
         try:
-            seq.ranks = ranks = Ranks.detect()
+            seq.ranks = ranks = self._given_ranks or Ranks.detect()
             if ranks is not None:
                 seq.agreement = agreement_of(ranks)
                 set_rank(ranks.rank)

@@ -8,8 +8,8 @@ lock, the run record, the tracker and the exit. The callback says where a fit ha
 its state is saved (``_state``: a NumPy ``.npz`` committed through the kit's ``NamedSaver``:
 a temporary in the directory, fsync, rename, directory fsync).
 
-What an exact mid-epoch resume needs from Keras 3 (found by experiment, keras 3.15.1, torch
-and TensorFlow backends; each reliance on Keras internals has a ``test_keras_canary_*``):
+What an exact mid-epoch resume needs from Keras 3 (found by experiment, keras 3.15.1, torch,
+TensorFlow and JAX backends; each reliance on Keras internals has a ``test_keras_canary_*``):
 
 - ``fit()`` calls ``on_train_begin`` and only then reads ``model._initial_epoch`` (what
   ``BackupAndRestore`` sets): the restore happens there, the fit starts at the saved epoch;
@@ -22,7 +22,11 @@ and TensorFlow backends; each reliance on Keras internals has a ``test_keras_can
   batches are drawn (dropout without a seed draws from torch's global generator);
 - with ``keras.utils.set_random_seed``, TensorFlow shuffles array inputs in the same order
   every epoch, and dropout draws from the layers' ``SeedGenerator``, whose state is in
-  ``model.variables``.
+  ``model.variables``;
+- JAX's fit passes the variables' values from step to step in a state of its own
+  (``train_function`` takes and returns it) and may empty the variables while an epoch runs:
+  a skipped batch hands the state back as it came, a save calls ``model.jax_state_sync()``
+  first; dropout draws from the layers' ``SeedGenerator``s, as on TensorFlow.
 """
 
 from __future__ import annotations

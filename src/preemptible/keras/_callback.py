@@ -43,7 +43,7 @@ from ._state import (
 logger = logging.getLogger("preemptible")
 
 NAME = "keras-{step}.npz"
-BACKENDS = ("torch", "tensorflow")
+BACKENDS = ("torch", "tensorflow", "jax")
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,8 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
     (an attribute holding a NumPy or torch generator, a torch module, a TensorFlow variable)
     is refused at its start, naming it. ``state``: more Keras objects to save and restore
     (optimizers, layers, metrics, seed generators, variables), by name. ``checkpoint_dir``
-    None: the supervisor's ``PREEMPTIBLE_CHECKPOINT_DIR``. Backends: torch and TensorFlow;
+    None: the supervisor's ``PREEMPTIBLE_CHECKPOINT_DIR``. Backends: torch, TensorFlow and JAX
+    (whose layers draw from their ``SeedGenerator``s, saved with the model);
     ``steps_per_execution=1``.
     """
 
@@ -154,7 +155,7 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if backend not in BACKENDS:
             raise ConfigError(
                 f"the Keras backend {backend!r} is not supported by PreemptionCallback; use "
-                "KERAS_BACKEND=torch or KERAS_BACKEND=tensorflow"
+                "KERAS_BACKEND=torch, KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax"
             )
         if model.steps_per_execution != 1:
             raise ConfigError(
@@ -273,24 +274,37 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
             session.close()
 
     # -- the train function: skips the batches done, tells the kit about a failure ---------
-    def _train_function(self, data: Any) -> Any:
+    def _train_function(self, *args: Any) -> Any:
+        """torch and TensorFlow call it with the data; JAX with (state, data) and takes
+        (logs, state) back: the fit's variables live in that state for the whole epoch."""
         original = self._original
         assert original is not None
         if self._skip:
             self._skip -= 1
-            # TensorFlow hands over the iterator (draw the batch), torch the batches drawn
+            data = args[-1]
+            # TensorFlow and JAX hand over the iterator (draw the batch), torch the batches
             batch = next(data) if hasattr(data, "__next__") else data[0]
             if self._metrics is not None:
                 self._build_metrics(batch, self._metrics)
                 self._metrics = None
             if self._skip == 0 and self._batch_rng is not None:
                 restore_rng(self._batch_rng)  # as the stopped fit left them at its last batch
+            if len(args) == 2:  # JAX: the state goes back as it came
+                return self._jax_metrics(args[0]), args[0]
             return self.model.get_metrics_result()
         try:
-            return original(data)
+            return original(*args)
         except BaseException:
             self._abandon()
             raise
+
+    def _jax_metrics(self, state: Any) -> Any:
+        """The logs of a skipped batch on JAX: the metric values of ``state`` (the model's
+        own metric variables are emptied while the epoch runs)."""
+        model = self.model
+        values = list(zip(model.metrics_variables, state[-1], strict=True))
+        with keras.StatelessScope(state_mapping=values):
+            return model.get_metrics_result()
 
     def _build_metrics(self, batch: Any, resumed: Checkpoint) -> None:
         """Build the compiled metrics on a batch (an inference pass: no random draw), then
@@ -332,6 +346,10 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
     # -- saving ----------------------------------------------------------------------------
     def _write(self, tmp: Path, step: int, moment: _Moment | None) -> None:
         moment = moment or _NOW
+        if keras.backend.backend() == "jax":
+            # JAX's fit keeps the variables' values in its own state while an epoch runs and
+            # empties the variables: put the values back in them (fit reads them again)
+            self.model.jax_state_sync()
         epoch_rng = self._epoch_rng
         batch_rng = moment.rng or capture_rng()
         position = Position(step, self._epoch, self._batch, finished=moment.finished)
