@@ -118,7 +118,7 @@ def test_bad_arguments_say_what_is_valid(tmp_path: Path, spawn) -> None:
     said = json.loads(child.lines[-1])
     assert "checkpoint_dir is required with a tf.train.Checkpoint" in said[0]
     assert "use a tf.train.Checkpoint or a tf.train.CheckpointManager" in said[1]
-    assert "runs on one worker for now" in said[2]
+    assert "task type None of cluster_resolver is not valid" in said[2]
     assert "termination_config.save_fn is not used by the TensorFlow" in said[3]
     assert "exit_code=256 is not valid" in said[4]
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").glob("tf-*"))

@@ -7,7 +7,11 @@ after every training step (``Phase.EVALUATION`` after an evaluation batch, ``Pha
 training is over) and ``finished()`` when it ends. The session does the rest: the signal
 latch and platform notices, the grace policy (insurance checkpoints, the last safe step),
 periodic saves, the agreement of every rank under torch.distributed, the directory lock, the
-run record; a stop goes through its stop sequence (``_sequence.py``).
+run record; a stop goes through its stop sequence (``_sequence.py``). Processes that meet
+elsewhere than in torch.distributed (TensorFlow's workers, in its coordination service) are
+given to ``start(ranks=Ranks(rank, world, store, dist_timeout()))``: ``store`` is any
+key-value store with ``set``, ``get``, ``check``, ``compare_set(key, "", value)`` (the first
+writer wins) and ``delete_key``, and the ranks agree in it as torch's do.
 
 Savers:
 
@@ -46,6 +50,7 @@ from ..checkpoint._location import is_url, staged_in
 from ..checkpoint._payload import capture_rng, restore_rng
 from ..checkpoint._savers import BaseSaver, NamedSaver, PayloadSaver, Saved, SaveFnSaver, Saver
 from ..checkpoint._store import Checkpoint, CheckpointStore
+from ..distributed._group import Ranks, dist_timeout
 from ..distributed._savers import RankZeroSaver, ShardedSaver
 from ..distributed._staged import StagedSaver
 from ..stop._controller import Decision
@@ -83,6 +88,7 @@ __all__ = [
     "Phase",
     "PreemptibleError",
     "RankZeroSaver",
+    "Ranks",
     "SaveFnSaver",
     "Saved",
     "Saver",
@@ -94,6 +100,7 @@ __all__ = [
     "TerminationConfig",
     "capture_rng",
     "checkpoint_directory",
+    "dist_timeout",
     "exit_code_of",
     "is_rank_zero",
     "is_url",

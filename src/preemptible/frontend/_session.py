@@ -131,15 +131,17 @@ class StopSession:
         self._finished = False  # finished() ran: a signal after it is passed on at close()
 
     # -- life cycle ------------------------------------------------------------------------
-    def start(self, *, handle_signals: bool = True) -> bool:
+    def start(self, *, handle_signals: bool = True, ranks: Ranks | None = None) -> bool:
         """Detect the ranks, attach the saver, lock the directory (rank 0), remove stale
         temporaries, install the signal handlers and start the watcher; record where
         checkpoints go. False when the handlers could not be installed (off the main thread).
         ``handle_signals=False``: neither handlers nor watcher (a process that is not the one
-        the front end was made in: its signals are not ours)."""
+        the front end was made in: its signals are not ours). ``ranks``: the front end's own
+        (TensorFlow's workers, over its coordination service); by default torch.distributed's,
+        if any."""
         seq = self.sequence
         try:
-            seq.ranks = ranks = Ranks.detect()
+            seq.ranks = ranks = Ranks.detect() if ranks is None else ranks
             if ranks is not None:
                 seq.agreement = agreement_of(ranks)
                 set_rank(ranks.rank)

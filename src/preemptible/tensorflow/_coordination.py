@@ -1,0 +1,138 @@
+"""The workers of a ``MultiWorkerMirroredStrategy`` as the kit's ``Ranks``, meeting in
+TensorFlow's coordination service.
+
+The stop agreement (``preemptible.distributed._agreement``) needs a key-value store every
+worker reaches, with ``set``, ``get``, ``check``, ``compare_set`` (the first writer wins) and
+``delete_key``. Under torch.distributed that is the process group's c10d store. A
+``MultiWorkerMirroredStrategy`` has one too: the coordination service that its chief hosts and
+every worker's runtime is connected to, the very store TensorFlow's own
+``PreemptionCheckpointHandler`` agrees in. Its Python face is private
+(``context.context().set_config_key_value``, ``get_config_key_value``,
+``delete_config_key_value``); ``tests/unit/test_tf_coordination.py`` fails loudly when those
+names move in the installed TensorFlow.
+
+What the service gives and what the agreement needs:
+
+- insert fails with ``AlreadyExistsError`` when the key exists: that is ``compare_set(key,
+  "", value)`` (the first writer wins, the others read the winner's value). ``set`` of a key
+  that exists deletes it first (the agreement and ``Ranks`` write each key once; deleting a key
+  in the service deletes the keys under ``key/`` too, which none of them overwrites);
+- a get waits up to a timeout for the key, and the timeout covers the RPC too: ``check`` is a
+  get with a 20 ms timeout (one RPC to the chief, as a c10d ``check`` is one to its server;
+  the call releases the GIL, so the agreement's poller waiting in it costs the training thread
+  nothing). On a loaded machine an RPC can outlast it and a key that exists reads as missing;
+  so a key once seen is remembered (the agreement never deletes one): when the poller has seen
+  a round and raised the flag, the training thread's own look finds it too. A miss elsewhere
+  only delays an acknowledgement by one poll. ``get`` waits up to the ranks' timeout.
+
+Keys live under ``preemptible/<n>/`` (one namespace per handler, made in the same order on
+every worker), apart from TensorFlow's own.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from ..frontend import Ranks, dist_timeout
+
+KEY_ROOT = "preemptible"
+CHECK_MS = 20  # how long a check waits for a key (and its RPC)
+_handlers = itertools.count()  # one key namespace per handler, in creation order on every worker
+
+
+class CoordinationStore:
+    """TensorFlow's coordination service as the store the kit's agreement speaks to (see the
+    module docstring). Values are text (the kit writes JSON and decimal numbers)."""
+
+    def __init__(self, prefix: str, timeout: float) -> None:
+        self.prefix = prefix
+        self.timeout_ms = max(1, int(timeout * 1000))
+        self._context = context.context()
+        self._seen: set[str] = set()  # keys known to exist (see the module docstring)
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    def set(self, key: str, value: str | bytes) -> None:
+        text = _text(value)
+        try:
+            self._context.set_config_key_value(self._key(key), text)
+        except tf.errors.AlreadyExistsError:
+            self._context.delete_config_key_value(self._key(key))
+            self._context.set_config_key_value(self._key(key), text)
+        self._seen.add(key)
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, waiting for it up to the ranks' timeout."""
+        value: str = self._context.get_config_key_value(self._key(key), self.timeout_ms)
+        return value.encode()
+
+    def check(self, keys: list[str]) -> bool:
+        """Whether every one of ``keys`` exists now."""
+        for key in keys:
+            if key in self._seen:
+                continue
+            try:
+                self._context.get_config_key_value(self._key(key), CHECK_MS)
+            except tf.errors.DeadlineExceededError:
+                return False
+            self._seen.add(key)
+        return True
+
+    def compare_set(self, key: str, expected: str, value: str | bytes) -> bytes:
+        """Insert ``value`` unless ``key`` exists (``expected`` must be "": the only form the
+        agreement uses); the value the key holds afterwards, the first writer's."""
+        if expected != "":
+            raise ValueError("the coordination service compares with an absent key only")
+        self._seen.add(key)
+        try:
+            self._context.set_config_key_value(self._key(key), _text(value))
+        except tf.errors.AlreadyExistsError:
+            return self.get(key)
+        return _text(value).encode()
+
+    def delete_key(self, key: str) -> bool:
+        self._seen.discard(key)
+        self._context.delete_config_key_value(self._key(key))
+        return True
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def task_of(cluster_resolver: Any) -> tuple[int, int]:
+    """(rank, number of workers) of this task in ``cluster_resolver``'s cluster: the chief is
+    rank 0 (with no ``chief`` job, worker 0 is the chief, as for TensorFlow), the workers follow
+    in order. (0, 1) without a resolver."""
+    if cluster_resolver is None:
+        return 0, 1
+    spec = cluster_resolver.cluster_spec().as_dict()
+    chiefs = len(spec.get("chief", []))
+    world = chiefs + len(spec.get("worker", []))
+    if world <= 1:
+        return 0, 1
+    task_type, task_id = cluster_resolver.task_type, int(cluster_resolver.task_id or 0)
+    if task_type == "chief":
+        return 0, world
+    if task_type != "worker":
+        raise ValueError(
+            f"task type {task_type!r} of cluster_resolver is not valid; the handler runs on "
+            "the chief and the workers of a MultiWorkerMirroredStrategy (TF_CONFIG's task)"
+        )
+    return chiefs + task_id, world
+
+
+def workers_of(cluster_resolver: Any) -> Ranks | None:
+    """This worker among the workers of ``cluster_resolver`` as the kit's ``Ranks``, over the
+    coordination service (a fresh namespace); None for one worker."""
+    rank, world = task_of(cluster_resolver)
+    if world == 1:
+        return None
+    timeout = dist_timeout()
+    store = CoordinationStore(f"{KEY_ROOT}/{next(_handlers)}/", timeout)
+    return Ranks(rank, world, store, timeout)
