@@ -27,17 +27,27 @@ What the service gives and what the agreement needs:
 
 Keys live under ``preemptible/<n>/`` (one namespace per handler, made in the same order on
 every worker), apart from TensorFlow's own.
+
+``WorkersSaver``: the workers resume together, from the checkpoint the chief chose.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import tensorflow as tf
 from tensorflow.python.eager import context
 
-from ..frontend import Ranks, dist_timeout
+from ..frontend import (
+    Checkpoint,
+    CheckpointLoadError,
+    NamedSaver,
+    Ranks,
+    Saved,
+    dist_timeout,
+)
 
 KEY_ROOT = "preemptible"
 CHECK_MS = 20  # how long a check waits for a key (and its RPC)
@@ -136,3 +146,47 @@ def workers_of(cluster_resolver: Any) -> Ranks | None:
     timeout = dist_timeout()
     store = CoordinationStore(f"{KEY_ROOT}/{next(_handlers)}/", timeout)
     return Ranks(rank, world, store, timeout)
+
+
+class WorkersSaver(NamedSaver):
+    """The handler's ``NamedSaver`` (every worker writes, the chief's is committed) with one
+    resume for all workers: the chief chooses the newest committed checkpoint and tells the
+    others before any worker reads it, and every worker reads that one. Reading is
+    collective under a strategy (building an optimizer's variables broadcasts them), so
+    workers that read different checkpoints, or one that reads none, would wait for each
+    other in collectives that never match. A checkpoint that does not load fails the resume
+    on every worker (no older one is tried: the others could not follow)."""
+
+    def resume(self, hint: Path | None) -> Saved | None:
+        ranks, load, pattern = self.ranks, self._load, self.pattern
+        if ranks is None or load is None or pattern is None:
+            return super().resume(hint)
+        key = ranks.next_key("resume")
+        if ranks.is_zero:
+            found = self.store.committed(pattern=pattern)
+            match = pattern.match(hint.name) if hint is not None else None
+            if match:
+                found.append(Checkpoint(int(match.group(1)), cast(Path, hint)))
+            newest = max(found, key=lambda c: c.step, default=None)
+            where = None if newest is None else str(newest.path.resolve())
+            ranks.announce(key, {"path": where})
+        else:
+            where = ranks.hear(key, "the chief to choose the checkpoint").get("path")
+        if where is None:
+            return None
+        path = Path(where)
+        if not path.is_dir():
+            raise CheckpointLoadError(
+                f"worker {ranks.rank}: the chief resumes from {path}, which this worker does "
+                "not see; checkpoint_dir must be one directory every worker reads (a shared "
+                "file system) or a bucket's URL",
+                path,
+            )
+        try:
+            step = load(path)
+        except Exception as exc:
+            raise CheckpointLoadError(
+                f"worker {ranks.rank}: {path} does not load: {type(exc).__name__}: {exc}", path
+            ) from exc
+        self.last = (step, path)
+        return self.last

@@ -17,7 +17,6 @@ import tensorflow as tf
 from ..frontend import (
     CheckpointStore,
     ConfigError,
-    NamedSaver,
     Periodic,
     Phase,
     PreemptibleError,
@@ -27,7 +26,7 @@ from ..frontend import (
     exit_code_of,
     saving_config,
 )
-from ._coordination import task_of, workers_of
+from ._coordination import WorkersSaver, task_of, workers_of
 
 logger = logging.getLogger("preemptible")
 R = TypeVar("R")
@@ -171,7 +170,7 @@ class PreemptionCheckpointHandler:
         if save_every_steps is not None or save_every_seconds is not None:
             periodic = Periodic(every_steps=save_every_steps, every_seconds=save_every_seconds)
         # every worker writes (a collective may read a variable), the chief's is committed
-        saver = NamedSaver(self.store, NAME, self._write, load=self._load, writer=rank == 0)
+        saver = WorkersSaver(self.store, NAME, self._write, load=self._load, writer=rank == 0)
         self._session = StopSession(
             saver,
             termination_config=self.termination_config,
