@@ -4,13 +4,18 @@ over a ``tf.data`` dataset, epochs and steps from ``total_run_calls``), ported b
 import. Its step draws noise from TensorFlow's global generator. Run it again with the same
 arguments and it resumes.
 
+Several workers: ``RANK``, ``WORLD_SIZE`` and ``RANK_PORTS`` (one localhost port per worker, as
+tests/support/reference.py starts ranks) become the ``TF_CONFIG`` of worker ``RANK``.
+
 Prints ``step N loss=L`` after each step (N: the optimizer's iterations), ``done it=N`` at the end,
-and writes the model's and optimizer's variables to ``--out``.
+and writes the model's and optimizer's variables to ``--out`` (the chief; worker ``i`` to
+``--out`` with ``-i`` before the suffix).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -23,7 +28,20 @@ p.add_argument("--out", required=True)
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--exit-42", action="store_true")
+p.add_argument("--save-every-steps", type=int)
 args = p.parse_args()
+RANK = 0
+if "RANK_PORTS" in os.environ:  # TF_CONFIG on localhost, and no torch.distributed variables
+    RANK = int(os.environ.pop("RANK"))
+    ports = os.environ.pop("RANK_PORTS").split(",")
+    for name in ("WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(name, None)
+    os.environ["TF_CONFIG"] = json.dumps(
+        {
+            "cluster": {"worker": [f"localhost:{port}" for port in ports]},
+            "task": {"type": "worker", "index": RANK},
+        }
+    )
 os.environ["KERAS_BACKEND"] = "tensorflow"  # tf.keras is Keras 3: its backend, whatever is set
 
 import tensorflow as tf  # noqa: E402
@@ -32,6 +50,7 @@ from preemptible.tensorflow import PreemptionCheckpointHandler  # noqa: E402  (t
 
 tf.config.threading.set_inter_op_parallelism_threads(1)
 tf.config.threading.set_intra_op_parallelism_threads(1)
+strategy = tf.distribute.MultiWorkerMirroredStrategy()  # first: before anything starts TF
 tf.keras.utils.set_random_seed(0)  # Keras 3 initializers: its seed, not tf.random.set_seed
 tf.random.set_global_generator(tf.random.Generator.from_seed(0))
 
@@ -40,7 +59,6 @@ rs = np.random.RandomState(1)
 x = rs.randn(48, 4).astype("float32")
 y = x.sum(1, keepdims=True).astype("float32")
 
-strategy = tf.distribute.MultiWorkerMirroredStrategy()
 with strategy.scope():
     model = tf.keras.Sequential(
         [
@@ -55,7 +73,11 @@ with strategy.scope():
     if args.exit_42:
         config = tf.distribute.experimental.TerminationConfig(exit_fn=lambda: sys.exit(42))
     handler = PreemptionCheckpointHandler(
-        strategy.cluster_resolver, checkpoint, checkpoint_dir=args.dir, termination_config=config
+        strategy.cluster_resolver,
+        checkpoint,
+        checkpoint_dir=args.dir,
+        termination_config=config,
+        save_every_steps=args.save_every_steps,
     )
 
 
@@ -86,5 +108,6 @@ for epoch in range(handler.total_run_calls // STEPS_PER_EPOCH, args.epochs):
             time.sleep(args.step_sleep)
 handler.close()  # the last step committed: a stop after the loop retrains nothing
 print(f"done it={int(optimizer.iterations.numpy())}", flush=True)
-with open(args.out, "wb") as fh:
+out = args.out if RANK == 0 else f"-{RANK}".join(os.path.splitext(args.out))
+with open(out, "wb") as fh:
     np.savez(fh, *[v.numpy() for v in [*model.variables, *optimizer.variables]])

@@ -12,7 +12,9 @@ A command names the reference's own directory as ``DIR`` (``f"{DIR}/o.pt"``, or
 ``Path(DIR) / "o.pt"``), and a free TCP port as ``PORT``; both are filled in when it starts
 and are no part of its identity. ``ranks=N`` starts N processes as torch.distributed ranks
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, one OpenMP
-thread each), as tests/integration/test_distributed.py launches its jobs.
+thread each), as tests/integration/test_distributed.py launches its jobs, and ``RANK_PORTS``:
+a free port for each rank, for a framework whose every process listens (TensorFlow's workers,
+tests/scripts/tf_loop.py).
 """
 
 from __future__ import annotations
@@ -88,8 +90,12 @@ class References:
             children = [Child(command, env=common)]
         else:
             rank_port = str(free_port())
+            rank_ports = ",".join(str(free_port()) for _ in range(ranks))
             children = [
-                Child(command, env={**rank_env(r, ranks, rank_port), **common})
+                Child(
+                    command,
+                    env={**rank_env(r, ranks, rank_port), "RANK_PORTS": rank_ports, **common},
+                )
                 for r in range(ranks)
             ]
         self.runs[key] = _Run(directory, children)

@@ -17,7 +17,6 @@ import tensorflow as tf
 from ..frontend import (
     CheckpointStore,
     ConfigError,
-    NamedSaver,
     Periodic,
     Phase,
     PreemptibleError,
@@ -27,6 +26,7 @@ from ..frontend import (
     exit_code_of,
     saving_config,
 )
+from ._coordination import WorkersSaver, task_of, workers_of
 
 logger = logging.getLogger("preemptible")
 R = TypeVar("R")
@@ -65,13 +65,6 @@ def _takes_no_argument(fn: Callable[..., Any]) -> bool:
     return not any(
         p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters
     )
-
-
-def _workers(cluster_resolver: Any) -> int:
-    if cluster_resolver is None:
-        return 1
-    spec = cluster_resolver.cluster_spec().as_dict()
-    return sum(len(tasks) for job, tasks in spec.items() if job in ("chief", "worker")) or 1
 
 
 def _build_optimizers(checkpoint: Any) -> None:
@@ -122,8 +115,13 @@ class PreemptionCheckpointHandler:
     ``save_every_steps``/``save_every_seconds`` and ``tracker`` as for
     ``preemptible.PreemptionCheckpointHandler``.
 
-    ``cluster_resolver``: one worker only for now (a ``MultiWorkerMirroredStrategy`` of more
-    workers is refused: the agreement of its workers on the stop step is not built yet).
+    ``cluster_resolver``: the strategy's (``strategy.cluster_resolver``). With several workers
+    (a ``MultiWorkerMirroredStrategy``, ``TF_CONFIG``), a stop that reaches any one worker is
+    acted on by all of them before the same ``run()`` call (agreed in TensorFlow's
+    coordination service, with no collective per step): every worker writes the checkpoint
+    (as TensorFlow's handler, since writing may read variables collectively), the chief's is
+    the one committed, into ``checkpoint_dir`` (a directory every worker reads, or a bucket),
+    and every worker exits with the same code, that of the first stop.
     ``termination_config.save_fn`` is refused: the handler writes the checkpoint itself.
     """
 
@@ -141,12 +139,10 @@ class PreemptionCheckpointHandler:
         save_every_seconds: float | None = None,
         tracker: Any | None = None,
     ) -> None:
-        if _workers(cluster_resolver) > 1:
-            raise ConfigError(
-                "preemptible.tensorflow.PreemptionCheckpointHandler runs on one worker for now "
-                "(the stop agreement of several workers is not built yet); use TensorFlow's "
-                "own handler for a MultiWorkerMirroredStrategy of several workers"
-            )
+        try:
+            rank, world = task_of(cluster_resolver)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         given = checkpoint_or_checkpoint_manager
         if isinstance(given, tf.train.CheckpointManager):
             checkpoint, directory = given.checkpoint, checkpoint_dir or given.directory
@@ -173,7 +169,8 @@ class PreemptionCheckpointHandler:
         periodic = None
         if save_every_steps is not None or save_every_seconds is not None:
             periodic = Periodic(every_steps=save_every_steps, every_seconds=save_every_seconds)
-        saver = NamedSaver(self.store, NAME, self._write, load=self._load)
+        # every worker writes (a collective may read a variable), the chief's is committed
+        saver = WorkersSaver(self.store, NAME, self._write, load=self._load, writer=rank == 0)
         self._session = StopSession(
             saver,
             termination_config=self.termination_config,
@@ -181,6 +178,7 @@ class PreemptionCheckpointHandler:
             tracker=tracker,
             periodic=periodic,
             exit_code=exit_code_of(exit_code),
+            ranks=workers_of(cluster_resolver) if world > 1 else None,
         )
         self._open = True
         self._session.start()
