@@ -14,9 +14,12 @@ sleep after the jitted update, periodic checkpoints every ``--every`` steps in b
   The data position is the step (each epoch's order is seeded by the epoch).
 - **PreemptibleLoop**: ``PreemptibleLoop(dir, state=..., save_every_steps=...)`` around the
   same epochs and batches; no ``jax.distributed``.
+- ``--variants orbax-nodist`` (not run by default): the Orbax loop without
+  ``jax.distributed.initialize``, as the guide's example is written; ``reached_preemption``
+  is then always False and a SIGTERM kills the process.
 
 Each variant is sent each signal 20 ms after a random step's line (the same steps for both
-variants, the variants interleaved); the same command then runs to the end. ``TERM,TERM``: a
+variants, the variants interleaved); the same command then runs to the end. ``TERM+TERM``: a
 second SIGTERM 0.6 s after the first, if the process is still there (an impatient operator, a
 supervisor's second notice). Reported per variant and signal, over --repeats:
 
@@ -30,7 +33,7 @@ supervisor's second notice). Reported per variant and signal, over --repeats:
   dropout's key and count) equal, bit for bit, to an uninterrupted run of the same variant.
 
     .venv/bin/python benchmarks/bench_orbax_preemption.py [--repeats 2] [--every 5]
-        [--signals TERM,USR1,INT,TERM+TERM]
+        [--signals TERM,USR1,INT,TERM+TERM] [--variants orbax,ours,orbax-nodist]
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ def trained(step, loss):
     time.sleep(pause)
 
 
-if how == "orbax":
+if how.startswith("orbax"):
     options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=2)
     manager = ocp.CheckpointManager(os.path.abspath(d), options=options)
     start = manager.latest_step() or 0
@@ -145,7 +148,11 @@ np.savez(out, *[np.asarray(plain(v)) for v in leaves])
 VARIANTS = {
     "orbax": "Orbax CheckpointManager + reached_preemption",
     "ours": "preemptible.jax.PreemptibleLoop",
+    # the same Orbax loop without jax.distributed.initialize (the preemption guide's example
+    # calls none): reached_preemption is then always False
+    "orbax-nodist": "the same Orbax loop, no jax.distributed",
 }
+DEFAULT_VARIANTS = "orbax,ours"
 SIGNALS = {
     "TERM": (signal.SIGTERM,),
     "USR1": (signal.SIGUSR1,),
@@ -257,10 +264,13 @@ def main() -> None:
     p.add_argument("--every", type=int, default=5, help="periodic checkpoints, steps")
     p.add_argument("--pause", type=float, default=0.05, help="sleep after each step, s")
     p.add_argument("--signals", default=",".join(SIGNALS), help=f"of {', '.join(SIGNALS)}")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"of {', '.join(VARIANTS)}")
     args = p.parse_args()
-    names = args.signals.split(",")
+    names, variants = args.signals.split(","), args.variants.split(",")
     if unknown := [n for n in names if n not in SIGNALS]:
         p.error(f"--signals: {', '.join(unknown)} not known; use some of {', '.join(SIGNALS)}")
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        p.error(f"--variants: {', '.join(unknown)} not known; use some of {', '.join(VARIANTS)}")
     # a shell's background job ignores SIGINT, and so would the children: default action
     signal.signal(signal.SIGINT, signal.default_int_handler)
     rng = random.Random(0)
@@ -270,7 +280,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         refs = {}
-        for how in VARIANTS:
+        for how in variants:
             ref = Run(how, base / f"ref-{how}", args.every, args.pause).go()
             assert ref.rc == 0, (how, ref.rc, ref.err)
             refs[how] = base / f"ref-{how}.npz"
@@ -280,7 +290,7 @@ def main() -> None:
                 # early enough that Orbax's sync point (it trains on for a second) comes
                 # before the run's end
                 at = rng.randint(6, 16)
-                for how in list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]:
+                for how in variants if r % 2 == 0 else variants[::-1]:
                     n += 1
                     d = base / f"{how}-{n}"
                     stopped = Run(how, d, args.every, args.pause).go(SIGNALS[name], at)
@@ -305,8 +315,8 @@ def main() -> None:
                 name,
                 ", ".join(sorted({code(run.rc) for run in runs})),
                 spread([run.seconds for run in runs], ".2f") + " s",
-                spread([float(max(run.steps) - run.at) for run in runs], ".0f"),
-                spread([float(rep) for _, rep, _ in got], ".0f"),
+                spread([float(max(run.steps) - run.at) for run in runs], "g"),
+                spread([float(rep) for _, rep, _ in got], "g"),
                 f"{', '.join(exacts)} ({sum(e == 'exact' for *_, e in got)}/{len(got)})",
             ]
         )
