@@ -116,13 +116,16 @@ def open_bucket(location: Location) -> ObjectStore:
 
 def first_line(exc: BaseException) -> str:
     """The first line of an obstore error (the rest is a debug dump of the request), with the
-    query string of every URL in it cut off: an Azure SAS token travels there (``sig=``)."""
+    query string of every URL in it cut off (an Azure SAS token travels there, ``sig=``) and
+    any user and password before its host (an endpoint variable may carry them:
+    ``AWS_ENDPOINT_URL=https://KEY:SECRET@host``, which obstore quotes as it was given)."""
     text = str(exc).strip().splitlines()
     line = text[0] if text else type(exc).__name__
-    return _QUERY.sub(r"\1?...", line)[:300]
+    return _QUERY.sub(r"\1?...", _USERINFO.sub(r"\1", line))[:300]
 
 
 _QUERY = re.compile(r"(\w+://[^\s?#]*)\?[^\s#]*")
+_USERINFO = re.compile(r"(\w+://)[^\s/?#@]*@")
 
 
 _MISSING = {"NoSuchBucket", "ContainerNotFound", "BucketNotFound"}
