@@ -171,3 +171,43 @@ def test_a_plain_sigterm_under_run_ends_the_upload_wait_before_the_supervisor_s_
     assert json.loads(record.read_text())["remote_checkpoint"] == (
         f"{s3_bucket.url}/step-0000000000.ckpt"
     )
+
+
+def test_a_stop_says_what_it_waits_for_and_a_second_signal_leaves_at_once(
+    s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """A plain SIGTERM (no deadline but the 600 s cap) while the bucket stalls: after the stop's
+    line the process says it waits for the stop's upload, how long at most, and which
+    checkpoint the bucket holds meanwhile; a second SIGTERM then exits 143 at once. Then the
+    same stop with the bucket answering: the line after the wait names what reached the
+    bucket. Both waits used to be silent (a process that said "exiting" and went on for up to
+    10 minutes)."""
+    env = {
+        **CLEAN,
+        "PREEMPTIBLE_STAGING_DIR": str(tmp_path / "staging"),
+        "CKPT_URL": s3_bucket.url,
+    }
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        child = spawn([PY, "-c", PROGRAM], env={**env, "AWS_ENDPOINT_URL": proxy.endpoint})
+        child.wait_line(lambda line: line == "step 3", timeout=60)  # step 0 is in the bucket
+        proxy.stall.set()
+        child.signal(signal.SIGTERM)
+        waiting = child.wait_line(lambda line: "for the upload of" in line, timeout=30)
+        child.signal(signal.SIGTERM)
+        sent = time.monotonic()
+        rc = child.wait(30)
+        took = time.monotonic() - sent
+    assert rc == 143, child.output
+    assert took < 5, f"{took:.2f} s\n{child.output}"
+    assert "waiting up to 6" in waiting and f"to {s3_bucket.url} before exiting" in waiting
+    assert waiting.endswith("the newest checkpoint in the bucket is step-0000000000.ckpt)")
+    assert not any(line.startswith("preemptible: uploaded") for line in child.lines)
+
+    child = spawn([PY, "-c", PROGRAM], env=env)  # resumes from staging, the bucket answering
+    child.wait_line(lambda line: line.startswith("step ") and int(line[5:]) > 3, timeout=60)
+    child.signal(signal.SIGTERM)
+    assert child.wait(60) == 143, child.output
+    [stopped] = [line for line in child.lines if line.startswith("preemptible: stopped at step")]
+    name = stopped.split("/")[-1].split(";")[0]
+    assert f"preemptible: uploaded {name} to {s3_bucket.url}" in child.lines, child.output
+    assert any(k.startswith(f"manifests/{name}/") for k in s3_bucket.objects()), child.output

@@ -58,6 +58,8 @@ EXIT_MARGIN = 1.0
 
 _FINAL = re.compile(r"^step-(\d+)\.ckpt$")
 
+_SLICE = 0.2  # seconds: how late a signal may be acted on while a flush waits
+
 
 class Staging(Protocol):
     """What the mirror needs of its store (``CheckpointStore``)."""
@@ -285,10 +287,33 @@ class Mirror:
     def newest_in_bucket(self) -> str:
         return self.newest_remote or "none"
 
-    def flush(self, deadline: float | None = None) -> bool:
+    def flush(self, deadline: float | None = None, *, say: bool = False) -> bool:
         """Wait until every queued upload is done (``deadline``: ``time.monotonic()`` value).
         False, with one line naming the newest checkpoint in the bucket, when the deadline
-        passed first or the last upload failed."""
+        passed first or the last upload failed. ``say``: the process exits after this wait
+        (a stop, the interpreter's exit), so a line says what it waits for, and another what
+        reached the bucket: between the stop's line and the exit the process would otherwise
+        be silent for as long as the network takes."""
+        with self._cond:
+            waited = self._pending or self._active
+        if say and waited is not None:
+            left = ""
+            if deadline is not None:
+                left = f" up to {max(0.0, deadline - time.monotonic()):.0f} s"
+            logger.warning(
+                "preemptible: waiting%s for the upload of %s to %s before exiting (a signal now "
+                "exits at once without it; the newest checkpoint in the bucket is %s)",
+                left,
+                waited.name,
+                self.location,
+                self.newest_in_bucket(),
+            )
+        done = self._wait(deadline)
+        if say and waited is not None and done:
+            logger.warning("preemptible: uploaded %s to %s", self.uploaded, self.location)
+        return done
+
+    def _wait(self, deadline: float | None) -> bool:
         with self._cond:
             while self._pending is not None or self._active is not None:
                 left = None if deadline is None else deadline - time.monotonic()
@@ -302,7 +327,10 @@ class Mirror:
                         self.newest_in_bucket(),
                     )
                     return False
-                self._cond.wait(left)
+                # in slices: a signal the kernel gives to another thread (obstore's, the
+                # uploader) only marks it pending, and the main thread runs its Python handler
+                # (a second SIGTERM: exit at once) when it next runs code, not in this wait
+                self._cond.wait(_SLICE if left is None else min(left, _SLICE))
         return self.failed is None
 
 
@@ -337,12 +365,12 @@ def _register(mirror: Mirror) -> None:
 
 def flush_all(deadline: float | None = None, *, final: bool = False) -> bool:
     """Flush every mirror of this process (see ``Mirror.flush``); True when all are done.
-    ``final``: the process exits next (a stop): when this flush gave up, the exit does not
-    wait again."""
+    ``final``: the process exits next (a stop): each busy mirror says what it waits for and
+    what reached the bucket, and when this flush gave up, the exit does not wait again."""
     global _exit_flushed
     ok = True
     for mirror in list(_mirrors):
-        ok = mirror.flush(deadline) and ok
+        ok = mirror.flush(deadline, say=final) and ok
     if final and not ok:
         _exit_flushed = True
     return ok
@@ -375,12 +403,8 @@ def upload_deadline(requests: StopRequests) -> float:
 
 
 def _flush_at_exit() -> None:
-    busy = [m for m in list(_mirrors) if m.busy]
-    if not busy or _exit_flushed:  # a stop waited already, as long as its deadline allowed
+    if _exit_flushed:  # a stop waited already, as long as its deadline allowed
         return
-    logger.warning(
-        "preemptible: waiting up to %d s for the upload to %s before exiting",
-        EXIT_FLUSH_SECONDS,
-        ", ".join(str(m.location) for m in busy),
-    )
-    flush_all(time.monotonic() + EXIT_FLUSH_SECONDS)
+    deadline = time.monotonic() + EXIT_FLUSH_SECONDS
+    for mirror in list(_mirrors):
+        mirror.flush(deadline, say=True)  # each busy one says what it waits for, and after
