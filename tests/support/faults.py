@@ -38,6 +38,9 @@ class FaultProxy:
         self.stall = threading.Event()  # set: requests are read and not answered; cleared:
         # the requests held drop their connections (the client retries), new ones pass
         self.requests: list[str] = []
+        # a request starting "METHOD /path-prefix": once one is answered, ``stall`` is set (the
+        # requests that follow it hang: a fault at an exact point of a protocol)
+        self.stall_after: str | None = None
         self._release = threading.Event()
         proxy = self
 
@@ -87,6 +90,10 @@ class FaultProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
+                self.wfile.flush()
+                after = proxy.stall_after
+                if after is not None and f"{self.command} {self.path}".startswith(after):
+                    proxy.stall.set()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
 

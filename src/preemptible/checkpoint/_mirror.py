@@ -74,6 +74,7 @@ class _Job:
     name: str
     snapshot: Path
     queued: float = field(default_factory=time.monotonic)
+    committed: bool = False  # its manifest is in the bucket (retention may still run)
 
 
 _mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
@@ -270,6 +271,10 @@ class Mirror:
         from .. import _run
 
         _run.update_record(remote_checkpoint=f"{self.location}/{job.name}")
+        remove_path(job.snapshot.parent)  # up: the retention below does not need it
+        with self._cond:  # a flush waits no longer: the retention of older ones may lag
+            job.committed = True
+            self._cond.notify_all()
         try:
             with self._cond:
                 patterns = list(self._patterns)
@@ -282,7 +287,11 @@ class Mirror:
     # -- waiting -------------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return self._pending is not None or self._active is not None
+        """Whether a checkpoint is queued or going up (its retention afterwards is not
+        waited for: an exit that leaves it half done leaves files without a manifest, which
+        the next takeover cleans, never a manifest without files)."""
+        active = self._active
+        return self._pending is not None or (active is not None and not active.committed)
 
     def newest_in_bucket(self) -> str:
         return self.newest_remote or "none"
@@ -295,7 +304,7 @@ class Mirror:
         reached the bucket: between the stop's line and the exit the process would otherwise
         be silent for as long as the network takes."""
         with self._cond:
-            waited = self._pending or self._active
+            waited = self._pending or self._active if self.busy else None
         if say and waited is not None:
             left = ""
             if deadline is not None:
@@ -315,7 +324,7 @@ class Mirror:
 
     def _wait(self, deadline: float | None) -> bool:
         with self._cond:
-            while self._pending is not None or self._active is not None:
+            while self.busy:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     waiting = self._pending or self._active
