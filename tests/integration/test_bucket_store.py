@@ -13,7 +13,7 @@ import pytest
 from preemptible import CheckpointStore
 from tests.conftest import wait_for
 from tests.support.azure_blob import AnyBucket
-from tests.support.buckets import Bucket
+from tests.support.buckets import Bucket, settled
 from tests.support.faults import fault_proxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -114,7 +114,7 @@ def test_a_flush_waits_for_the_commit_not_for_the_retention_after_it(
         took = time.monotonic() - started
         assert proxy.stall.is_set()  # the retention is what hangs
         proxy.stall.clear()  # the retention goes on
-        wait_for(lambda: store.mirror is not None and store.mirror._active is None, 60, "it")
+        settled(store)
     assert took < 4, took
     said = [r.getMessage() for r in caplog.records]
     assert f"preemptible: uploaded step-0000000002.ckpt to {s3_bucket.url}" in said, said
