@@ -103,3 +103,40 @@ def test_a_manifest_this_version_does_not_write_is_never_taken_nor_stops_a_start
     assert newest is not None and newest.step == 1 and newest.path.read_bytes() == b"good one"
     assert key in s3_bucket.objects()  # never deleted
     assert reader.lock()  # and it becomes the writer there
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        json.dumps({"format": 1, "epoch": "1", "adopted": []}).encode(),
+        json.dumps({"format": 1, "epoch": 1, "adopted": [{"key": 1}]}).encode(),
+        json.dumps({"format": 2, "epoch": 1, "adopted": []}).encode(),
+    ],
+    ids=["not-json", "epoch-a-string", "adopted-not-keys", "another-format"],
+)
+def test_a_writer_json_this_version_does_not_write_fails_closed(
+    raw: bytes, s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """writer.json replaced by what this version does not write: a new machine stops at its
+    start with one line naming the object, and the bucket is left as it was. It used to be
+    taken for no writer at all (a start from zero whose takeover then hid every committed
+    checkpoint for good), or to fail as 'cannot be reached (unhashable type...)'."""
+    from preemptible import CheckpointRemoteError
+
+    writer = store_on(s3_bucket, monkeypatch, tmp_path, "a")
+    assert writer.lock()
+    assert save_and_flush(writer, 1, b"good one")
+    writer.unlock()
+    s3_bucket.put("writer.json", raw)
+    before = s3_bucket.objects()
+    with pytest.raises(CheckpointRemoteError) as raised:
+        store_on(s3_bucket, monkeypatch, tmp_path, "b")
+    said = str(raised.value)
+    assert said == (
+        f"checkpoint location {s3_bucket.url}: {s3_bucket.prefix}/writer.json is not one this "
+        "version of preemptible writes (format 1), so which checkpoints there are committed is "
+        "not known; nothing was changed. Put back the writer.json preemptible wrote, or give "
+        "this run a prefix of its own"
+    ), said
+    assert s3_bucket.objects() == before

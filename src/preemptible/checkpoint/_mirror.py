@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._errors import CheckpointRemoteError
 from .._files import host_tag, pid_alive, remove_path, write_text_atomic
 from .._run import current_run
 from ._buckets import first_line
@@ -125,6 +126,8 @@ class Mirror:
         the next older one of its family is tried. Returns what was brought back."""
         try:
             remotes = self.remote.committed()
+        except CheckpointRemoteError:
+            raise  # its own line already
         except Exception as exc:
             raise self.remote.refused(exc) from None
         if not remotes:

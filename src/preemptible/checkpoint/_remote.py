@@ -212,7 +212,7 @@ class RemoteCheckpoints:
                 adopted = [r.key for r in self._valid(current, settled=attempt == 7)]
             except _Retry:
                 continue  # another writer took over while we listed: read writer.json again
-            epoch = int((current or {}).get("epoch", 0)) + 1
+            epoch = self._writer_view(current)[0] + 1
             body = {
                 "format": FORMAT,
                 "epoch": epoch,
@@ -240,6 +240,30 @@ class RemoteCheckpoints:
             self._clean_abandoned()
         except Exception as exc:  # cleaning is best effort; the next takeover tries again
             logger.info("preemptible: could not clean %s: %s", self.location, first_line(exc))
+
+    def _writer_view(self, writer: dict[str, Any] | None) -> tuple[int, set[str]]:
+        """writer.json's epoch and adopted manifests; (0, empty) when there is none (a fresh
+        location). One this version does not write (not JSON, another format, an epoch that
+        is not a whole number) fails closed: taken for none, the run would start from zero
+        and its takeover would leave every checkpoint there unread from then on."""
+        if writer is None:
+            return 0, set()
+        epoch, adopted = _whole(writer.get("epoch")), writer.get("adopted")
+        if (
+            writer.get("format") != FORMAT
+            or epoch is None
+            or epoch < 1
+            or not isinstance(adopted, list)
+            or not all(isinstance(key, str) for key in adopted)
+        ):
+            raise CheckpointRemoteError(
+                f"checkpoint location {self.location}: {self.location.key(WRITER)} is not one "
+                f"this version of preemptible writes (format {FORMAT}), so which checkpoints "
+                "there are committed is not known; nothing was changed. Put back the "
+                "writer.json preemptible wrote, or give this run a prefix of its own",
+                None,
+            )
+        return epoch, set(adopted)
 
     def _check_fence(self) -> None:
         if self._writer_etag is None:
@@ -274,10 +298,9 @@ class RemoteCheckpoints:
         later epoch means a takeover while we listed (``_Retry``); ``settled``: after the
         retries, such a manifest is one writer.json does not vouch for, skipped like any
         other (not taken for a reason to see no checkpoint at all)."""
-        if not writer:
+        epoch, adopted = self._writer_view(writer)
+        if not epoch:
             return []
-        epoch = int(writer.get("epoch", 0))
-        adopted = set(writer.get("adopted") or [])
         quarantined = {m["path"][len(QUARANTINE) :] for m in self._list(QUARANTINE)}
         found = []
         for meta in self._list(MANIFESTS):
