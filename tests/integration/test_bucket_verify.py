@@ -140,3 +140,21 @@ def test_a_writer_json_this_version_does_not_write_fails_closed(
         "this run a prefix of its own"
     ), said
     assert s3_bucket.objects() == before
+
+
+def test_an_object_named_with_dot_dot_is_named_at_start_not_taken_for_an_outage(
+    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A key with a '..' part among the manifests (planted, or another tool's): the client
+    refuses to list past it, so no start can read the bucket; the line says which object, not
+    that the bucket 'cannot be reached'. Nothing is written outside staging."""
+    from preemptible import CheckpointRemoteError
+
+    s3_bucket.put("manifests/../0000000001.json", b"{}")
+    with pytest.raises(CheckpointRemoteError) as raised:
+        store_on(s3_bucket, monkeypatch, tmp_path, "b")
+    said = str(raised.value)
+    assert "cannot be reached" not in said, said
+    assert f'"{s3_bucket.prefix}/manifests/../0000000001.json"' in said, said
+    assert said.endswith("preemptible never writes such a name: remove that object"), said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]

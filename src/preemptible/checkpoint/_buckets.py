@@ -165,6 +165,12 @@ def refused(location: Location, exc: BaseException) -> CheckpointRemoteError:
             "AWS_ACCESS_KEY_ID or AWS_PROFILE or the instance role for S3, application "
             "default credentials for GCS, AZURE_STORAGE_* or a managed identity for Azure"
         )
+    elif type(exc).__name__ == "InvalidPathError":
+        # a key with a "." or ".." part, or an empty one: the client refuses to list past it
+        why = (
+            f"an object there has a name the client cannot read ({first_line(exc)}); "
+            "preemptible never writes such a name: remove that object"
+        )
     elif "credential" in text.lower():
         why = f"no usable credentials from the cloud's standard chain ({first_line(exc)})"
     else:
