@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._errors import CheckpointError, CheckpointRemoteError
+from .._errors import CheckpointError, CheckpointRemoteError, PreemptibleError
 from .._files import host_tag
 from ._buckets import first_line, open_bucket, refused
 from ._location import Location
@@ -204,7 +204,17 @@ class RemoteCheckpoints:
     # -- who writes ----------------------------------------------------------------------------
     def take_over(self) -> None:
         """Become the location's only writer (see the module docstring); also removes files
-        without a manifest older than ``ABANDONED_AFTER``."""
+        without a manifest older than ``ABANDONED_AFTER``. A bucket that stopped answering
+        since the start is one line (``CheckpointRemoteError``), not the client's dump of the
+        request, which quotes the endpoint as given (a password in it too)."""
+        try:
+            self._take_over()
+        except PreemptibleError:
+            raise
+        except Exception as exc:
+            raise self.refused(exc) from None
+
+    def _take_over(self) -> None:
         obs = _obstore()
         for attempt in range(8):
             current, version = self._get_json(WRITER)
