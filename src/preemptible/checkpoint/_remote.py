@@ -320,6 +320,8 @@ class RemoteCheckpoints:
             m = _GEN.match(gen)
             if not m or "/" in gen or rest in quarantined or name.startswith("."):
                 continue  # a name of ours is a plain file name: never .preemptible.lock
+            if not safe_rel(name):
+                continue  # nor one no local file system holds (staging could not commit it)
             body = self._body(key)
             written = _whole(body.get("epoch")) if body else None
             if body is None or written is None:
