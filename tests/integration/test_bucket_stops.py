@@ -211,3 +211,44 @@ def test_a_stop_says_what_it_waits_for_and_a_second_signal_leaves_at_once(
     name = stopped.split("/")[-1].split(";")[0]
     assert f"preemptible: uploaded {name} to {s3_bucket.url}" in child.lines, child.output
     assert any(k.startswith(f"manifests/{name}/") for k in s3_bucket.objects()), child.output
+
+
+UNCLOSED = """\
+import dataclasses, json, os, sys, time
+import preemptible
+from preemptible.notices import default_config
+
+config = dataclasses.replace(default_config(), save_fn=lambda path: path.write_text("{}"))
+handler = preemptible.PreemptionCheckpointHandler(os.environ["CKPT_URL"], termination_config=config)
+handler.step = 1
+assert not handler.should_stop  # a boundary: its signal handlers are in place, never closed
+print("ready", flush=True)
+sys.stdin.readline()
+handler.save(2)
+"""
+
+
+def test_a_signal_during_the_upload_at_exit_ends_the_process(
+    s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """A program that leaves its handler open ends while the bucket stalls: the exit waits for
+    its last upload and says a signal ends the wait; SIGTERM then ends the process at once, as
+    without preemptible. The handler's latch used to take the SIGTERM for a stop no loop would
+    act on: the process went on waiting (up to 600 s) and then exited 0."""
+    env = {**CLEAN, "PREEMPTIBLE_STAGING_DIR": str(tmp_path / "staging"), "CKPT_URL": s3_bucket.url}
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        child = spawn(
+            [PY, "-c", UNCLOSED],
+            env={**env, "AWS_ENDPOINT_URL": proxy.endpoint},
+            stdin=subprocess.PIPE,
+        )
+        child.wait_line(lambda line: line == "ready", timeout=60)
+        proxy.stall.set()
+        assert child.proc.stdin is not None
+        child.proc.stdin.write("go\n")
+        child.proc.stdin.flush()
+        waiting = child.wait_line(lambda line: "for the upload of" in line, timeout=30)
+        child.signal(signal.SIGTERM)
+        rc = child.wait(10)
+    assert "step-0000000002.ckpt" in waiting and "a signal now exits at once" in waiting
+    assert rc == -signal.SIGTERM, child.output

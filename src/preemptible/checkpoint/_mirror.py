@@ -417,6 +417,11 @@ def upload_deadline(requests: StopRequests) -> float:
 def _flush_at_exit() -> None:
     if _exit_flushed:  # a stop waited already, as long as its deadline allowed
         return
+    if not any(m.busy for m in list(_mirrors)):
+        return
+    from ..stop._latch import release_for_exit
+
+    release_for_exit()  # a signal during this wait ends the process, as the line says
     deadline = time.monotonic() + EXIT_FLUSH_SECONDS
     for mirror in list(_mirrors):
         mirror.flush(deadline, say=True)  # each busy one says what it waits for, and after
