@@ -252,3 +252,35 @@ def test_a_signal_during_the_upload_at_exit_ends_the_process(
         rc = child.wait(10)
     assert "step-0000000002.ckpt" in waiting and "a signal now exits at once" in waiting
     assert rc == -signal.SIGTERM, child.output
+
+
+FINISHES = PROGRAM.replace("handler.steps(10**6)", "handler.steps(40)")
+
+
+def test_a_run_that_trains_to_its_end_after_a_stop_leaves_before_the_supervisor_s_kill(
+    s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """SIGTERM with a grace period long enough to train to the end (an insurance checkpoint,
+    then the last steps), under a supervisor that kills 4 s after the signal, while the bucket
+    stalls: the upload of the last checkpoint at the interpreter's exit is waited for only
+    until just before that kill, and one line names the newest checkpoint in the bucket. The
+    exit's wait used to be 600 s whatever the stop said: killed with no word."""
+    env = {
+        **CLEAN,
+        "PREEMPTIBLE_STAGING_DIR": str(tmp_path / "staging"),
+        "PREEMPTIBLE_GRACE_PERIOD": "30",
+        "PREEMPTIBLE_KILL_AFTER": "4",  # as preemptible run tells its attempts
+        "CKPT_URL": s3_bucket.url,
+    }
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        child = spawn([PY, "-c", FINISHES], env={**env, "AWS_ENDPOINT_URL": proxy.endpoint})
+        child.wait_line(lambda line: line == "step 5", timeout=60)  # step 0 is in the bucket
+        proxy.stall.set()
+        child.signal(signal.SIGTERM)
+        sent = time.monotonic()
+        rc = child.wait(30)
+        took = time.monotonic() - sent
+    assert rc == 0 and "step 39" in child.lines, child.output  # it trained to its end
+    assert took < 4, f"{took:.2f} s\n{child.output}"
+    said = [line for line in child.lines if "did not finish in time" in line]
+    assert len(said) == 1 and said[0].endswith("in the bucket is step-0000000000.ckpt"), said

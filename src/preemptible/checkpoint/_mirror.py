@@ -420,8 +420,11 @@ def _flush_at_exit() -> None:
     if not any(m.busy for m in list(_mirrors)):
         return
     from ..stop._latch import release_for_exit
+    from ..stop._termination import stops_received
 
     release_for_exit()  # a signal during this wait ends the process, as the line says
-    deadline = time.monotonic() + EXIT_FLUSH_SECONDS
+    # a stop whose run then trained to its end (the grace policy) still has its deadline and
+    # the supervisor's kill coming: the last upload is waited for only until then
+    deadline = min([time.monotonic() + EXIT_FLUSH_SECONDS, *map(upload_deadline, stops_received())])
     for mirror in list(_mirrors):
         mirror.flush(deadline, say=True)  # each busy one says what it waits for, and after

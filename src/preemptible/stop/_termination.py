@@ -279,6 +279,16 @@ def _bound(value: float | Durations, safety: float, prior_spread: float) -> floa
     return Durations(prior_spread=prior_spread, values=(value,)).bound(safety)
 
 
+_stopped: list[StopRequests] = []
+
+
+def stops_received() -> list[StopRequests]:
+    """Every ``StopRequests`` of this process that received a stop, even one whose loop ended
+    since (a run that trained to its end within the grace period): what an upload at the
+    interpreter's exit must still be done by (``_mirror.upload_deadline``)."""
+    return list(_stopped)
+
+
 class StopRequests:
     """The notices received so far. Appends come from a signal handler or a watcher thread;
     ``list.append`` is atomic under the GIL, so neither needs a lock (a lock taken inside a
@@ -290,6 +300,8 @@ class StopRequests:
 
     def add(self, notice: Notice) -> None:
         self._notices.append(notice)
+        if notice.stop and not any(r is self for r in _stopped):
+            _stopped.append(self)
 
     @property
     def notices(self) -> list[Notice]:
