@@ -35,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -279,12 +280,14 @@ def _bound(value: float | Durations, safety: float, prior_spread: float) -> floa
     return Durations(prior_spread=prior_spread, values=(value,)).bound(safety)
 
 
-_stopped: list[StopRequests] = []
+# weakly: a stop counts while its run's objects live (a script's handler, to the exit), and a
+# run stopped long ago in a notebook's process does not bound the exit of the ones after it
+_stopped: weakref.WeakSet[StopRequests] = weakref.WeakSet()
 
 
 def stops_received() -> list[StopRequests]:
-    """Every ``StopRequests`` of this process that received a stop, even one whose loop ended
-    since (a run that trained to its end within the grace period): what an upload at the
+    """Every live ``StopRequests`` of this process that received a stop, even one whose loop
+    ended since (a run that trained to its end within the grace period): what an upload at the
     interpreter's exit must still be done by (``_mirror.upload_deadline``)."""
     return list(_stopped)
 
@@ -300,8 +303,8 @@ class StopRequests:
 
     def add(self, notice: Notice) -> None:
         self._notices.append(notice)
-        if notice.stop and not any(r is self for r in _stopped):
-            _stopped.append(self)
+        if notice.stop:
+            _stopped.add(self)
 
     @property
     def notices(self) -> list[Notice]:
