@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -281,6 +282,11 @@ def test_a_run_that_trains_to_its_end_after_a_stop_leaves_before_the_supervisor_
         rc = child.wait(30)
         took = time.monotonic() - sent
     assert rc == 0 and "step 39" in child.lines, child.output  # it trained to its end
-    assert took < 4, f"{took:.2f} s\n{child.output}"
+    # the wait ends 1 s before the kill (EXIT_MARGIN); the exit after it is quick, but this
+    # machine may be loaded: the bound the process chose is read from its line
+    [waiting] = [line for line in child.lines if "for the upload of step-0000000040" in line]
+    bound = re.search(r"waiting up to (\d+) s", waiting)
+    assert bound and int(bound.group(1)) <= 3, waiting
+    assert took < 4 + 1.5, f"{took:.2f} s\n{child.output}"
     said = [line for line in child.lines if "did not finish in time" in line]
     assert len(said) == 1 and said[0].endswith("in the bucket is step-0000000000.ckpt"), said
