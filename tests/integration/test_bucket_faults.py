@@ -149,3 +149,22 @@ def test_the_server_killed_during_an_upload_leaves_the_bucket_intact(
     ), run.output
     record = json.loads((run_dir / "record.json").read_text())
     assert record["remote_checkpoint"] == f"{s3_bucket.url}/{max(in_bucket)}", record
+
+
+def test_a_bucket_gone_between_the_start_and_the_lock_is_one_line_without_secrets(
+    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server stops answering after the store's start (its first look at the bucket) and
+    before the lock's takeover: the lock raises one line that says so, and the password of an
+    endpoint given with one is not in it. It raised the client's multi-line dump of the
+    request, the endpoint with its password included."""
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        port = proxy.endpoint.rsplit(":", 1)[1]
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://user:SECRET-{port}@127.0.0.1:{port}")
+        store = CheckpointStore(s3_bucket.url)
+        proxy.cut.set()  # the server is gone
+        with pytest.raises(CheckpointRemoteError) as info:
+            store.lock()
+    said = str(info.value)
+    assert said.startswith(f"checkpoint location {s3_bucket.url}: cannot be reached ("), said
+    assert "\n" not in said and "SECRET" not in said, said

@@ -14,7 +14,7 @@ import pytest
 from preemptible import CheckpointStore
 from preemptible.checkpoint import _remote
 from tests.support.azure_blob import AnyBucket
-from tests.support.buckets import Bucket, manifests, save_and_flush
+from tests.support.buckets import Bucket, manifests, save_and_flush, settled
 from tests.support.faults import fault_proxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -113,6 +113,7 @@ def test_retention_removes_the_manifest_before_the_files(
         assert save_and_flush(store, 1, b"one")
         upload = next(iter(manifests(s3_bucket).values()))["upload"]
         assert save_and_flush(store, 2, b"two")
+        settled(store)  # the retention of step 1 runs after step 2's commit
         requests = list(proxy.requests)
     deletes = [r for r in requests if r.startswith("DELETE") or r.startswith("POST")]
     gone_manifest = next(i for i, r in enumerate(deletes) if "manifests/step-0000000001.ckpt" in r)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -171,3 +172,121 @@ def test_a_plain_sigterm_under_run_ends_the_upload_wait_before_the_supervisor_s_
     assert json.loads(record.read_text())["remote_checkpoint"] == (
         f"{s3_bucket.url}/step-0000000000.ckpt"
     )
+
+
+def test_a_stop_says_what_it_waits_for_and_a_second_signal_leaves_at_once(
+    s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """A plain SIGTERM (no deadline but the 600 s cap) while the bucket stalls: after the stop's
+    line the process says it waits for the stop's upload, how long at most, and which
+    checkpoint the bucket holds meanwhile; a second SIGTERM then exits 143 at once. Then the
+    same stop with the bucket answering: the line after the wait names what reached the
+    bucket. Both waits used to be silent (a process that said "exiting" and went on for up to
+    10 minutes)."""
+    env = {
+        **CLEAN,
+        "PREEMPTIBLE_STAGING_DIR": str(tmp_path / "staging"),
+        "CKPT_URL": s3_bucket.url,
+    }
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        child = spawn([PY, "-c", PROGRAM], env={**env, "AWS_ENDPOINT_URL": proxy.endpoint})
+        child.wait_line(lambda line: line == "step 3", timeout=60)  # step 0 is in the bucket
+        proxy.stall.set()
+        child.signal(signal.SIGTERM)
+        waiting = child.wait_line(lambda line: "for the upload of" in line, timeout=30)
+        child.signal(signal.SIGTERM)
+        sent = time.monotonic()
+        rc = child.wait(30)
+        took = time.monotonic() - sent
+    assert rc == 143, child.output
+    assert took < 5, f"{took:.2f} s\n{child.output}"
+    assert "waiting up to 6" in waiting and f"to {s3_bucket.url} before exiting" in waiting
+    assert waiting.endswith("the newest checkpoint in the bucket is step-0000000000.ckpt)")
+    assert not any(line.startswith("preemptible: uploaded") for line in child.lines)
+
+    child = spawn([PY, "-c", PROGRAM], env=env)  # resumes from staging, the bucket answering
+    child.wait_line(lambda line: line.startswith("step ") and int(line[5:]) > 3, timeout=60)
+    child.signal(signal.SIGTERM)
+    assert child.wait(60) == 143, child.output
+    [stopped] = [line for line in child.lines if line.startswith("preemptible: stopped at step")]
+    name = stopped.split("/")[-1].split(";")[0]
+    assert f"preemptible: uploaded {name} to {s3_bucket.url}" in child.lines, child.output
+    assert any(k.startswith(f"manifests/{name}/") for k in s3_bucket.objects()), child.output
+
+
+UNCLOSED = """\
+import dataclasses, json, os, sys, time
+import preemptible
+from preemptible.notices import default_config
+
+config = dataclasses.replace(default_config(), save_fn=lambda path: path.write_text("{}"))
+handler = preemptible.PreemptionCheckpointHandler(os.environ["CKPT_URL"], termination_config=config)
+handler.step = 1
+assert not handler.should_stop  # a boundary: its signal handlers are in place, never closed
+print("ready", flush=True)
+sys.stdin.readline()
+handler.save(2)
+"""
+
+
+def test_a_signal_during_the_upload_at_exit_ends_the_process(
+    s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """A program that leaves its handler open ends while the bucket stalls: the exit waits for
+    its last upload and says a signal ends the wait; SIGTERM then ends the process at once, as
+    without preemptible. The handler's latch used to take the SIGTERM for a stop no loop would
+    act on: the process went on waiting (up to 600 s) and then exited 0."""
+    env = {**CLEAN, "PREEMPTIBLE_STAGING_DIR": str(tmp_path / "staging"), "CKPT_URL": s3_bucket.url}
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        child = spawn(
+            [PY, "-c", UNCLOSED],
+            env={**env, "AWS_ENDPOINT_URL": proxy.endpoint},
+            stdin=subprocess.PIPE,
+        )
+        child.wait_line(lambda line: line == "ready", timeout=60)
+        proxy.stall.set()
+        assert child.proc.stdin is not None
+        child.proc.stdin.write("go\n")
+        child.proc.stdin.flush()
+        waiting = child.wait_line(lambda line: "for the upload of" in line, timeout=30)
+        child.signal(signal.SIGTERM)
+        rc = child.wait(10)
+    assert "step-0000000002.ckpt" in waiting and "a signal now exits at once" in waiting
+    assert rc == -signal.SIGTERM, child.output
+
+
+FINISHES = PROGRAM.replace("handler.steps(10**6)", "handler.steps(40)")
+
+
+def test_a_run_that_trains_to_its_end_after_a_stop_leaves_before_the_supervisor_s_kill(
+    s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """SIGTERM with a grace period long enough to train to the end (an insurance checkpoint,
+    then the last steps), under a supervisor that kills 4 s after the signal, while the bucket
+    stalls: the upload of the last checkpoint at the interpreter's exit is waited for only
+    until just before that kill, and one line names the newest checkpoint in the bucket. The
+    exit's wait used to be 600 s whatever the stop said: killed with no word."""
+    env = {
+        **CLEAN,
+        "PREEMPTIBLE_STAGING_DIR": str(tmp_path / "staging"),
+        "PREEMPTIBLE_GRACE_PERIOD": "30",
+        "PREEMPTIBLE_KILL_AFTER": "4",  # as preemptible run tells its attempts
+        "CKPT_URL": s3_bucket.url,
+    }
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        child = spawn([PY, "-c", FINISHES], env={**env, "AWS_ENDPOINT_URL": proxy.endpoint})
+        child.wait_line(lambda line: line == "step 5", timeout=60)  # step 0 is in the bucket
+        proxy.stall.set()
+        child.signal(signal.SIGTERM)
+        sent = time.monotonic()
+        rc = child.wait(30)
+        took = time.monotonic() - sent
+    assert rc == 0 and "step 39" in child.lines, child.output  # it trained to its end
+    # the wait ends 1 s before the kill (EXIT_MARGIN); the exit after it is quick, but this
+    # machine may be loaded: the bound the process chose is read from its line
+    [waiting] = [line for line in child.lines if "for the upload of step-0000000040" in line]
+    bound = re.search(r"waiting up to (\d+) s", waiting)
+    assert bound and int(bound.group(1)) <= 3, waiting
+    assert took < 4 + 1.5, f"{took:.2f} s\n{child.output}"
+    said = [line for line in child.lines if "did not finish in time" in line]
+    assert len(said) == 1 and said[0].endswith("in the bucket is step-0000000000.ckpt"), said

@@ -13,7 +13,7 @@ import pytest
 from preemptible import CheckpointStore
 from tests.conftest import wait_for
 from tests.support.azure_blob import AnyBucket
-from tests.support.buckets import Bucket
+from tests.support.buckets import Bucket, settled
 from tests.support.faults import fault_proxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -90,3 +90,34 @@ def test_a_newer_checkpoint_replaces_one_waiting_to_go_up(
     names = {k.split("/")[1] for k in s3_bucket.objects() if k.startswith("manifests/")}
     assert names == {"step-0000000001.ckpt", "step-0000000003.ckpt"}
     assert not [p for p in store.directory.iterdir() if p.name.startswith(".upload-")]
+
+
+def test_a_flush_waits_for_the_commit_not_for_the_retention_after_it(
+    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bucket stalls right after a checkpoint's manifest is written, as the retention of
+    the older ones begins: a stop's flush is done (that checkpoint is in the bucket, the record
+    names it) and says so, instead of waiting out its deadline on deletes and then saying the
+    upload did not finish while naming that very checkpoint as the bucket's newest."""
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        store = CheckpointStore(s3_bucket.url, keep=1)
+        assert store.lock()
+        store.save(1, lambda tmp: tmp.write_bytes(b"one"))
+        assert store.flush(time.monotonic() + 30)
+        proxy.stall_after = f"PUT /{s3_bucket.name}/{s3_bucket.prefix}/manifests/step-0000000002"
+        store.save(2, lambda tmp: tmp.write_bytes(b"two"))  # retires step 1 after its commit
+        started = time.monotonic()
+        assert store.mirror is not None
+        with caplog.at_level("WARNING", logger="preemptible"):
+            assert store.mirror.flush(time.monotonic() + 8, say=True)  # as a stop's flush
+        took = time.monotonic() - started
+        assert proxy.stall.is_set()  # the retention is what hangs
+        proxy.stall.clear()  # the retention goes on
+        settled(store)
+    assert took < 4, took
+    said = [r.getMessage() for r in caplog.records]
+    assert f"preemptible: uploaded step-0000000002.ckpt to {s3_bucket.url}" in said, said
+    assert not any("did not finish" in line for line in said), said
+    names = {k.split("/")[1] for k in s3_bucket.objects() if k.startswith("manifests/")}
+    assert "step-0000000002.ckpt" in names

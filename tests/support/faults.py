@@ -1,8 +1,9 @@
 """A fault injector in front of a real server: an HTTP proxy on 127.0.0.1 that answers the first
 N requests itself (503 SlowDown, as S3 throttles), stalls when told to (accepts, reads, never
-answers), and otherwise forwards every request to the server as it came, recording the
-method and path of each. The client under test is not touched: it talks HTTP to the proxy
-exactly as it would to the server (``AWS_ENDPOINT_URL`` points at the proxy).
+answers), cuts when told to (closes each connection unanswered), and otherwise forwards
+every request to the server as it came, recording the method and path of each. The client
+under test is not touched: it talks HTTP to the proxy exactly as it would to the server
+(``AWS_ENDPOINT_URL`` points at the proxy).
 
 Run as a program (``python tests/support/faults.py TARGET``) it is a server process of its
 own, which a test kills (SIGKILL) in the middle of an upload: the server the client talks to
@@ -38,6 +39,10 @@ class FaultProxy:
         self.stall = threading.Event()  # set: requests are read and not answered; cleared:
         # the requests held drop their connections (the client retries), new ones pass
         self.requests: list[str] = []
+        # a request starting "METHOD /path-prefix": once one is answered, ``stall`` is set (the
+        # requests that follow it hang: a fault at an exact point of a protocol)
+        self.stall_after: str | None = None
+        self.cut = threading.Event()  # set: every request's connection is closed unanswered
         self._release = threading.Event()
         proxy = self
 
@@ -56,6 +61,9 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else b""
                 if self.command == "POST":  # a bulk delete names its keys in the body
                     proxy.requests[-1] += " " + body[:4000].decode("utf-8", "replace")
+                if proxy.cut.is_set():  # as a server that died: no answer, the connection gone
+                    self.close_connection = True
+                    return
                 if proxy.stall.is_set():  # until the stall ends: then the connection drops
                     while proxy.stall.is_set() and not proxy._release.wait(0.02):
                         pass
@@ -87,6 +95,10 @@ class FaultProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
+                self.wfile.flush()
+                after = proxy.stall_after
+                if after is not None and f"{self.command} {self.path}".startswith(after):
+                    proxy.stall.set()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
 

@@ -34,3 +34,18 @@ def test_refused_names_the_code_in_one_line_without_the_token() -> None:
     assert "cannot be reached" in unreachable
     for message in (refused_key, missing, unreachable):
         assert "\n" not in message and "sig=" not in message and "c2VjcmV0" not in message
+
+
+def test_a_url_in_an_error_loses_its_user_and_password() -> None:
+    # what obstore said for AWS_ENDPOINT_URL=http://AKIAUSER:SUPERSECRET@127.0.0.1:1
+    error = RuntimeError(
+        "Generic S3 error: Error performing list request: Error performing GET "
+        "http://AKIAUSER:SUPERSECRET@127.0.0.1:1/bucket?list-type=2&prefix=manifests%2F in "
+        "3.0s, after 10 retries, max_retries: 10, retry_timeout: 60s  - HTTP error: error "
+        "sending request"
+    )
+    line = first_line(error)
+    assert "SUPERSECRET" not in line and "AKIAUSER" not in line
+    assert "GET http://127.0.0.1:1/bucket?... in" in line
+    unreachable = str(refused(Location.parse("s3://bucket/x"), error))
+    assert "SUPERSECRET" not in unreachable and "cannot be reached" in unreachable

@@ -116,13 +116,16 @@ def open_bucket(location: Location) -> ObjectStore:
 
 def first_line(exc: BaseException) -> str:
     """The first line of an obstore error (the rest is a debug dump of the request), with the
-    query string of every URL in it cut off: an Azure SAS token travels there (``sig=``)."""
+    query string of every URL in it cut off (an Azure SAS token travels there, ``sig=``) and
+    any user and password before its host (an endpoint variable may carry them:
+    ``AWS_ENDPOINT_URL=https://KEY:SECRET@host``, which obstore quotes as it was given)."""
     text = str(exc).strip().splitlines()
     line = text[0] if text else type(exc).__name__
-    return _QUERY.sub(r"\1?...", line)[:300]
+    return _QUERY.sub(r"\1?...", _USERINFO.sub(r"\1", line))[:300]
 
 
 _QUERY = re.compile(r"(\w+://[^\s?#]*)\?[^\s#]*")
+_USERINFO = re.compile(r"(\w+://)[^\s/?#@]*@")
 
 
 _MISSING = {"NoSuchBucket", "ContainerNotFound", "BucketNotFound"}
@@ -161,6 +164,12 @@ def refused(location: Location, exc: BaseException) -> CheckpointRemoteError:
             f"the credentials were refused ({said}); check the cloud's standard chain: "
             "AWS_ACCESS_KEY_ID or AWS_PROFILE or the instance role for S3, application "
             "default credentials for GCS, AZURE_STORAGE_* or a managed identity for Azure"
+        )
+    elif type(exc).__name__ == "InvalidPathError":
+        # a key with a "." or ".." part, or an empty one: the client refuses to list past it
+        why = (
+            f"an object there has a name the client cannot read ({first_line(exc)}); "
+            "preemptible never writes such a name: remove that object"
         )
     elif "credential" in text.lower():
         why = f"no usable credentials from the cloud's standard chain ({first_line(exc)})"

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._errors import CheckpointRemoteError
 from .._files import host_tag, open_in_place, pid_alive, remove_path, write_text_atomic
 from .._run import current_run
 from ._buckets import first_line
@@ -61,6 +62,8 @@ EXIT_MARGIN = 1.0
 
 _FINAL = re.compile(r"^step-(\d+)\.ckpt$")
 
+_SLICE = 0.2  # seconds: how late a signal may be acted on while a flush waits
+
 
 class Staging(Protocol):
     """What the mirror needs of its store (``CheckpointStore``)."""
@@ -75,6 +78,7 @@ class _Job:
     name: str
     snapshot: Path
     queued: float = field(default_factory=time.monotonic)
+    committed: bool = False  # its manifest is in the bucket (retention may still run)
 
 
 _mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
@@ -147,6 +151,8 @@ class Mirror:
         the next older one of its family is tried. Returns what was brought back."""
         try:
             remotes = self.remote.committed()
+        except CheckpointRemoteError:
+            raise  # its own line already
         except Exception as exc:
             raise self.remote.refused(exc) from None
         if not remotes:
@@ -297,6 +303,10 @@ class Mirror:
         from .. import _run
 
         _run.update_record(remote_checkpoint=f"{self.location}/{job.name}")
+        remove_path(job.snapshot.parent)  # up: the retention below does not need it
+        with self._cond:  # a flush waits no longer: the retention of older ones may lag
+            job.committed = True
+            self._cond.notify_all()
         try:
             with self._cond:
                 patterns = list(self._patterns)
@@ -309,17 +319,44 @@ class Mirror:
     # -- waiting -------------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return self._pending is not None or self._active is not None
+        """Whether a checkpoint is queued or going up (its retention afterwards is not
+        waited for: an exit that leaves it half done leaves files without a manifest, which
+        the next takeover cleans, never a manifest without files)."""
+        active = self._active
+        return self._pending is not None or (active is not None and not active.committed)
 
     def newest_in_bucket(self) -> str:
         return self.newest_remote or "none"
 
-    def flush(self, deadline: float | None = None) -> bool:
+    def flush(self, deadline: float | None = None, *, say: bool = False) -> bool:
         """Wait until every queued upload is done (``deadline``: ``time.monotonic()`` value).
         False, with one line naming the newest checkpoint in the bucket, when the deadline
-        passed first or the last upload failed."""
+        passed first or the last upload failed. ``say``: the process exits after this wait
+        (a stop, the interpreter's exit), so a line says what it waits for, and another what
+        reached the bucket: between the stop's line and the exit the process would otherwise
+        be silent for as long as the network takes."""
         with self._cond:
-            while self._pending is not None or self._active is not None:
+            waited = self._pending or self._active if self.busy else None
+        if say and waited is not None:
+            left = ""
+            if deadline is not None:
+                left = f" up to {max(0.0, deadline - time.monotonic()):.0f} s"
+            logger.warning(
+                "preemptible: waiting%s for the upload of %s to %s before exiting (a signal now "
+                "exits at once without it; the newest checkpoint in the bucket is %s)",
+                left,
+                waited.name,
+                self.location,
+                self.newest_in_bucket(),
+            )
+        done = self._wait(deadline)
+        if say and waited is not None and done:
+            logger.warning("preemptible: uploaded %s to %s", self.uploaded, self.location)
+        return done
+
+    def _wait(self, deadline: float | None) -> bool:
+        with self._cond:
+            while self.busy:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     waiting = self._pending or self._active
@@ -331,7 +368,10 @@ class Mirror:
                         self.newest_in_bucket(),
                     )
                     return False
-                self._cond.wait(left)
+                # in slices: a signal the kernel gives to another thread (obstore's, the
+                # uploader) only marks it pending, and the main thread runs its Python handler
+                # (a second SIGTERM: exit at once) when it next runs code, not in this wait
+                self._cond.wait(_SLICE if left is None else min(left, _SLICE))
         return self.failed is None
 
 
@@ -366,12 +406,12 @@ def _register(mirror: Mirror) -> None:
 
 def flush_all(deadline: float | None = None, *, final: bool = False) -> bool:
     """Flush every mirror of this process (see ``Mirror.flush``); True when all are done.
-    ``final``: the process exits next (a stop): when this flush gave up, the exit does not
-    wait again."""
+    ``final``: the process exits next (a stop): each busy mirror says what it waits for and
+    what reached the bucket, and when this flush gave up, the exit does not wait again."""
     global _exit_flushed
     ok = True
     for mirror in list(_mirrors):
-        ok = mirror.flush(deadline) and ok
+        ok = mirror.flush(deadline, say=final) and ok
     if final and not ok:
         _exit_flushed = True
     return ok
@@ -404,12 +444,16 @@ def upload_deadline(requests: StopRequests) -> float:
 
 
 def _flush_at_exit() -> None:
-    busy = [m for m in list(_mirrors) if m.busy]
-    if not busy or _exit_flushed:  # a stop waited already, as long as its deadline allowed
+    if _exit_flushed:  # a stop waited already, as long as its deadline allowed
         return
-    logger.warning(
-        "preemptible: waiting up to %d s for the upload to %s before exiting",
-        EXIT_FLUSH_SECONDS,
-        ", ".join(str(m.location) for m in busy),
-    )
-    flush_all(time.monotonic() + EXIT_FLUSH_SECONDS)
+    if not any(m.busy for m in list(_mirrors)):
+        return
+    from ..stop._latch import release_for_exit
+    from ..stop._termination import stops_received
+
+    release_for_exit()  # a signal during this wait ends the process, as the line says
+    # a stop whose run then trained to its end (the grace policy) still has its deadline and
+    # the supervisor's kill coming: the last upload is waited for only until then
+    deadline = min([time.monotonic() + EXIT_FLUSH_SECONDS, *map(upload_deadline, stops_received())])
+    for mirror in list(_mirrors):
+        mirror.flush(deadline, say=True)  # each busy one says what it waits for, and after

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._errors import CheckpointError, CheckpointRemoteError
+from .._errors import CheckpointError, CheckpointRemoteError, PreemptibleError
 from .._files import host_tag
 from ._buckets import first_line, open_bucket, refused
 from ._location import Location
@@ -204,7 +204,17 @@ class RemoteCheckpoints:
     # -- who writes ----------------------------------------------------------------------------
     def take_over(self) -> None:
         """Become the location's only writer (see the module docstring); also removes files
-        without a manifest older than ``ABANDONED_AFTER``."""
+        without a manifest older than ``ABANDONED_AFTER``. A bucket that stopped answering
+        since the start is one line (``CheckpointRemoteError``), not the client's dump of the
+        request, which quotes the endpoint as given (a password in it too)."""
+        try:
+            self._take_over()
+        except PreemptibleError:
+            raise
+        except Exception as exc:
+            raise self.refused(exc) from None
+
+    def _take_over(self) -> None:
         obs = _obstore()
         for attempt in range(8):
             current, version = self._get_json(WRITER)
@@ -212,7 +222,7 @@ class RemoteCheckpoints:
                 adopted = [r.key for r in self._valid(current, settled=attempt == 7)]
             except _Retry:
                 continue  # another writer took over while we listed: read writer.json again
-            epoch = int((current or {}).get("epoch", 0)) + 1
+            epoch = self._writer_view(current)[0] + 1
             body = {
                 "format": FORMAT,
                 "epoch": epoch,
@@ -240,6 +250,30 @@ class RemoteCheckpoints:
             self._clean_abandoned()
         except Exception as exc:  # cleaning is best effort; the next takeover tries again
             logger.info("preemptible: could not clean %s: %s", self.location, first_line(exc))
+
+    def _writer_view(self, writer: dict[str, Any] | None) -> tuple[int, set[str]]:
+        """writer.json's epoch and adopted manifests; (0, empty) when there is none (a fresh
+        location). One this version does not write (not JSON, another format, an epoch that
+        is not a whole number) fails closed: taken for none, the run would start from zero
+        and its takeover would leave every checkpoint there unread from then on."""
+        if writer is None:
+            return 0, set()
+        epoch, adopted = _whole(writer.get("epoch")), writer.get("adopted")
+        if (
+            writer.get("format") != FORMAT
+            or epoch is None
+            or epoch < 1
+            or not isinstance(adopted, list)
+            or not all(isinstance(key, str) for key in adopted)
+        ):
+            raise CheckpointRemoteError(
+                f"checkpoint location {self.location}: {self.location.key(WRITER)} is not one "
+                f"this version of preemptible writes (format {FORMAT}), so which checkpoints "
+                "there are committed is not known; nothing was changed. Put back the "
+                "writer.json preemptible wrote, or give this run a prefix of its own",
+                None,
+            )
+        return epoch, set(adopted)
 
     def _check_fence(self) -> None:
         if self._writer_etag is None:
@@ -274,10 +308,9 @@ class RemoteCheckpoints:
         later epoch means a takeover while we listed (``_Retry``); ``settled``: after the
         retries, such a manifest is one writer.json does not vouch for, skipped like any
         other (not taken for a reason to see no checkpoint at all)."""
-        if not writer:
+        epoch, adopted = self._writer_view(writer)
+        if not epoch:
             return []
-        epoch = int(writer.get("epoch", 0))
-        adopted = set(writer.get("adopted") or [])
         quarantined = {m["path"][len(QUARANTINE) :] for m in self._list(QUARANTINE)}
         found = []
         for meta in self._list(MANIFESTS):
@@ -287,6 +320,8 @@ class RemoteCheckpoints:
             m = _GEN.match(gen)
             if not m or "/" in gen or rest in quarantined or name.startswith("."):
                 continue  # a name of ours is a plain file name: never .preemptible.lock
+            if not safe_rel(name):
+                continue  # nor one no local file system holds (staging could not commit it)
             body = self._body(key)
             written = _whole(body.get("epoch")) if body else None
             if body is None or written is None:

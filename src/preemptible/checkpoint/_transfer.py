@@ -28,10 +28,22 @@ def sha256_file(path: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+NAME_MAX = 255
+"""Bytes in one part of a local path (Linux's, macOS's): a longer part cannot be written."""
+
+
 def safe_rel(rel: str) -> bool:
-    """A relative name that stays in its directory: no empty, ``.`` or ``..`` part."""
+    """A relative name that stays in its directory and that a local file system can hold: no
+    empty, ``.`` or ``..`` part, no NUL, no part longer than ``NAME_MAX`` bytes. What a bucket
+    lists came from a local file system, so anything else was not written by us, and must not
+    stop a start with an error writing it (it is quarantined instead)."""
     parts = rel.split("/")
-    return all(p not in ("", ".", "..") for p in parts) and not rel.startswith("/")
+    if rel.startswith("/") or "\x00" in rel:
+        return False
+    try:
+        return all(p not in ("", ".", "..") and len(os.fsencode(p)) <= NAME_MAX for p in parts)
+    except UnicodeError:  # a lone surrogate: no file name encodes it
+        return False
 
 
 def walk_files(root: Path, dirs: list[str]) -> Iterator[tuple[str, Path]]:

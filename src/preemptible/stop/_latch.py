@@ -286,6 +286,29 @@ def _register_atexit() -> None:
         _atexit_registered = True
 
 
+def release_for_exit() -> None:
+    """The program is over and the interpreter exits, but something still waits (a bucket's
+    upload at exit): put back the handlers that were there before every latch still installed
+    in this process (a handler never closed), so that a signal now ends the process as it
+    would without preemptible, instead of being recorded for a stop no loop will act on (the
+    process went on waiting, and then exited 0). A latch that holds for a committed stop's
+    exit is left as it is: it exits at once with the stop's code already."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    latches = set()
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        latch = getattr(handler, "__self__", None)
+        if isinstance(latch, SignalLatch) and latch._owner_pid == os.getpid():
+            latches.add(latch)
+    for latch in latches:
+        if not latch.holding:
+            latch.restore()
+
+
 def _ignore_while_finalizing() -> None:
     if threading.current_thread() is not threading.main_thread():
         return

@@ -35,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -279,6 +280,18 @@ def _bound(value: float | Durations, safety: float, prior_spread: float) -> floa
     return Durations(prior_spread=prior_spread, values=(value,)).bound(safety)
 
 
+# weakly: a stop counts while its run's objects live (a script's handler, to the exit), and a
+# run stopped long ago in a notebook's process does not bound the exit of the ones after it
+_stopped: weakref.WeakSet[StopRequests] = weakref.WeakSet()
+
+
+def stops_received() -> list[StopRequests]:
+    """Every live ``StopRequests`` of this process that received a stop, even one whose loop
+    ended since (a run that trained to its end within the grace period): what an upload at the
+    interpreter's exit must still be done by (``_mirror.upload_deadline``)."""
+    return list(_stopped)
+
+
 class StopRequests:
     """The notices received so far. Appends come from a signal handler or a watcher thread;
     ``list.append`` is atomic under the GIL, so neither needs a lock (a lock taken inside a
@@ -290,6 +303,8 @@ class StopRequests:
 
     def add(self, notice: Notice) -> None:
         self._notices.append(notice)
+        if notice.stop:
+            _stopped.add(self)
 
     @property
     def notices(self) -> list[Notice]:
