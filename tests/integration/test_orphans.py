@@ -122,6 +122,19 @@ def guardians(supervisor: int) -> list[int]:
     return found
 
 
+def the_guardian(supervisor: int) -> int:
+    """The pid of the supervisor's one guardian, once it runs its script: the supervisor starts
+    it just after the job, so a quick job can be ready before it is."""
+    found: list[int] = []
+
+    def one() -> bool:
+        found[:] = guardians(supervisor)
+        return len(found) == 1
+
+    wait_for(one, 10, "the attempt's guardian to run")
+    return found[0]
+
+
 def cgroups_left() -> list[str]:
     here = probe()
     if here.parent is None:
@@ -253,7 +266,7 @@ def test_a_killed_guardian_is_replaced_and_kill_9_of_the_supervisor_then_leaves_
     env = {"PREEMPTIBLE_CONTAINMENT": "proc"}
     sup = supervise(spawn, tmp_path, "--", PY, "-c", DAEMON, str(pid_file), "wait", env=env)
     daemon = read_pid(pid_file)
-    [first] = guardians(sup.pid)
+    first = the_guardian(sup.pid)
     os.kill(first, signal.SIGKILL)
     line = sup.wait_line(lambda line: f"guardian of attempt 1 (pid {first}) died" in line, 30)
     assert "killed by SIGKILL" in line
@@ -277,7 +290,7 @@ def test_sigkill_of_the_guardian_and_the_supervisor_together_stops_the_run_with_
     job = python_args("light_train.py", "--ckpt", "ck", "--steps", "100000")
     sup = supervise(spawn, tmp_path, "--", *job, env=env)
     sup.wait_line(lambda line: line == "step 5", 60)
-    [guardian] = guardians(sup.pid)
+    guardian = the_guardian(sup.pid)
     seen = tree(sup.pid)
     strays.update(seen)
     sup.signal(signal.SIGSTOP)  # so that it cannot replace its guardian in between
@@ -304,7 +317,7 @@ def test_the_next_supervisor_stops_what_an_attempt_left_when_both_were_killed(
     sleeper = read_pid(tmp_path / "sleeper")
     seen = tree(sup.pid)
     strays.update(seen)
-    [guardian] = guardians(sup.pid)
+    guardian = the_guardian(sup.pid)
     sup.signal(signal.SIGSTOP)
     os.kill(guardian, signal.SIGKILL)
     sup.signal(signal.SIGKILL)
@@ -347,7 +360,7 @@ def test_sigkill_of_the_guardian_and_the_agent_then_the_next_agent_resumes(
     env = {"PREEMPTIBLE_CONTAINMENT": "proc", "PREEMPTIBLE_POLL_INTERVAL": "0.2"}
     a = spawn(agent, cwd=tmp_path, env=env)
     a.wait_line(lambda line: line == "step 5", 60)
-    [guardian] = guardians(a.pid)
+    guardian = the_guardian(a.pid)
     seen = tree(a.pid)
     strays.update(seen)
     a.signal(signal.SIGSTOP)
