@@ -135,6 +135,16 @@ def the_guardian(supervisor: int) -> int:
     return found[0]
 
 
+def removed(path: Path) -> bool:
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return True
+    except OSError:  # a file created in it while it was being removed
+        return False
+    return True
+
+
 def cgroups_left() -> list[str]:
     here = probe()
     if here.parent is None:
@@ -386,7 +396,8 @@ def test_a_supervisor_given_a_deleted_run_directory_leaves_the_first_one_s_job_a
     first = supervise(spawn, tmp_path, "--", *job)
     one = int(first.wait_line(lambda line: line.startswith("job "), 30).split()[1])
     strays[one] = start_time(one) or 0
-    shutil.rmtree(tmp_path / ".preemptible")
+    # the supervisor may still be writing in it (its attempt's files): remove until it is gone
+    wait_for(lambda: removed(tmp_path / ".preemptible"), 10, "the run directory to be removed")
     second = supervise(spawn, tmp_path, "--", *job)
     two = int(second.wait_line(lambda line: line.startswith("job "), 30).split()[1])
     strays[two] = start_time(two) or 0
