@@ -136,13 +136,11 @@ def the_guardian(supervisor: int) -> int:
 
 
 def removed(path: Path) -> bool:
-    try:
+    """Whether ``path`` is gone after one try (a file made or removed in it while it was being
+    removed fails the try)."""
+    with contextlib.suppress(OSError):
         shutil.rmtree(path)
-    except FileNotFoundError:
-        return True
-    except OSError:  # a file created in it while it was being removed
-        return False
-    return True
+    return not path.exists()
 
 
 def cgroups_left() -> list[str]:
