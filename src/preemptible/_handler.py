@@ -87,9 +87,7 @@ class PreemptionCheckpointHandler:
         sharded: bool = False,
     ) -> None:
         config = termination_config_of(termination_config)
-        periodic = None
-        if save_every_steps is not None or save_every_seconds is not None:
-            periodic = Periodic(every_steps=save_every_steps, every_seconds=save_every_seconds)
+        periodic = Periodic.of(save_every_steps, save_every_seconds)
         saver = StateSaver(
             checkpoint_directory(checkpoint_dir),
             state,

@@ -41,13 +41,12 @@ from ..frontend import (
     CheckpointLoadError,
     CheckpointSaveError,
     ConfigError,
+    EpochLoop,
     Periodic,
     StagedSaver,
-    StopSession,
     TerminationConfig,
     capture_rng,
     checkpoint_directory,
-    exit_code_of,
     restore_rng,
     saving_config,
 )
@@ -111,7 +110,7 @@ class _SaveStateSaver(StagedSaver):
         return int(position["step"])
 
 
-class PreemptibleLoop:
+class PreemptibleLoop(EpochLoop):
     """Stop a training loop on ``accelerate.Accelerator`` cleanly on a signal or a platform
     notice, as a committed ``checkpoint-N`` (``accelerator.save_state``), and resume it bit for
     bit (``accelerator.load_state`` and the position in the data)::
@@ -156,61 +155,18 @@ class PreemptibleLoop:
                 f"accelerator={type(accelerator).__name__} is not valid; pass the "
                 "accelerate.Accelerator the loop's objects were prepared with"
             )
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ConfigError(f"keep={keep!r} is not valid; use an integer >= 1")
         config = saving_config(termination_config, "PreemptibleLoop (accelerator.save_state)")
-        periodic = None
-        if save_every_steps is not None or save_every_seconds is not None:
-            periodic = Periodic(every_steps=save_every_steps, every_seconds=save_every_seconds)
+        periodic = Periodic.of(save_every_steps, save_every_seconds)
         self.accelerator = accelerator
-        self.saver = _SaveStateSaver(checkpoint_directory(checkpoint_dir), accelerator, keep=keep)
-        self.session = StopSession(
-            self.saver,
+        saver = _SaveStateSaver(checkpoint_directory(checkpoint_dir), accelerator, keep=keep)
+        super().__init__(  # resumes through accelerator.load_state
+            saver,
             termination_config=config,
             signals=signals,
             tracker=tracker,
             periodic=periodic,
-            exit_code=exit_code_of(exit_code),
+            exit_code=exit_code,
         )
-        self.session.start()
-        self.session.begin()  # the newest checkpoint, through accelerator.load_state
-        position = self.saver.position or {}
-        self.step: int = self.session.step
-        self.epoch: int = int(position.get("epoch", 0))
-        self.batch: int = int(position.get("batch", 0))
-        # the random states as the resumed epoch's iterator was made (None: not mid-epoch)
-        self._epoch_rng: dict[str, Any] | None = position.get("epoch_rng")
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.saver.store.directory
-
-    @property
-    def resume_path(self) -> Path | None:
-        """The ``checkpoint-N`` this run resumed from, or None."""
-        return self.session.resume_path
-
-    def epochs(self, total: int) -> Iterator[int]:
-        """The epochs from the resumed one up to ``total - 1``. The end of each (after the
-        loop's evaluation) is a boundary; the end of the last commits the last step."""
-        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-            raise ConfigError(f"total={total!r} is not valid; use an integer >= 0")
-        return self._epochs(total)
-
-    def _epochs(self, total: int) -> Iterator[int]:
-        session = self.session
-        try:
-            while self.epoch < total:
-                yield self.epoch
-                self.epoch, self.batch, self._epoch_rng = self.epoch + 1, 0, None
-                if session.at_boundary(step=self.step, context=self._position()):
-                    return
-            session.finished(step=self.step, context=self._position(), always=True)
-        except Exception:
-            session.failed()
-            raise
-        finally:
-            session.close()
 
     def batches(self, dataloader: Any) -> Iterator[Any]:
         """The batches of ``dataloader`` (prepared by the accelerator) for this epoch, from
@@ -254,11 +210,3 @@ class PreemptibleLoop:
             ):
                 return
             batch = next(batches, _DONE)
-
-    def _position(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "epoch_rng": self._epoch_rng,
-        }

@@ -26,6 +26,9 @@ Savers:
 - your own: subclass ``BaseSaver`` and implement ``write(step, context)`` with
   ``self.store.save(step, ...)`` or ``self.store.commit(name, ...)``.
 
+A front end for a loop of one's own in epochs and batches subclasses ``EpochLoop`` (the
+session, the data position, ``epochs(n)``) and gives it a saver and a ``batches``.
+
 Every checkpoint goes through ``CheckpointStore``'s commit: a temporary in the same directory,
 fsync, rename, fsync of the directory. A checkpoint location may be a URL (``is_url``:
 ``s3://bucket/prefix``, ``gs://``, ``az://``): the store then commits in a local staging
@@ -62,6 +65,7 @@ from ._config import (
     saving_config,
     termination_config_of,
 )
+from ._loop import EpochLoop
 from ._periodic import Periodic
 from ._phase import Phase
 from ._session import StopSession
@@ -79,6 +83,7 @@ __all__ = [
     "ConfigError",
     "Decision",
     "Durations",
+    "EpochLoop",
     "NamedSaver",
     "Notice",
     "PayloadSaver",

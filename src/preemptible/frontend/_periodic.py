@@ -38,6 +38,14 @@ class Periodic:
         elif every_steps == "auto":
             self.interval = SaveInterval()
 
+    @classmethod
+    def of(cls, every_steps: int | str | None, every_seconds: float | None) -> Periodic | None:
+        """The periodic saves a front end's ``save_every_steps``/``save_every_seconds`` ask
+        for; None when neither is given."""
+        if every_steps is None and every_seconds is None:
+            return None
+        return cls(every_steps=every_steps, every_seconds=every_seconds)
+
     @property
     def by_time(self) -> bool:
         """Due by the clock (which is not the same on every rank: rank 0 decides)."""

@@ -18,12 +18,11 @@ from ..frontend import (
     CheckpointLoadError,
     CheckpointSaveError,
     ConfigError,
+    EpochLoop,
     Periodic,
     StagedSaver,
-    StopSession,
     TerminationConfig,
     checkpoint_directory,
-    exit_code_of,
     saving_config,
 )
 from ._store import jax_ranks
@@ -133,7 +132,7 @@ class _OrbaxSaver(StagedSaver):
         return int(position["step"])
 
 
-class PreemptibleLoop:
+class PreemptibleLoop(EpochLoop):
     """Stop a Flax NNX training loop cleanly on a signal or a platform notice, as a committed
     ``checkpoint-N`` written by Orbax, and resume it bit for bit::
 
@@ -178,12 +177,8 @@ class PreemptibleLoop:
         checkpointer: Any | None = None,
     ) -> None:
         objects = _objects(state)
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ConfigError(f"keep={keep!r} is not valid; use an integer >= 1")
         config = saving_config(termination_config, "preemptible.jax.PreemptibleLoop (Orbax)")
-        periodic = None
-        if save_every_steps is not None or save_every_seconds is not None:
-            periodic = Periodic(every_steps=save_every_steps, every_seconds=save_every_seconds)
+        periodic = Periodic.of(save_every_steps, save_every_seconds)
         if checkpointer is None:
             checkpointer = ocp.StandardCheckpointer()
         elif isinstance(checkpointer, ocp.CheckpointManager) or not all(
@@ -195,70 +190,28 @@ class PreemptibleLoop:
                 "ocp.StandardCheckpointer() (PreemptibleLoop names, keeps and commits the "
                 "checkpoint-N directories itself, as a CheckpointManager would)"
             )
-        self.saver = _OrbaxSaver(
-            checkpoint_directory(checkpoint_dir), objects, checkpointer, keep=keep
-        )
-        self.session = StopSession(
-            self.saver,
+        saver = _OrbaxSaver(checkpoint_directory(checkpoint_dir), objects, checkpointer, keep=keep)
+        super().__init__(  # the newest checkpoint, restored into the objects
+            saver,
             termination_config=config,
             signals=signals,
             tracker=tracker,
             periodic=periodic,
-            exit_code=exit_code_of(exit_code),
+            exit_code=exit_code,
             ranks=jax_ranks(),  # jax.distributed's processes agree on the stop step
         )
-        self.session.start()
-        try:
-            self.session.begin()  # the newest checkpoint, restored into the objects
-        except BaseException:
-            self.session.close()
-            raise
-        position = self.saver.position or {}
-        self.step: int = self.session.step
-        self.epoch: int = int(position.get("epoch", 0))
-        self.batch: int = int(position.get("batch", 0))
-        # the random states as the resumed epoch began, and as its last step ended
-        self._epoch_rng: dict[str, Any] | None = position.get("epoch_rng")
-        self._step_rng: dict[str, Any] | None = position.get("rng")
+        # the random states as the resumed epoch's last step ended
+        self._step_rng: dict[str, Any] | None = (saver.position or {}).get("rng")
 
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.saver.store.directory
-
-    @property
-    def resume_path(self) -> Path | None:
-        """The ``checkpoint-N`` this run resumed from, or None."""
-        return self.session.resume_path
-
-    def epochs(self, total: int) -> Iterator[int]:
-        """The epochs from the resumed one up to ``total - 1``. The end of each (after the
-        loop's evaluation) is a boundary; the end of the last commits the last step."""
-        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-            raise ConfigError(f"total={total!r} is not valid; use an integer >= 0")
-        return self._epochs(total)
-
-    def _epochs(self, total: int) -> Iterator[int]:
-        session = self.session
-        try:
-            while self.epoch < total:
-                if self._step_rng is not None and not self.batch:
-                    # resumed at an epoch's start (a stop at the end of the one before)
-                    restore_rng(self._step_rng)
-                    self._step_rng = None
-                if self._epoch_rng is not None and self.batch:
-                    restore_rng(self._epoch_rng)  # the resumed epoch's data, drawn again
-                else:
-                    self._epoch_rng = capture_rng()
-                yield self.epoch
-                self.epoch, self.batch, self._epoch_rng = self.epoch + 1, 0, None
-                if session.at_boundary(step=self.step, context=self._position()):
-                    return
-            session.finished(step=self.step, context=self._position(), always=True)
-        except Exception:
-            session.failed()
-            raise
-        finally:
-            session.close()
+    def _epoch_begins(self) -> None:
+        if self._step_rng is not None and not self.batch:
+            # resumed at an epoch's start (a stop at the end of the one before)
+            restore_rng(self._step_rng)
+            self._step_rng = None
+        if self._epoch_rng is not None and self.batch:
+            restore_rng(self._epoch_rng)  # the resumed epoch's data, drawn again
+        else:
+            self._epoch_rng = capture_rng()
 
     def batches(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """The batches of ``iterable`` for this epoch, from the resumed batch; asking for the
@@ -285,14 +238,6 @@ class PreemptibleLoop:
             if session.at_boundary(step=self.step, context=self._position()):
                 return
             batch = next(batches, _DONE)
-
-    def _position(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "epoch_rng": self._epoch_rng,
-        }
 
 
 def _objects(state: Mapping[str, Any] | None) -> dict[str, Any]:

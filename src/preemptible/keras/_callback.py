@@ -115,9 +115,7 @@ class PreemptionCallback(keras.callbacks.Callback):  # type: ignore[misc]
         )
         self.signals = normalize_signals(signals)
         self.store = CheckpointStore(checkpoint_directory(checkpoint_dir), keep=keep)
-        self.periodic = None
-        if save_every_steps is not None or save_every_seconds is not None:
-            self.periodic = Periodic(every_steps=save_every_steps, every_seconds=save_every_seconds)
+        self.periodic = Periodic.of(save_every_steps, save_every_seconds)
         self.tracker = tracker
         self._session: StopSession | None = None
         self._original: Callable[..., Any] | None = None  # the fit's own train_function

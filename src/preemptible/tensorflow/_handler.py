@@ -166,9 +166,7 @@ class PreemptionCheckpointHandler:
             checkpoint=checkpoint, total_run_calls=self._calls, rng=tf.random.get_global_generator()
         )
         self.store = CheckpointStore(checkpoint_directory(directory), keep=keep)
-        periodic = None
-        if save_every_steps is not None or save_every_seconds is not None:
-            periodic = Periodic(every_steps=save_every_steps, every_seconds=save_every_seconds)
+        periodic = Periodic.of(save_every_steps, save_every_seconds)
         # every worker writes (a collective may read a variable), the chief's is committed
         saver = WorkersSaver(self.store, NAME, self._write, load=self._load, writer=rank == 0)
         self._session = StopSession(
