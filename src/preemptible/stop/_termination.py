@@ -282,14 +282,14 @@ def _bound(value: float | Durations, safety: float, prior_spread: float) -> floa
 
 # weakly: a stop counts while its run's objects live (a script's handler, to the exit), and a
 # run stopped long ago in a notebook's process does not bound the exit of the ones after it
-_stopped: weakref.WeakSet[StopRequests] = weakref.WeakSet()
+_all_requests: weakref.WeakSet[StopRequests] = weakref.WeakSet()
 
 
 def stops_received() -> list[StopRequests]:
     """Every live ``StopRequests`` of this process that received a stop, even one whose loop
     ended since (a run that trained to its end within the grace period): what an upload at the
     interpreter's exit must still be done by (``_mirror.upload_deadline``)."""
-    return list(_stopped)
+    return [requests for requests in list(_all_requests) if requests.stopping]
 
 
 class StopRequests:
@@ -300,11 +300,10 @@ class StopRequests:
     def __init__(self, grace_period: float | None = None) -> None:
         self.grace_period = grace_period
         self._notices: list[Notice] = []
+        _all_requests.add(self)  # here, not in add(): a signal handler only appends
 
     def add(self, notice: Notice) -> None:
         self._notices.append(notice)
-        if notice.stop:
-            _stopped.add(self)
 
     @property
     def notices(self) -> list[Notice]:
