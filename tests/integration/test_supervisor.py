@@ -563,7 +563,11 @@ def test_torchs_elastic_agent_is_told_to_pass_every_stop_signal_on(
 ) -> None:
     """torchrun's workers run in sessions of their own, out of reach of the signal the
     supervisor sends the job's group: the agent passes on what it is told (USR1 too)."""
-    prints = "import os; print(os.environ.get('PET_SIGNALS_TO_HANDLE', '-'), flush=True)"
+    # one write: print() writes the text and the newline apart (PYTHONUNBUFFERED), and the
+    # supervisor's log line, on the same pipe, could land between them
+    prints = (
+        "import os; os.write(1, (os.environ.get('PET_SIGNALS_TO_HANDLE', '-') + '\\n').encode())"
+    )
     monkeypatch.delenv("PET_SIGNALS_TO_HANDLE", raising=False)
     sup = supervise(spawn, tmp_path, "--", PY, "-c", prints, env=own)
     assert sup.wait(30) == 0, sup.output
