@@ -197,6 +197,28 @@ def test_periodic_saves_and_keep(tmp_path: Path) -> None:
     assert [c.step for c in h.store.committed()] == [10, 9]
 
 
+def test_the_stops_save_prunes_nothing_and_the_resumed_runs_first_save_does(
+    tmp_path: Path,
+) -> None:
+    """Pruning costs an unlink per retired checkpoint in the notice window: the stop defers it."""
+    exits = Exits()
+    h = PreemptionCheckpointHandler(
+        tmp_path,
+        model_state(),
+        save_every_steps=2,
+        keep=1,
+        termination_config=TerminationConfig(exit_fn=exits),
+    )
+    for step in h.steps(10):
+        if step == 4:
+            signal.raise_signal(signal.SIGTERM)
+    assert exits.codes == [143]
+    assert [c.step for c in h.store.committed()] == [5, 4]
+    resumed = PreemptionCheckpointHandler(tmp_path, model_state(), save_every_steps=2, keep=1)
+    assert list(resumed.steps(10)) == list(range(5, 10))
+    assert [c.step for c in resumed.store.committed()] == [10]
+
+
 def test_save_fn_mode_commits_what_the_user_writes(tmp_path: Path) -> None:
     written = []
 

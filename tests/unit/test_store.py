@@ -58,6 +58,19 @@ def test_keep_prunes_oldest_only_after_commit(tmp_path: Path) -> None:
     assert [c.step for c in store.committed()] == [2]
 
 
+def test_saves_with_pruning_deferred_prune_nothing_and_the_next_save_prunes_them(
+    tmp_path: Path,
+) -> None:
+    store = CheckpointStore(tmp_path, keep=1)
+    store.save(1, write_text("one"))
+    with store.pruning_deferred():
+        store.save(2, write_text("two"))
+        store.save(3, write_text("three"))
+    assert [c.step for c in store.committed()] == [3, 2, 1]
+    store.save(4, write_text("four"))
+    assert [c.step for c in store.committed()] == [4]
+
+
 def test_failed_write_leaves_previous_and_no_temporary(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep=2)
     store.save(1, write_text("good"))

@@ -141,6 +141,7 @@ class CheckpointStore:
         self._lock_fd: int | None = None
         self._lock_key: tuple[int, int] | None = None
         self._warned_foreign: set[str] = set()
+        self._pruning_deferred = False
         if self.location is not None:
             with contextlib.suppress(OSError):  # private when we make it
                 self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -336,6 +337,18 @@ class CheckpointStore:
         else:
             os.replace(tmp, final)
 
+    @contextlib.contextmanager
+    def pruning_deferred(self) -> Iterator[None]:
+        """Saves made inside prune nothing; the next save after it prunes what they left.
+        The stop's save is made inside: removing a retired checkpoint costs its unlink (about
+        0.16 s per GB on ext4) in the notice window, and an unlink left to a thread would hold
+        up the process's exit just as long."""
+        before, self._pruning_deferred = self._pruning_deferred, True
+        try:
+            yield
+        finally:
+            self._pruning_deferred = before
+
     def prune(
         self,
         upto: int | None = None,
@@ -351,6 +364,8 @@ class CheckpointStore:
         """
         if self.mirror is not None:
             self.mirror.retain(pattern)  # the bucket's retention runs after each upload
+        if self._pruning_deferred:
+            return
         committed = self.committed(pattern)
         if upto is not None:
             above = [c.path.name for c in committed if c.step > upto]

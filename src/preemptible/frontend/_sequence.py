@@ -258,7 +258,8 @@ class StopSequence:
                 signum=notice.signum,
                 step=step,
             )
-        path, committed = self._save(step, at, context, saved, record)  # 3.
+        with self.saver.store.pruning_deferred():  # the next run's first save prunes
+            path, committed = self._save(step, at, context, saved, record)  # 3.
         if record and committed and path is not None:  # 4.
             _run.update_record(state=RecordState.STOPPED, checkpoint=os.path.abspath(path))
         self._acknowledge()  # 5.
