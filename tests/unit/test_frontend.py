@@ -115,6 +115,31 @@ def test_a_bad_name_is_one_clear_error(tmp_path: Path, name: object) -> None:
         NamedSaver(tmp_path, name, Counter().write)  # type: ignore[arg-type]
 
 
+def test_a_frameworks_torch_save_under_a_named_saver_skips_the_crc32_nothing_reads(
+    tmp_path: Path,
+) -> None:
+    """Lightning's checkpoint is one torch.save: written like a payload, without the CRC32 of
+    each record (the CPU cost of serializing), it loads the same; torch's setting is restored."""
+    torch = pytest.importorskip("torch")
+    config = pytest.importorskip("torch.utils.serialization").config
+    if not hasattr(config.save, "compute_crc32"):
+        pytest.skip("this torch has no save.compute_crc32 setting")
+    import zipfile
+
+    weight = torch.randn(4096, generator=torch.Generator().manual_seed(5))
+
+    def write(tmp: Path, step: int, context: Any) -> None:
+        torch.save({"weight": weight, "step": step}, tmp)
+
+    path = NamedSaver(tmp_path, "resume.ckpt", write).write(3, None)
+    with zipfile.ZipFile(path) as archive:
+        records = [i for i in archive.infolist() if "/data/" in i.filename]
+        assert records and all(i.CRC == 0 for i in records)
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["step"] == 3 and torch.equal(loaded["weight"], weight)
+    assert config.save.compute_crc32 is True
+
+
 # -- a framework that writes its checkpoints itself, after the boundary (StagedSaver) ---------
 
 

@@ -56,6 +56,33 @@ def test_a_sharded_checkpoint_is_a_directory_committed_whole(tmp_path: Path) -> 
     assert inside == [".metadata", "__0_0.distcp", "preemptible.pt", "rng-0.pt"]
 
 
+def test_a_sharded_save_skips_torch_crc32_only_while_it_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DCP torch.saves every item; the CRC32 of each record was half of a 1 GB save's time
+    and nothing reads it. torch's setting is back as it was for the program's own saves."""
+    config = pytest.importorskip("torch.utils.serialization").config
+    if not hasattr(config.save, "compute_crc32"):
+        pytest.skip("this torch has no save.compute_crc32 setting")
+    import torch.distributed.checkpoint as dcp
+
+    during: list[bool] = []
+    save = dcp.save
+
+    def recording_save(*args: Any, **kwargs: Any) -> Any:  # DCP's own save, its setting noted
+        during.append(config.save.compute_crc32)
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(dcp, "save", recording_save)
+    state = make_state(0)
+    h = handler(tmp_path, state)
+    train(state, h, 1)
+    h.save()
+    h.close()
+    assert during and not any(during)  # the end of the loop commits too
+    assert config.save.compute_crc32 is True
+
+
 @pytest.mark.parametrize("async_save", [False, True])
 def test_a_resume_from_a_sharded_checkpoint_is_exact(
     tmp_path: Path, async_save: bool, caplog: pytest.LogCaptureFixture

@@ -31,7 +31,14 @@ from typing import Any, Protocol, cast, runtime_checkable
 from .._errors import ConfigError
 from .._files import remove_path
 from ._async import AsyncSaver, holds_cuda
-from ._payload import StateSpec, apply_payload, build_payload, read_payload, write_payload
+from ._payload import (
+    StateSpec,
+    apply_payload,
+    build_payload,
+    read_payload,
+    without_crc32,
+    write_payload,
+)
 from ._store import _FINAL, Checkpoint, CheckpointStore, checkpoint_name
 
 logger = logging.getLogger("preemptible")
@@ -327,14 +334,20 @@ class NamedSaver(BaseSaver):
         if not self.writer:
             tmp = self.store.temporary(name)
             try:
-                self._write(tmp, step, context)
+                self._framework_writes(tmp, step, context)
             finally:
                 remove_path(tmp)  # a framework that wrote on every rank: rank 0's counts
             return self.store.directory / name
-        path = self.store.commit(name, lambda tmp: self._write(tmp, step, context))
+        path = self.store.commit(name, lambda tmp: self._framework_writes(tmp, step, context))
         if self.pattern is not None:
             self.store.prune(step, keep_path=path, pattern=self.pattern)
         return path
+
+    def _framework_writes(self, tmp: Path, step: int, context: Any) -> None:
+        """The framework's own save, its ``torch.save`` calls (Lightning's checkpoint, the
+        Trainer's optimizer) without the CRC32 nothing reads, as a payload's."""
+        with without_crc32():
+            self._write(tmp, step, context)
 
     def resume(self, hint: Path | None) -> Saved | None:
         load = self._load

@@ -22,6 +22,7 @@ from typing import Any
 
 from .._errors import CheckpointLoadError, ConfigError
 from .._torch import initialized_dist
+from ..checkpoint._payload import without_crc32
 from ._group import pack, process_group, torch_module, unpack
 
 logger = logging.getLogger("preemptible")
@@ -105,8 +106,8 @@ def load_sharded_state(big: Mapping[str, Any], loaded: Mapping[str, Any]) -> Non
 def write_shards(big: Mapping[str, Any], directory: Path, rank: int, rng: Any) -> None:
     """This rank's part of a sharded checkpoint: its shards (a collective) and its RNG."""
     dcp = torch_module("torch.distributed.checkpoint")
-    if big:
-        with _single_process_quietly():
+    if big:  # DCP torch.saves each item: without the CRC nothing reads, as a payload is
+        with _single_process_quietly(), without_crc32():
             dcp.save(
                 sharded_state(big), checkpoint_id=str(directory), no_dist=process_group() is None
             )
