@@ -156,6 +156,10 @@ def main() -> int:
         trainer.save_metrics("train", result.metrics)
     if a.weights and trainer.is_world_process_zero():
         torch.save({k: v.clone() for k, v in model.state_dict().items()}, a.weights)
+    if torch.distributed.is_initialized():
+        # under torchrun the ranks leave together: a rank whose process exits (tearing its gloo
+        # group down) while rank 0 is still writing the weights may abort at exit (torch 2.13)
+        torch.distributed.barrier()
     print("done", flush=True)
     return 0
 
