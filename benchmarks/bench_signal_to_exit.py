@@ -12,10 +12,11 @@ Beside the total, its ratio to the save measured in the same child: what the sto
 the save it has to make. ``--device cuda``: the state lives on the GPU (the save copies it to
 host memory first; the exit also shuts CUDA down). ``--bucket``: each run also with its
 checkpoints in a bucket on moto's S3 server (interleaved with the local runs); *gone/local* is
-its signal -> gone over the local one's.
+its signal -> gone over the local one's. ``--previous``: the child resumes from a checkpoint of
+its own (saved by a handler before it), which the stop's save would retire under ``keep=1``.
 
     .venv/bin/python benchmarks/bench_signal_to_exit.py [--sizes 100,1000] [--repeats 5]
-        [--device cpu|cuda] [--bucket]
+        [--device cpu|cuda] [--bucket] [--previous]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import time
 import uuid
 from pathlib import Path
 
-from _common import disk_of, machine, median, s3_bucket, table, write_and_fsync
+from _common import disk_of, machine, median, s3_bucket, table
 
 CHILD = r"""
 import json, os, sys, time
@@ -51,31 +52,49 @@ default_exit = preemptible.TerminationConfig().exit_fn  # what a user gets: time
 def exit_fn(code):
     t_exit = time.time()
     notice = handler.notices[0]
-    json.dump({"received": notice.received_at, "exit_fn": t_exit,
+    json.dump({"received": notice.received_at, "exit_fn": t_exit, "raw": raw,
                "save": handler.save_times.max(), "code": code}, open(out, "w"))
     default_exit(code)
 
+def raw_write():
+    # the disk's limit for the same bytes, on the same disk, just before the loop (the disk's
+    # mood then is the stop's): random bytes written 16 MiB a call and fsynced, nothing else
+    path, chunk = os.path.join(os.path.dirname(out), "raw.bin"), os.urandom(16 << 20)
+    left = sum(w.numel() * w.element_size() for w in weights.values())
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    while left > 0:
+        left -= os.write(fd, memoryview(chunk)[: min(left, len(chunk))])
+    os.fsync(fd)
+    os.close(fd)
+    seconds = time.perf_counter() - t0
+    os.unlink(path)
+    return seconds
+
+if sys.argv[6] == "1":  # a run resumed from a checkpoint of its own: the stop's save retires it
+    with preemptible.PreemptionCheckpointHandler(sys.argv[4], {"model": weights}) as first:
+        first.save(1)
+raw = raw_write()
 handler = preemptible.PreemptionCheckpointHandler(
     sys.argv[4], {"model": weights}, keep=1,
     termination_config=preemptible.TerminationConfig(exit_fn=exit_fn))
-print("ready", flush=True)
+ready = False
 for step in handler.steps(10**9):
+    if not ready:  # in the loop (a resume has loaded): the signal may come
+        print("ready", flush=True)
+        ready = True
     time.sleep(step_s)
 """
 
 
-def raw_write(nbytes: int, workdir: Path) -> float:
-    """The disk's limit for the same bytes: write them (random, 16 MiB a call) and fsync."""
-    path = workdir / "raw.bin"
-    t0 = time.perf_counter()
-    write_and_fsync(path, nbytes)
-    seconds = time.perf_counter() - t0
-    path.unlink()
-    return seconds
-
-
 def one(
-    size_mb: int, step_s: float, workdir: Path, rng: random.Random, device: str, url: str | None
+    size_mb: int,
+    step_s: float,
+    workdir: Path,
+    rng: random.Random,
+    device: str,
+    url: str | None,
+    previous: bool = False,
 ) -> dict[str, float]:
     """One child, its checkpoints in ``workdir`` or, with ``url``, in the bucket (staged in
     ``workdir``): the stop's save then waits for its upload before the exit."""
@@ -83,13 +102,23 @@ def one(
     ckpt = url or str(workdir / "ckpt")
     env = {**os.environ, "PREEMPTIBLE_STAGING_DIR": str(workdir / "staging")}
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(size_mb), str(step_s), str(out), ckpt, device],
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(size_mb),
+            str(step_s),
+            str(out),
+            ckpt,
+            device,
+            str(int(previous)),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
     )
     assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
+    assert proc.stdout.readline().strip() == "ready", "the child did not start"
     time.sleep(rng.uniform(0.3, 0.5))  # a random moment inside a step
     sent = time.time()
     proc.send_signal(signal.SIGTERM)
@@ -99,6 +128,7 @@ def one(
     t = json.loads(out.read_text())
     save = t["save"]
     return {
+        "raw": t["raw"],
         "wait": t["exit_fn"] - save - t["received"],
         "save": save,
         "exit": gone - t["exit_fn"],
@@ -113,6 +143,12 @@ def main() -> None:
     p.add_argument("--step", type=float, default=0.1, help="step time in seconds")
     p.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state is")
+    p.add_argument(
+        "--previous",
+        action="store_true",
+        help="the child resumes from a checkpoint of its own first (keep=1: the stop's save has "
+        "one to retire)",
+    )
     p.add_argument(
         "--bucket",
         action="store_true",
@@ -141,12 +177,9 @@ def measure(args: argparse.Namespace, bucket: str | None) -> None:
             for where in wheres:  # interleaved: the disk's and the machine's moods shared
                 url = f"s3://{bucket}/run-{uuid.uuid4().hex[:8]}" if where == "bucket" else None
                 with tempfile.TemporaryDirectory(dir=base) as d:
-                    # the same bytes as the state (8 tensors of size MiB / 8), same disk, same
-                    # round, before the child (right after its exit the disk was still busy)
-                    raw = raw_write(8 * (size * 2**20 // 4 // 8) * 4, Path(d))
-                    run = one(size, args.step, Path(d), rng, args.device, url)
-                    run["raw"] = raw
-                    runs[where].append(run)
+                    runs[where].append(
+                        one(size, args.step, Path(d), rng, args.device, url, args.previous)
+                    )
         for where in wheres:
             got = runs[where]
             med = {k: median([r[k] for r in got]) for k in got[0]}
