@@ -85,11 +85,19 @@ start() {
     echo "$pid" >"$dir/pid"
     for _ in $(seq 300); do  # 30 s
         healthy "$port" && return 0
-        kill -0 "$pid" 2>/dev/null || { log "fake-gcs-server exited: $(tail -1 "$dir/fake-gcs-server.log")"; return 1; }
+        alive "$pid" || { log "fake-gcs-server exited: $(tail -1 "$dir/fake-gcs-server.log")"; return 1; }
         sleep 0.1
     done
     log "fake-gcs-server did not answer on 127.0.0.1:$port within 30 s: $(tail -1 "$dir/fake-gcs-server.log")"
     return 1
+}
+
+# running: not gone and not a zombie (a dead server waits for PID 1 to reap it, which in a
+# container can take seconds: it holds no port then, so it is stopped)
+alive() {
+    kill -0 "$1" 2>/dev/null || return 1
+    [ -r "/proc/$1/stat" ] || return 0
+    [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -c1)" != Z ]
 }
 
 stop() {
@@ -98,7 +106,7 @@ stop() {
     pid=$(cat "$dir/pid")
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 100); do  # 10 s, then SIGKILL
-        kill -0 "$pid" 2>/dev/null || { rm -f "$dir/pid"; return 0; }
+        alive "$pid" || { rm -f "$dir/pid"; return 0; }
         sleep 0.1
     done
     kill -9 "$pid" 2>/dev/null || true
@@ -119,7 +127,7 @@ down() {  # nothing in DIR is kept
     if [ -f "$dir/pid" ]; then
         pid=$(cat "$dir/pid")
         kill -9 "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
     fi
     rm -rf "$dir"
 }

@@ -136,11 +136,20 @@ class _Bridge(BaseHTTPRequestHandler):
     def _forward(self) -> None:
         body = self._body() if self.command in ("POST", "PUT") else None
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-        self._answer(*_request(self.upstream, self.command, self.path, body, headers))
+        try:
+            self._answer(*_request(self.upstream, self.command, self.path, body, headers))
+        except OSError as exc:  # the server is stopped (an outage test): what a client retries
+            self._answer(503, {}, f"fake-gcs-server did not answer: {exc}".encode())
 
     do_GET = do_HEAD = do_DELETE = do_POST = _forward
 
     def do_PUT(self) -> None:
+        try:
+            self._put()
+        except OSError as exc:
+            self._answer(503, {}, f"fake-gcs-server did not answer: {exc}".encode())
+
+    def _put(self) -> None:
         parts = urlsplit(self.path)
         bucket, _, name = parts.path.lstrip("/").partition("/")
         if parts.query or not name:  # a part of an XML multipart upload: not translated
