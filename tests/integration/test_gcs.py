@@ -14,6 +14,7 @@ exact resume, the doctor.
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -86,3 +87,32 @@ def test_an_outage_costs_an_upload_never_the_buckets_checkpoints(
     monkeypatch.setenv("PREEMPTIBLE_STAGING_DIR", str(tmp_path / "new-machine"))
     newest = CheckpointStore(bucket.url).latest()
     assert newest is not None and newest.step == 3 and newest.path.read_bytes() == b"three"
+
+
+def test_unusable_credentials_are_one_line_at_start(
+    gs_bucket: GcsBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fake-gcs-server checks no credentials, so the refusal a real bucket gives cannot be had
+    here; what can: a service-account file that is not there, or holds a key that is not one,
+    is one line naming the location, never a traceback at the first save."""
+    from preemptible import CheckpointRemoteError, CheckpointStore
+
+    missing = tmp_path / "no-such-account.json"
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT", str(missing))
+    with pytest.raises(CheckpointRemoteError) as info:
+        CheckpointStore(gs_bucket.url)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"checkpoint location {gs_bucket.url}: cannot set up the client")
+    assert str(missing) in message
+
+    key = "-----BEGIN PRIVATE KEY-----\nbm90LWEta2V5\n-----END PRIVATE KEY-----\n"
+    account = {"client_email": "run@p.iam.gserviceaccount.com", "private_key": key}
+    broken = tmp_path / "account.json"
+    broken.write_text(json.dumps({**account, "private_key_id": "k1"}))
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT", str(broken))
+    with pytest.raises(CheckpointRemoteError) as info:
+        CheckpointStore(gs_bucket.url)
+    message = str(info.value)
+    assert "\n" not in message and "bm90LWEta2V5" not in message
+    assert message.startswith(f"checkpoint location {gs_bucket.url}: cannot set up the client")
