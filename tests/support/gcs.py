@@ -19,8 +19,9 @@ generation for an update); fake-gcs-server does not take that PUT (fsouza/fake-g
 becomes the JSON API's upload with ``ifGenerationMatch`` (which fake-gcs-server enforces) and
 its answer the XML API's (``ETag``, ``x-goog-generation``, the status as it came); every other
 request (GET, HEAD, DELETE, the listing) goes through unchanged. So the server decides whether a
-create or an update wins, never the bridge. Its limit: XML multipart uploads (objects over
-obstore's 5 MiB chunk) are not translated, and the tests write small checkpoints.
+create or an update wins, never the bridge. Its limits: XML multipart uploads (objects over
+obstore's 5 MiB chunk) are not translated, and the tests write small checkpoints; a PUT's
+content type and custom metadata are not carried (preemptible sets neither).
 
 ``gs_bucket`` gives a ``gs://`` URL and the environment a child process needs to reach it, in
 the shape of ``tests.support.buckets.Bucket`` (``url``, ``env``, ``objects()``, ``put()``,
