@@ -20,7 +20,8 @@ import pytest
 pytest_plugins = [
     "tests.support.browser",
     "tests.support.buckets",
-    "tests.support.azure_blob",  # after buckets: it imports it (assertion rewriting)
+    "tests.support.gcs",
+    "tests.support.azure_blob",  # after buckets and gcs: it imports them (assertion rewriting)
     "tests.support.cpu",
     "tests.support.env",
     "tests.support.metadata",

@@ -65,12 +65,18 @@ def train(bucket: Bucket, *extra: str) -> list[str]:
     )
 
 
-# Azure's run (Azurite): the SIGKILL case alone, where uploads are cut at random moments (the
-# protocol is the same on both; test time is budgeted)
+# Azure's run (Azurite): the SIGKILL case alone, where uploads are cut at random moments; GCS's
+# (fake-gcs-server): the SIGTERM case, the stop's checkpoint going up before the exit (the
+# protocol is the same on all three; test time is budgeted)
 @pytest.mark.parametrize(
     ("bucket", "sig"),
-    [("s3", signal.SIGTERM), ("s3", signal.SIGKILL), ("az", signal.SIGKILL)],
-    ids=["s3-SIGTERM", "s3-SIGKILL", "az-SIGKILL"],
+    [
+        ("s3", signal.SIGTERM),
+        ("s3", signal.SIGKILL),
+        ("az", signal.SIGKILL),
+        ("gs", signal.SIGTERM),
+    ],
+    ids=["s3-SIGTERM", "s3-SIGKILL", "az-SIGKILL", "gs-SIGTERM"],
     indirect=["bucket"],
 )
 def test_a_run_resumes_on_a_new_machine_from_the_bucket_exactly(

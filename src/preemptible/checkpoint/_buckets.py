@@ -41,10 +41,17 @@ def _client_options() -> dict[str, Any]:
         "connect_timeout": timedelta(seconds=CONNECT_TIMEOUT),
     }
     # explicit client options replace obstore's reading of these from the environment
-    # (AZURE_ALLOW_HTTP is obstore's own name for Azure; the emulator mode allows HTTP itself)
+    # (AZURE_ALLOW_HTTP and GOOGLE_ALLOW_HTTP are obstore's own names for Azure and GCS, read
+    # for an endpoint that is plain HTTP: an emulator, a compatible service; Azure's emulator
+    # mode allows HTTP itself)
     if any(
         os.environ.get(name, "").lower() in _TRUE
-        for name in ("AWS_ALLOW_HTTP", "AZURE_ALLOW_HTTP", "AZURE_STORAGE_ALLOW_HTTP")
+        for name in (
+            "AWS_ALLOW_HTTP",
+            "AZURE_ALLOW_HTTP",
+            "AZURE_STORAGE_ALLOW_HTTP",
+            "GOOGLE_ALLOW_HTTP",
+        )
     ):
         options["allow_http"] = True
     return options

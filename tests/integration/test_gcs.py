@@ -1,0 +1,118 @@
+"""The GCS test server itself: what the gs:// checkpoint tests rely on fake-gcs-server for.
+
+The object-store commit protocol needs two things from the server: a create-only put that fails
+when the name exists (the manifest is written last, once), and an update that fails when the
+generation it names is stale (GCS's x-goog-if-generation-match, which obstore sends for an
+update from the ``version`` a read gave). These tests check that fake-gcs-server, reached
+through obstore configured from the environment alone (``GOOGLE_SERVICE_ACCOUNT``, as
+``tests.support.gcs`` sets it for child processes), honours both, reading the result back with
+plain HTTP; and that an outage of the service costs an upload, never the bucket's checkpoints
+(its data kept on disk across the stop). The gs:// cases of the tests of what must hold on
+every cloud (the ``bucket`` fixture's) cover the rest: the commit protocol, a new machine's
+exact resume, the doctor.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.support.gcs import GcsBucket, GcsServer, new_gcs_bucket
+
+obstore = pytest.importorskip("obstore")
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _store(bucket: GcsBucket):  # type: ignore[no-untyped-def]
+    from obstore.store import GCSStore
+
+    # nothing but the environment the fixture set: the same chain a child process reads
+    return GCSStore(
+        bucket.name,
+        prefix=bucket.prefix,
+        client_options={"timeout": "10s", "connect_timeout": "2s", "allow_http": True},
+        retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=5)},
+    )
+
+
+def test_conditional_puts_are_honoured(gs_bucket: GcsBucket) -> None:
+    store = _store(gs_bucket)
+    obstore.put(store, "manifest.json", b"first", mode="create")
+    with pytest.raises(obstore.exceptions.AlreadyExistsError):
+        obstore.put(store, "manifest.json", b"second", mode="create")
+
+    meta = obstore.head(store, "manifest.json")
+    name = f"{gs_bucket.prefix}/manifest.json"
+    assert meta["version"] == gs_bucket.server.generation(gs_bucket.name, name)
+    old = {"e_tag": meta["e_tag"], "version": meta["version"]}
+    obstore.put(store, "manifest.json", b"updated", mode=old)
+    with pytest.raises(obstore.exceptions.PreconditionError):
+        obstore.put(store, "manifest.json", b"stale", mode=old)
+    # read back with plain HTTP against the JSON API, not with the client under test
+    assert gs_bucket.objects() == {"manifest.json": b"updated"}
+
+
+def test_an_outage_costs_an_upload_never_the_buckets_checkpoints(
+    own_gcs: GcsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fake-gcs-server stopped under a run (tests/services/gcs.sh stop): the save meanwhile
+    commits locally and its upload does not finish by its deadline; the bucket keeps the
+    checkpoint it had; once the service is back, the next save goes up and a new machine
+    resumes from it."""
+    from preemptible import CheckpointStore
+
+    bucket = new_gcs_bucket(own_gcs, tmp_path, monkeypatch)
+    store = CheckpointStore(bucket.url)
+    assert store.lock()
+    store.save(1, lambda tmp: tmp.write_bytes(b"one"))
+    assert store.flush(time.monotonic() + 60)
+    own_gcs.stop()
+    try:
+        store.save(2, lambda tmp: tmp.write_bytes(b"two"))
+        assert not store.flush(time.monotonic() + 2)
+        latest = store.latest()  # committed here all the same
+        assert latest is not None and latest.step == 2
+    finally:
+        own_gcs.start()
+    assert b"one" in bucket.objects().values()
+    store.save(3, lambda tmp: tmp.write_bytes(b"three"))
+    assert store.flush(time.monotonic() + 60)
+    store.unlock()
+
+    monkeypatch.setenv("PREEMPTIBLE_STAGING_DIR", str(tmp_path / "new-machine"))
+    newest = CheckpointStore(bucket.url).latest()
+    assert newest is not None and newest.step == 3 and newest.path.read_bytes() == b"three"
+
+
+def test_unusable_credentials_are_one_line_at_start(
+    gs_bucket: GcsBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fake-gcs-server checks no credentials, so the refusal a real bucket gives cannot be had
+    here; what can: a service-account file that is not there, or holds a key that is not one,
+    is one line naming the location, never a traceback at the first save."""
+    from preemptible import CheckpointRemoteError, CheckpointStore
+
+    missing = tmp_path / "no-such-account.json"
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT", str(missing))
+    with pytest.raises(CheckpointRemoteError) as info:
+        CheckpointStore(gs_bucket.url)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"checkpoint location {gs_bucket.url}: cannot set up the client")
+    assert str(missing) in message
+
+    key = "-----BEGIN PRIVATE KEY-----\nbm90LWEta2V5\n-----END PRIVATE KEY-----\n"
+    account = {"client_email": "run@p.iam.gserviceaccount.com", "private_key": key}
+    broken = tmp_path / "account.json"
+    broken.write_text(json.dumps({**account, "private_key_id": "k1"}))
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT", str(broken))
+    with pytest.raises(CheckpointRemoteError) as info:
+        CheckpointStore(gs_bucket.url)
+    message = str(info.value)
+    assert "\n" not in message and "bm90LWEta2V5" not in message
+    assert message.startswith(f"checkpoint location {gs_bucket.url}: cannot set up the client")
