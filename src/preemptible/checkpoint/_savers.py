@@ -344,8 +344,8 @@ class NamedSaver(BaseSaver):
         return path
 
     def _framework_writes(self, tmp: Path, step: int, context: Any) -> None:
-        """The framework's own save, its ``torch.save`` calls (Lightning's checkpoint, the
-        Trainer's optimizer) without the CRC32 nothing reads, as a payload's."""
+        """The framework's own save (Lightning's checkpoint is one ``torch.save``), without
+        the CRC32 of each record that nothing reads, as a payload is written."""
         with without_crc32():
             self._write(tmp, step, context)
 
