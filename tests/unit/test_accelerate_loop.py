@@ -70,3 +70,26 @@ def test_a_finished_run_is_committed_and_a_rerun_trains_nothing(tmp_path: Path) 
     assert again.resume_path == saved and (again.step, again.epoch) == (6, 2)
     assert train(again, model, opt, loader, 2) == 0
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_optimizers_torch_save_skips_the_crc32_nothing_reads(tmp_path: Path) -> None:
+    """accelerate writes the optimizer with torch.save: inside the loop's save it is written
+    without the CRC32 of each record (the CPU cost of serializing), as a payload is; it loads
+    the same, and torch's setting is back for the program's own saves."""
+    config = pytest.importorskip("torch.utils.serialization").config
+    if not hasattr(config.save, "compute_crc32"):
+        pytest.skip("this torch has no save.compute_crc32 setting")
+    import zipfile
+
+    accelerator, model, opt, loader = prepared()
+    opt.param_groups[0]["momentum"] = 0.9  # a state of tensors: its momentum buffers
+    loop = PreemptibleLoop(accelerator, tmp_path)
+    train(loop, model, opt, loader, 1)
+    optimizer = tmp_path / "checkpoint-3" / "optimizer.bin"
+    with zipfile.ZipFile(optimizer) as archive:
+        records = [i for i in archive.infolist() if "/data/" in i.filename]
+        assert records and all(i.CRC == 0 for i in records)
+    loaded = torch.load(optimizer, weights_only=True)
+    buffers = [v["momentum_buffer"] for v in loaded["state"].values()]
+    assert buffers and all(torch.isfinite(b).all() for b in buffers)
+    assert config.save.compute_crc32 is True

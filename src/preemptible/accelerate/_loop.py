@@ -49,6 +49,7 @@ from ..frontend import (
     checkpoint_directory,
     restore_rng,
     saving_config,
+    without_crc32,
 )
 
 NAME = "checkpoint-{step}"
@@ -70,8 +71,9 @@ class _SaveStateSaver(StagedSaver):
         rank = self.accelerator.process_index
         target = parent / self.name(step)
         try:
-            self.accelerator.save_state(str(target))
-            torch.save(context, target / POSITION.format(rank=rank))
+            with without_crc32():  # the optimizer's torch.save, as a payload is written
+                self.accelerator.save_state(str(target))
+                torch.save(context, target / POSITION.format(rank=rank))
         except Exception as exc:
             self._tell_rank_zero(exc)
             raise CheckpointSaveError(

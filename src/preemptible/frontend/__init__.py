@@ -26,6 +26,10 @@ Savers:
 - your own: subclass ``BaseSaver`` and implement ``write(step, context)`` with
   ``self.store.save(step, ...)`` or ``self.store.commit(name, ...)``.
 
+A framework's own ``torch.save`` calls made for a checkpoint (an optimizer's state) go inside
+``with without_crc32():``, as ``NamedSaver`` and the payload do: torch's CRC32 of each record
+is the CPU cost of serializing, and nothing reads it.
+
 A front end for a loop of one's own in epochs and batches subclasses ``EpochLoop`` (the
 session, the data position, ``epochs(n)``) and gives it a saver and a ``batches``.
 
@@ -48,7 +52,7 @@ from .._errors import (
     PreemptibleError,
 )
 from ..checkpoint._location import is_url, staged_in
-from ..checkpoint._payload import capture_rng, restore_rng
+from ..checkpoint._payload import capture_rng, restore_rng, without_crc32
 from ..checkpoint._savers import BaseSaver, NamedSaver, PayloadSaver, Saved, SaveFnSaver, Saver
 from ..checkpoint._store import Checkpoint, CheckpointStore
 from ..distributed._group import Ranks
@@ -112,4 +116,5 @@ __all__ = [
     "signal_name",
     "staged_in",
     "termination_config_of",
+    "without_crc32",
 ]
