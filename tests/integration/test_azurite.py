@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.azure_blob import ACCOUNT, AzureContainer, AzuriteServer, new_container
+from tests.support.azure_blob import ACCOUNT, AzuriteServer, new_container
+from tests.support.buckets import Bucket
 
 obstore = pytest.importorskip("obstore")
 
 
-def _store(container: AzureContainer):  # type: ignore[no-untyped-def]
+def _store(container: Bucket):  # type: ignore[no-untyped-def]
     from obstore.store import AzureStore
 
     # nothing but the environment the fixture set: the same chain a child process reads
@@ -35,7 +36,7 @@ def _store(container: AzureContainer):  # type: ignore[no-untyped-def]
     )
 
 
-def test_conditional_puts_are_honoured(az_container: AzureContainer) -> None:
+def test_conditional_puts_are_honoured(az_container: Bucket) -> None:
     store = _store(az_container)
     obstore.put(store, "manifest.json", b"first", mode="create")
     with pytest.raises(obstore.exceptions.AlreadyExistsError):
@@ -50,7 +51,7 @@ def test_conditional_puts_are_honoured(az_container: AzureContainer) -> None:
 
 
 def test_a_missing_container_or_a_wrong_key_is_one_line_at_start(
-    az_container: AzureContainer, monkeypatch: pytest.MonkeyPatch
+    az_container: Bucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from preemptible import CheckpointRemoteError, CheckpointStore
 
@@ -72,7 +73,7 @@ def test_a_missing_container_or_a_wrong_key_is_one_line_at_start(
 
 
 def test_an_http_endpoint_with_an_account_key_as_obstore_reads_it(
-    az_container: AzureContainer, monkeypatch: pytest.MonkeyPatch
+    az_container: Bucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not the emulator mode: an account, its key and an endpoint, as for any Azure-compatible
     service; plain HTTP allowed by obstore's own variable, AZURE_ALLOW_HTTP."""

@@ -13,7 +13,6 @@ import pytest
 
 from preemptible import CheckpointStore
 from preemptible.checkpoint import _remote
-from tests.support.azure_blob import AnyBucket
 from tests.support.buckets import Bucket, manifests, save_and_flush, settled
 from tests.support.faults import fault_proxy
 
@@ -29,7 +28,7 @@ def store_on(
 
 
 def test_files_without_a_manifest_are_never_read(
-    bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     writer = store_on(bucket, monkeypatch, tmp_path, "a")
     assert writer.lock()
@@ -56,7 +55,7 @@ def test_files_without_a_manifest_are_never_read(
 
 
 def test_two_writers_cannot_commit_the_same_name(
-    bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
+    bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
 ) -> None:
     writer = store_on(bucket, monkeypatch, tmp_path, "a")
     assert writer.lock()
@@ -79,7 +78,7 @@ def test_two_writers_cannot_commit_the_same_name(
 
 
 def test_a_writer_replaced_by_a_takeover_cannot_commit_after_it(
-    bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
+    bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
 ) -> None:
     old = store_on(bucket, monkeypatch, tmp_path, "old")
     assert old.lock()
@@ -125,7 +124,7 @@ def test_retention_removes_the_manifest_before_the_files(
 
 @pytest.mark.parametrize("damage", ["other bytes", "missing"])
 def test_a_checkpoint_that_does_not_verify_is_quarantined_not_deleted(
-    damage: str, bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
+    damage: str, bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
 ) -> None:
     writer = store_on(bucket, monkeypatch, tmp_path, "a")
     assert writer.lock()

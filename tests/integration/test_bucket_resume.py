@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import python_args
-from tests.support.azure_blob import AnyBucket
 from tests.support.buckets import Bucket
 from tests.support.checkpoints import same_weights
 from tests.support.reference import DIR, References
@@ -80,7 +79,7 @@ def train(bucket: Bucket, *extra: str) -> list[str]:
     indirect=["bucket"],
 )
 def test_a_run_resumes_on_a_new_machine_from_the_bucket_exactly(
-    sig: signal.Signals, bucket: AnyBucket, reference_runs: References, tmp_path: Path, spawn
+    sig: signal.Signals, bucket: Bucket, reference_runs: References, tmp_path: Path, spawn
 ) -> None:
     reference_runs.start(REFERENCE)
     rng = random.Random(f"bucket-{sig.name}")

@@ -12,7 +12,6 @@ import pytest
 
 from preemptible import CheckpointStore
 from tests.conftest import wait_for
-from tests.support.azure_blob import AnyBucket
 from tests.support.buckets import Bucket, settled
 from tests.support.faults import fault_proxy
 
@@ -30,7 +29,7 @@ def write_dir(tmp: Path) -> None:
 
 
 def test_saves_go_up_and_a_new_machine_brings_the_newest_back(
-    bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     store = CheckpointStore(bucket.url, keep=2)
     assert store.lock()
@@ -58,7 +57,7 @@ def test_saves_go_up_and_a_new_machine_brings_the_newest_back(
 
 
 def test_a_staging_copy_as_new_is_used_as_it_is(
-    bucket: AnyBucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     store = CheckpointStore(bucket.url)
     assert store.lock()

@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-from tests.support.azure_blob import AnyBucket
 from tests.support.buckets import Bucket
 from tests.support.env import CLEAN
 
@@ -33,7 +32,7 @@ def location_check(env: dict[str, str], *args: str) -> dict[str, str]:
     return found[0]
 
 
-def test_a_reachable_bucket_names_its_credentials_never_the_secret(bucket: AnyBucket) -> None:
+def test_a_reachable_bucket_names_its_credentials_never_the_secret(bucket: Bucket) -> None:
     check = location_check(bucket.env, "--checkpoint-dir", bucket.url)
     assert check["status"] == "ok", check
     assert check["detail"].startswith(f"{bucket.url}: reachable; credentials: "), check

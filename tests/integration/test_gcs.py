@@ -21,14 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.gcs import GcsBucket, GcsServer, new_gcs_bucket
+from tests.support.buckets import Bucket
+from tests.support.gcs import GcsServer, new_gcs_bucket
 
 obstore = pytest.importorskip("obstore")
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _store(bucket: GcsBucket):  # type: ignore[no-untyped-def]
+def _store(bucket: Bucket):  # type: ignore[no-untyped-def]
     from obstore.store import GCSStore
 
     # nothing but the environment the fixture set: the same chain a child process reads
@@ -40,7 +41,7 @@ def _store(bucket: GcsBucket):  # type: ignore[no-untyped-def]
     )
 
 
-def test_conditional_puts_are_honoured(gs_bucket: GcsBucket) -> None:
+def test_conditional_puts_are_honoured(gs_bucket: Bucket) -> None:
     store = _store(gs_bucket)
     obstore.put(store, "manifest.json", b"first", mode="create")
     with pytest.raises(obstore.exceptions.AlreadyExistsError):
@@ -90,7 +91,7 @@ def test_an_outage_costs_an_upload_never_the_buckets_checkpoints(
 
 
 def test_unusable_credentials_are_one_line_at_start(
-    gs_bucket: GcsBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gs_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """fake-gcs-server checks no credentials, so the refusal a real bucket gives cannot be had
     here; what can: a service-account file that is not there, or holds a key that is not one,

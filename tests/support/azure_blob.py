@@ -22,14 +22,13 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.buckets import Bucket
-from tests.support.gcs import GcsBucket
+from tests.support.buckets import Bucket, Outages
 
 AZURITE_SCRIPT = Path(__file__).resolve().parent.parent / "services" / "azurite.sh"
 
@@ -61,7 +60,8 @@ _AZURE_CLEARED = (
 
 
 @dataclass
-class AzuriteServer:
+class AzuriteServer(Outages):
+    script = AZURITE_SCRIPT
     endpoint: str  # http://127.0.0.1:PORT, the blob service's root (no account)
     directory: Path | None  # None: started by someone else (with-services.sh)
 
@@ -107,42 +107,6 @@ class AzuriteServer:
     def delete(self, container: str, name: str) -> None:
         self._service().get_container_client(container).delete_blob(name)
 
-    def stop(self) -> None:
-        """An outage until ``start()`` (same port, same data)."""
-        self._ctl("stop")
-
-    def start(self) -> None:
-        self._ctl("start")
-
-    def _ctl(self, command: str) -> None:
-        assert self.directory is not None, "not ours to stop: use own_azurite"
-        subprocess.run(
-            ["bash", str(AZURITE_SCRIPT), command, str(self.directory)], check=True, timeout=60
-        )
-
-
-@dataclass
-class AzureContainer:
-    """A fresh container: ``url`` is ``az://NAME/ckpt``; ``env`` for child processes."""
-
-    server: AzuriteServer
-    name: str
-    prefix: str = "ckpt"
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"az://{self.name}/{self.prefix}"
-
-    def objects(self) -> dict[str, bytes]:
-        return self.server.objects(self.name, self.prefix + "/")
-
-    def put(self, key: str, data: bytes) -> None:
-        self.server.put(self.name, f"{self.prefix}/{key}", data)
-
-    def delete(self, key: str) -> None:
-        self.server.delete(self.name, f"{self.prefix}/{key}")
-
 
 @contextlib.contextmanager
 def started_azurite() -> Iterator[AzuriteServer]:
@@ -177,9 +141,7 @@ def azurite() -> Iterator[AzuriteServer]:
         yield server
 
 
-def new_container(
-    server: AzuriteServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AzureContainer:
+def new_container(server: AzuriteServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bucket:
     """A fresh container on ``server``; its environment set in this process too, with a
     staging directory of the test's own."""
     name = f"t-{uuid.uuid4().hex[:20]}"  # 3-63 characters: lowercase, digits, single dashes
@@ -189,13 +151,11 @@ def new_container(
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return AzureContainer(server, name, env=env)
+    return Bucket(server, name, "az", env=env)
 
 
 @pytest.fixture
-def az_container(
-    azurite: AzuriteServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AzureContainer:
+def az_container(azurite: AzuriteServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bucket:
     """A fresh container on the session's Azurite (see the module docstring)."""
     return new_container(azurite, tmp_path, monkeypatch)
 
@@ -207,16 +167,11 @@ def own_azurite() -> Iterator[AzuriteServer]:
         yield server
 
 
-AnyBucket = Bucket | AzureContainer | GcsBucket
-"""What the ``bucket`` fixture gives: the same ``url``, ``env``, ``objects()``, ``put()`` and
-``delete()``."""
-
-
 @pytest.fixture(params=["s3", "az", "gs"])
-def bucket(request: pytest.FixtureRequest) -> AnyBucket:
+def bucket(request: pytest.FixtureRequest) -> Bucket:
     """A fresh bucket on each protocol server in turn: moto's S3 (``s3_bucket``), Azurite
     (``az_container``) and fake-gcs-server (``gs_bucket``), for the tests of what must hold on
     every cloud. Each one skips on its own where its server cannot be started."""
     fixture = {"s3": "s3_bucket", "az": "az_container", "gs": "gs_bucket"}[request.param]
-    found: AnyBucket = request.getfixturevalue(fixture)
+    found: Bucket = request.getfixturevalue(fixture)
     return found

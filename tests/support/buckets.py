@@ -78,6 +78,12 @@ class S3Server:
             Bucket=bucket, Key=key, Body=data
         )
 
+    def delete(self, bucket: str, key: str) -> None:
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=self.endpoint, **_boto_keys())
+        s3.delete_object(Bucket=bucket, Key=key)
+
 
 def _boto_keys() -> dict[str, str]:
     return {
@@ -89,28 +95,50 @@ def _boto_keys() -> dict[str, str]:
 
 @dataclass
 class Bucket:
-    """A fresh bucket: ``url`` is ``s3://NAME/ckpt``; ``env`` for child processes."""
+    """A fresh bucket (an Azure container) on one of the protocol servers (``S3Server``,
+    ``AzuriteServer``, ``GcsServer``): ``url`` is ``SCHEME://NAME/ckpt``; ``env`` for child
+    processes; ``objects()``, ``put()`` and ``delete()`` read and write it through the server's
+    own helpers, never the client under test."""
 
-    server: S3Server
+    server: Any
     name: str
+    scheme: str = "s3"
     prefix: str = "ckpt"
     env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
-        return f"s3://{self.name}/{self.prefix}"
+        return f"{self.scheme}://{self.name}/{self.prefix}"
 
     def objects(self) -> dict[str, bytes]:
-        return self.server.objects(self.name, self.prefix + "/")
+        return self.server.objects(self.name, self.prefix + "/")  # type: ignore[no-any-return]
 
     def put(self, key: str, data: bytes) -> None:
         self.server.put(self.name, f"{self.prefix}/{key}", data)
 
     def delete(self, key: str) -> None:
-        import boto3
+        self.server.delete(self.name, f"{self.prefix}/{key}")
 
-        s3 = boto3.client("s3", endpoint_url=self.server.endpoint, **_boto_keys())
-        s3.delete_object(Bucket=self.name, Key=f"{self.prefix}/{key}")
+
+class Outages:
+    """``stop()`` and ``start()`` of a server that its script (``script``) started for one
+    test (``directory``; None: someone else's, never stopped)."""
+
+    script: Path
+    directory: Path | None
+
+    def stop(self) -> None:
+        """An outage until ``start()`` (same port, same data)."""
+        self._ctl("stop")
+
+    def start(self) -> None:
+        self._ctl("start")
+
+    def _ctl(self, command: str) -> None:
+        assert self.directory is not None, "not ours to stop: use the test's own server"
+        subprocess.run(
+            ["bash", str(self.script), command, str(self.directory)], check=True, timeout=60
+        )
 
 
 @contextlib.contextmanager

@@ -40,13 +40,15 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import pytest
+
+from tests.support.buckets import Bucket, Outages
 
 GCS_SCRIPT = Path(__file__).resolve().parent.parent / "services" / "gcs.sh"
 
@@ -191,7 +193,8 @@ class XmlPutBridge:
 
 
 @dataclass
-class GcsServer:
+class GcsServer(Outages):
+    script = GCS_SCRIPT
     endpoint: str  # http://127.0.0.1:PORT: fake-gcs-server itself (JSON API, XML reads)
     bridge: str  # the URL obstore is given (gcs_base_url)
     credentials: Path  # the service-account file GOOGLE_SERVICE_ACCOUNT names
@@ -253,42 +256,6 @@ class GcsServer:
         )
         assert status in (200, 204), (status, body)
 
-    def stop(self) -> None:
-        """An outage until ``start()`` (same port, same data)."""
-        self._ctl("stop")
-
-    def start(self) -> None:
-        self._ctl("start")
-
-    def _ctl(self, command: str) -> None:
-        assert self.directory is not None, "not ours to stop: use own_gcs"
-        subprocess.run(
-            ["bash", str(GCS_SCRIPT), command, str(self.directory)], check=True, timeout=60
-        )
-
-
-@dataclass
-class GcsBucket:
-    """A fresh bucket: ``url`` is ``gs://NAME/ckpt``; ``env`` for child processes."""
-
-    server: GcsServer
-    name: str
-    prefix: str = "ckpt"
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"gs://{self.name}/{self.prefix}"
-
-    def objects(self) -> dict[str, bytes]:
-        return self.server.objects(self.name, self.prefix + "/")
-
-    def put(self, key: str, data: bytes) -> None:
-        self.server.put(self.name, f"{self.prefix}/{key}", data)
-
-    def delete(self, key: str) -> None:
-        self.server.delete(self.name, f"{self.prefix}/{key}")
-
 
 @contextlib.contextmanager
 def bridged(endpoint: str, directory: Path | None) -> Iterator[GcsServer]:
@@ -347,7 +314,7 @@ def gcs() -> Iterator[GcsServer]:
         yield server
 
 
-def new_gcs_bucket(server: GcsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> GcsBucket:
+def new_gcs_bucket(server: GcsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bucket:
     """A fresh bucket on ``server``; its environment set in this process too, with a staging
     directory of the test's own."""
     name = f"t-{uuid.uuid4().hex[:20]}"
@@ -357,11 +324,11 @@ def new_gcs_bucket(server: GcsServer, tmp_path: Path, monkeypatch: pytest.Monkey
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return GcsBucket(server, name, env=env)
+    return Bucket(server, name, "gs", env=env)
 
 
 @pytest.fixture
-def gs_bucket(gcs: GcsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> GcsBucket:
+def gs_bucket(gcs: GcsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bucket:
     """A fresh bucket on the session's fake-gcs-server (see the module docstring)."""
     return new_gcs_bucket(gcs, tmp_path, monkeypatch)
 
