@@ -122,7 +122,16 @@ def test_retention_removes_the_manifest_before_the_files(
     assert not any("step-0000000001" in k for k in keys), sorted(keys)
 
 
-@pytest.mark.parametrize("damage", ["other bytes", "missing"])
+SAID = {
+    "other bytes": "sha256 differs",
+    "missing": "missing from the bucket",
+    # a key with "416" in it (upload ids are random hex) is no 416 answer: it is still missing
+    "missing, 416 in its key": "missing from the bucket",
+    "empty": "shorter than the manifest says",  # the ranged GET is answered 416
+}
+
+
+@pytest.mark.parametrize("damage", list(SAID))
 def test_a_checkpoint_that_does_not_verify_is_quarantined_not_deleted(
     damage: str, bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
 ) -> None:
@@ -131,22 +140,27 @@ def test_a_checkpoint_that_does_not_verify_is_quarantined_not_deleted(
     assert save_and_flush(writer, 1, b"good one")
     assert save_and_flush(writer, 2, b"good two")
     writer.unlock()
-    body = manifests(bucket)["manifests/step-0000000002.ckpt/0000000001.json"]
+    manifest = "manifests/step-0000000002.ckpt/0000000001.json"
+    body = manifests(bucket)[manifest]
     damaged = f"uploads/{body['upload']}/step-0000000002.ckpt"
     if damage == "missing":
         bucket.delete(damaged)
+    elif damage == "missing, 416 in its key":
+        bucket.put(manifest, json.dumps({**body, "upload": "1-41641641641641"}).encode())
+    elif damage == "empty":
+        bucket.put(damaged, b"")
     else:
         bucket.put(damaged, b"bad! two")  # the same size, other bytes
     with caplog.at_level(logging.WARNING, logger="preemptible"):
         reader = store_on(bucket, monkeypatch, tmp_path, "b")
     newest = reader.latest()
     assert newest is not None and newest.step == 1 and newest.path.read_bytes() == b"good one"
-    said = "missing from the bucket" if damage == "missing" else "sha256 differs"
-    assert said in caplog.text and "quarantined" in caplog.text
+    said = SAID[damage]
+    assert said in caplog.text and "quarantined" in caplog.text, caplog.text
     keys = bucket.objects()
     assert "quarantine/step-0000000002.ckpt/0000000001.json" in keys
-    assert "manifests/step-0000000002.ckpt/0000000001.json" in keys  # never deleted
-    assert damage == "missing" or keys[damaged] == b"bad! two"
+    assert manifest in keys  # never deleted
+    assert damage != "other bytes" or keys[damaged] == b"bad! two"
     # the next machine skips it without downloading it again
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="preemptible"):

@@ -74,6 +74,9 @@ _PARALLEL_FILES = 4  # files of a checkpoint downloaded at once (as an upload se
 _RANGE = 128 * 1024 * 1024  # bytes per GET of a download: >= 2.2 MB/s within the timeout
 
 _GEN = re.compile(r"^(\d{10})\.json$")
+# the client's line for a ranged GET past an object's end; only the status, never a bare
+# "416" (an upload id in the key is random hex: "1-a5b46416a1d7e187")
+_RANGE_NOT_SATISFIABLE = re.compile(r"status code: 416\b")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 MANIFEST_MAX = 64 * 1024 * 1024
@@ -438,8 +441,8 @@ class RemoteCheckpoints:
                 try:
                     result = obs.get(self.bucket, key, options={"range": (done, end)})
                 except Exception as exc:  # 416: it ends before the manifest's size
-                    if "416" not in first_line(exc):
-                        raise
+                    if not _RANGE_NOT_SATISFIABLE.search(first_line(exc)):
+                        raise  # a missing object among them (its key may hold "416")
                     raise _Corrupt(f"{key}: shorter than the manifest says", None) from None
                 stored = int(result.meta["size"])  # the whole object's size
                 if stored != size:
