@@ -5,20 +5,19 @@ when the name exists (the manifest is written last, once), and an update that fa
 ETag it names is stale. These tests check that Azurite, reached through the client preemption
 uses (obstore) configured from the environment alone (as ``tests.support.azure_blob`` sets it
 for child processes), honours both. And that what cannot work on Azure (a container that does
-not exist, a key the service refuses) is one line at the store's start, as on S3; that an outage
-of the service costs an upload, never the container's checkpoints; and that an account key with
-an HTTP endpoint (not the emulator mode) works as obstore documents it.
+not exist, a key the service refuses) is one line at the store's start, as on S3; and that an
+account key with an HTTP endpoint (not the emulator mode) works as obstore documents it. An
+outage is tested with the other clouds' (``test_bucket_store.py``, fixture ``own_bucket``).
 """
 
 from __future__ import annotations
 
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
-from tests.support.azure_blob import ACCOUNT, AzuriteServer, new_container
+from tests.support.azure_blob import ACCOUNT
 from tests.support.buckets import Bucket
 
 obstore = pytest.importorskip("obstore")
@@ -90,34 +89,3 @@ def test_an_http_endpoint_with_an_account_key_as_obstore_reads_it(
     assert store.flush(time.monotonic() + 60)
     store.unlock()
     assert b"three" in az_container.objects().values()
-
-
-def test_an_outage_costs_an_upload_never_the_containers_checkpoints(
-    own_azurite: AzuriteServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Azurite stopped under a run (tests/services/azurite.sh stop): the save meanwhile commits
-    locally and its upload does not finish by its deadline; the container keeps the checkpoint
-    it had; once the service is back, the next save goes up and a new machine resumes from it."""
-    from preemptible import CheckpointStore
-
-    container = new_container(own_azurite, tmp_path, monkeypatch)
-    store = CheckpointStore(container.url)
-    assert store.lock()
-    store.save(1, lambda tmp: tmp.write_bytes(b"one"))
-    assert store.flush(time.monotonic() + 60)
-    own_azurite.stop()
-    try:
-        store.save(2, lambda tmp: tmp.write_bytes(b"two"))
-        assert not store.flush(time.monotonic() + 2)
-        latest = store.latest()  # committed here all the same
-        assert latest is not None and latest.step == 2
-    finally:
-        own_azurite.start()
-    assert b"one" in container.objects().values()
-    store.save(3, lambda tmp: tmp.write_bytes(b"three"))
-    assert store.flush(time.monotonic() + 60)
-    store.unlock()
-
-    monkeypatch.setenv("PREEMPTIBLE_STAGING_DIR", str(tmp_path / "new-machine"))
-    newest = CheckpointStore(container.url).latest()
-    assert newest is not None and newest.step == 3 and newest.path.read_bytes() == b"three"

@@ -120,3 +120,31 @@ def test_a_flush_waits_for_the_commit_not_for_the_retention_after_it(
     assert not any("did not finish" in line for line in said), said
     names = {k.split("/")[1] for k in s3_bucket.objects() if k.startswith("manifests/")}
     assert "step-0000000002.ckpt" in names
+
+
+def test_an_outage_costs_an_upload_never_the_buckets_checkpoints(
+    own_bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service stopped under a run (its script's ``stop``): the save meanwhile commits
+    locally and its upload does not finish by its deadline; the bucket keeps the checkpoint it
+    had; once the service is back, the next save goes up and a new machine resumes from it."""
+    store = CheckpointStore(own_bucket.url)
+    assert store.lock()
+    store.save(1, lambda tmp: tmp.write_bytes(b"one"))
+    assert store.flush(time.monotonic() + 60)
+    own_bucket.server.stop()
+    try:
+        store.save(2, lambda tmp: tmp.write_bytes(b"two"))
+        assert not store.flush(time.monotonic() + 2)
+        latest = store.latest()  # committed here all the same
+        assert latest is not None and latest.step == 2
+    finally:
+        own_bucket.server.start()
+    assert b"one" in own_bucket.objects().values()
+    store.save(3, lambda tmp: tmp.write_bytes(b"three"))
+    assert store.flush(time.monotonic() + 60)
+    store.unlock()
+
+    new_machine(monkeypatch, tmp_path, "new-machine")
+    newest = CheckpointStore(own_bucket.url).latest()
+    assert newest is not None and newest.step == 3 and newest.path.read_bytes() == b"three"

@@ -6,23 +6,20 @@ generation it names is stale (GCS's x-goog-if-generation-match, which obstore se
 update from the ``version`` a read gave). These tests check that fake-gcs-server, reached
 through obstore configured from the environment alone (``GOOGLE_SERVICE_ACCOUNT``, as
 ``tests.support.gcs`` sets it for child processes), honours both, reading the result back with
-plain HTTP; and that an outage of the service costs an upload, never the bucket's checkpoints
-(its data kept on disk across the stop). The gs:// cases of the tests of what must hold on
-every cloud (the ``bucket`` fixture's) cover the rest: the commit protocol, a new machine's
-exact resume, the doctor.
+plain HTTP. The gs:// cases of the tests of what must hold on every cloud (the ``bucket`` and
+``own_bucket`` fixtures') cover the rest: the commit protocol, a new machine's exact resume, an
+outage (the server's data kept on disk across its stop), the doctor.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from tests.support.buckets import Bucket
-from tests.support.gcs import GcsServer, new_gcs_bucket
 
 obstore = pytest.importorskip("obstore")
 
@@ -56,38 +53,6 @@ def test_conditional_puts_are_honoured(gs_bucket: Bucket) -> None:
         obstore.put(store, "manifest.json", b"stale", mode=old)
     # read back with plain HTTP against the JSON API, not with the client under test
     assert gs_bucket.objects() == {"manifest.json": b"updated"}
-
-
-def test_an_outage_costs_an_upload_never_the_buckets_checkpoints(
-    own_gcs: GcsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """fake-gcs-server stopped under a run (tests/services/gcs.sh stop): the save meanwhile
-    commits locally and its upload does not finish by its deadline; the bucket keeps the
-    checkpoint it had; once the service is back, the next save goes up and a new machine
-    resumes from it."""
-    from preemptible import CheckpointStore
-
-    bucket = new_gcs_bucket(own_gcs, tmp_path, monkeypatch)
-    store = CheckpointStore(bucket.url)
-    assert store.lock()
-    store.save(1, lambda tmp: tmp.write_bytes(b"one"))
-    assert store.flush(time.monotonic() + 60)
-    own_gcs.stop()
-    try:
-        store.save(2, lambda tmp: tmp.write_bytes(b"two"))
-        assert not store.flush(time.monotonic() + 2)
-        latest = store.latest()  # committed here all the same
-        assert latest is not None and latest.step == 2
-    finally:
-        own_gcs.start()
-    assert b"one" in bucket.objects().values()
-    store.save(3, lambda tmp: tmp.write_bytes(b"three"))
-    assert store.flush(time.monotonic() + 60)
-    store.unlock()
-
-    monkeypatch.setenv("PREEMPTIBLE_STAGING_DIR", str(tmp_path / "new-machine"))
-    newest = CheckpointStore(bucket.url).latest()
-    assert newest is not None and newest.step == 3 and newest.path.read_bytes() == b"three"
 
 
 def test_unusable_credentials_are_one_line_at_start(

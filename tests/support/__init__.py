@@ -21,7 +21,8 @@ cpu       with PREEMPTIBLE_TEST_CPU_LOG=FILE, each test's wall and CPU seconds (
 azure_blob  Azure Blob on Azurite: fixtures ``azurite`` (one per session), ``own_azurite`` (one
           test's, to stop) and ``az_container`` (a fresh container + AZURE_STORAGE_* env); and
           ``bucket``: ``s3_bucket``, ``az_container``, ``gs_bucket``, for what must hold on
-          every cloud
+          every cloud; ``own_bucket``: one on an Azurite or fake-gcs-server of the test's own,
+          to stop and start
 gcs       Google Cloud Storage on fake-gcs-server: fixtures ``gcs`` (one per session),
           ``own_gcs`` (one test's, to stop) and ``gs_bucket`` (a fresh bucket +
           GOOGLE_SERVICE_ACCOUNT env), through a bridge for the XML PUT it does not take

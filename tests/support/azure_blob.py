@@ -175,3 +175,17 @@ def bucket(request: pytest.FixtureRequest) -> Bucket:
     fixture = {"s3": "s3_bucket", "az": "az_container", "gs": "gs_bucket"}[request.param]
     found: Bucket = request.getfixturevalue(fixture)
     return found
+
+
+@pytest.fixture(params=["az", "gs"])
+def own_bucket(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Bucket:
+    """A fresh bucket on a server of this test's own that the test may stop and start
+    (``bucket.server.stop()``): Azurite, then fake-gcs-server (S3's outages go through a fault
+    proxy in front of moto instead)."""
+    from tests.support.gcs import new_gcs_bucket
+
+    if request.param == "az":
+        return new_container(request.getfixturevalue("own_azurite"), tmp_path, monkeypatch)
+    return new_gcs_bucket(request.getfixturevalue("own_gcs"), tmp_path, monkeypatch)
