@@ -58,15 +58,13 @@ def exit_fn(code):
 
 def raw_write():
     # the disk's limit for the same bytes, on the same disk, just before the loop (the disk's
-    # mood then is the stop's): random bytes written 16 MiB a call and fsynced, nothing else
-    path, chunk = os.path.join(os.path.dirname(out), "raw.bin"), os.urandom(16 << 20)
-    left = sum(w.numel() * w.element_size() for w in weights.values())
+    # mood then is the stop's): _common's, as every benchmark's
+    sys.path.insert(0, sys.argv[7])
+    from _common import write_and_fsync
+
+    path = os.path.join(os.path.dirname(out), "raw.bin")
     t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    while left > 0:
-        left -= os.write(fd, memoryview(chunk)[: min(left, len(chunk))])
-    os.fsync(fd)
-    os.close(fd)
+    write_and_fsync(path, sum(w.numel() * w.element_size() for w in weights.values()))
     seconds = time.perf_counter() - t0
     os.unlink(path)
     return seconds
@@ -112,6 +110,7 @@ def one(
             ckpt,
             device,
             str(int(previous)),
+            str(Path(__file__).resolve().parent),  # where _common is
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -46,10 +46,6 @@ install() {
     [ -x "$bin" ] || { log "npm installed azurite but $bin is missing"; exit 3; }
 }
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start() {
@@ -71,43 +67,6 @@ start() {
     return 1
 }
 
-stop() {
-    local dir=$1 pid
-    [ -f "$dir/pid" ] || return 0
-    pid=$(cat "$dir/pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do  # 10 s, then SIGKILL
-        kill -0 "$pid" 2>/dev/null || { rm -f "$dir/pid"; return 0; }
-        sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/pid"
-}
-
-up() {
-    local dir=$1
-    install
-    mkdir -p "$dir/data"
-    free_port >"$dir/port"
-    start "$dir"
-    echo "http://127.0.0.1:$(cat "$dir/port")" | tee "$dir/endpoint"
-}
-
-down() {  # nothing in DIR is kept: no graceful close (it waits out keep-alive connections)
-    local dir=$1 pid
-    if [ -f "$dir/pid" ]; then
-        pid=$(cat "$dir/pid")
-        kill -9 "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    fi
-    rm -rf "$dir"
-}
-
-case "${1:-}" in
-    up | stop | start | down)
-        [ -n "${2:-}" ] || { echo "usage: $0 up|stop|start|down DIR" >&2; exit 2; }
-        dir=$(mkdir -p "$2" && cd "$2" && pwd)
-        "$1" "$dir"
-        ;;
-    *) echo "usage: $0 up|stop|start|down DIR" >&2; exit 2 ;;
-esac
+# shellcheck source=tests/services/_emulator.sh
+. "$(dirname "$0")/_emulator.sh"
+emulator_main "$@"

@@ -62,10 +62,6 @@ PY
     rm -rf "$cache/$WRAPPER/wheel"
 }
 
-free_port() {
-    "$(python)" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
 healthy() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1" \
         && printf 'GET /_internal/healthcheck HTTP/1.0\r\n\r\n' >&3 \
@@ -92,51 +88,6 @@ start() {
     return 1
 }
 
-# running: not gone and not a zombie (a dead server waits for PID 1 to reap it, which in a
-# container can take seconds: it holds no port then, so it is stopped)
-alive() {
-    kill -0 "$1" 2>/dev/null || return 1
-    [ -r "/proc/$1/stat" ] || return 0
-    [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -c1)" != Z ]
-}
-
-stop() {
-    local dir=$1 pid
-    [ -f "$dir/pid" ] || return 0
-    pid=$(cat "$dir/pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do  # 10 s, then SIGKILL
-        alive "$pid" || { rm -f "$dir/pid"; return 0; }
-        sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/pid"
-}
-
-up() {
-    local dir=$1
-    install
-    mkdir -p "$dir/data"
-    free_port >"$dir/port"
-    start "$dir"
-    echo "http://127.0.0.1:$(cat "$dir/port")" | tee "$dir/endpoint"
-}
-
-down() {  # nothing in DIR is kept
-    local dir=$1 pid
-    if [ -f "$dir/pid" ]; then
-        pid=$(cat "$dir/pid")
-        kill -9 "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
-    fi
-    rm -rf "$dir"
-}
-
-case "${1:-}" in
-    up | stop | start | down)
-        [ -n "${2:-}" ] || { echo "usage: $0 up|stop|start|down DIR" >&2; exit 2; }
-        dir=$(mkdir -p "$2" && cd "$2" && pwd)
-        "$1" "$dir"
-        ;;
-    *) echo "usage: $0 up|stop|start|down DIR" >&2; exit 2 ;;
-esac
+# shellcheck source=tests/services/_emulator.sh
+. "$(dirname "$0")/_emulator.sh"
+emulator_main "$@"

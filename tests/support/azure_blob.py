@@ -20,7 +20,6 @@ import contextlib
 import os
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.buckets import Bucket, Outages
+from tests.support.buckets import Bucket, Outages, fresh_bucket
 
 AZURITE_SCRIPT = Path(__file__).resolve().parent.parent / "services" / "azurite.sh"
 
@@ -88,7 +87,7 @@ class AzuriteServer(Outages):
             conn, connection_timeout=10, read_timeout=60
         )
 
-    def create_container(self, name: str) -> None:
+    def create_bucket(self, name: str) -> None:  # a container
         self._service().create_container(name)
 
     def objects(self, container: str, prefix: str = "") -> dict[str, bytes]:
@@ -142,16 +141,8 @@ def azurite() -> Iterator[AzuriteServer]:
 
 
 def new_container(server: AzuriteServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bucket:
-    """A fresh container on ``server``; its environment set in this process too, with a
-    staging directory of the test's own."""
-    name = f"t-{uuid.uuid4().hex[:20]}"  # 3-63 characters: lowercase, digits, single dashes
-    server.create_container(name)
-    env = {**server.env(), "PREEMPTIBLE_STAGING_DIR": str(tmp_path / "staging")}
-    for key in _AZURE_CLEARED:  # children inherit this process's environment
-        monkeypatch.delenv(key, raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return Bucket(server, name, "az", env=env)
+    """A fresh container on ``server`` (see ``fresh_bucket``)."""
+    return fresh_bucket(server, "az", _AZURE_CLEARED, tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -111,7 +111,7 @@ class Bucket:
         return f"{self.scheme}://{self.name}/{self.prefix}"
 
     def objects(self) -> dict[str, bytes]:
-        return self.server.objects(self.name, self.prefix + "/")  # type: ignore[no-any-return]
+        return self.server.objects(self.name, self.prefix + "/")
 
     def put(self, key: str, data: bytes) -> None:
         self.server.put(self.name, f"{self.prefix}/{key}", data)
@@ -177,17 +177,29 @@ def s3_server() -> Iterator[S3Server]:
         yield server
 
 
-def new_bucket(server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bucket:
-    """A fresh bucket on ``server``; its environment set in this process too, with a staging
-    directory of the test's own."""
-    name = f"t-{uuid.uuid4().hex[:20]}"
+def fresh_bucket(
+    server: Any,
+    scheme: str,
+    cleared: tuple[str, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Bucket:
+    """A fresh bucket (container) on ``server`` (its ``create_bucket``); the server's
+    environment set in this process too, with a staging directory of the test's own, and
+    ``cleared``, the cloud's variables that could point a child elsewhere, removed."""
+    name = f"t-{uuid.uuid4().hex[:20]}"  # 3-63 characters: lowercase, digits, single dashes
     server.create_bucket(name)
     env = {**server.env(), "PREEMPTIBLE_STAGING_DIR": str(tmp_path / "staging")}
-    for key in _AWS_CLEARED:  # children inherit this process's environment
+    for key in cleared:  # children inherit this process's environment
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return Bucket(server, name, env=env)
+    return Bucket(server, name, scheme, env=env)
+
+
+def new_bucket(server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bucket:
+    """A fresh bucket on ``server`` (see ``fresh_bucket``)."""
+    return fresh_bucket(server, "s3", _AWS_CLEARED, tmp_path, monkeypatch)
 
 
 @pytest.fixture

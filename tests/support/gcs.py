@@ -48,7 +48,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 
-from tests.support.buckets import Bucket, Outages
+from tests.support.buckets import Bucket, Outages, fresh_bucket
 
 GCS_SCRIPT = Path(__file__).resolve().parent.parent / "services" / "gcs.sh"
 
@@ -315,16 +315,8 @@ def gcs() -> Iterator[GcsServer]:
 
 
 def new_gcs_bucket(server: GcsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bucket:
-    """A fresh bucket on ``server``; its environment set in this process too, with a staging
-    directory of the test's own."""
-    name = f"t-{uuid.uuid4().hex[:20]}"
-    server.create_bucket(name)
-    env = {**server.env(), "PREEMPTIBLE_STAGING_DIR": str(tmp_path / "staging")}
-    for key in _GOOGLE_CLEARED:  # children inherit this process's environment
-        monkeypatch.delenv(key, raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return Bucket(server, name, "gs", env=env)
+    """A fresh bucket on ``server`` (see ``fresh_bucket``)."""
+    return fresh_bucket(server, "gs", _GOOGLE_CLEARED, tmp_path, monkeypatch)
 
 
 @pytest.fixture
