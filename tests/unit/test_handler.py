@@ -219,6 +219,31 @@ def test_the_stops_save_prunes_nothing_and_the_resumed_runs_first_save_does(
     assert [c.step for c in resumed.store.committed()] == [10]
 
 
+def test_a_finished_loop_returns_once_what_its_saves_retired_is_removed(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Saves remove what they retire in a thread; the end of the loop waits for it, so a
+    finished run's directory holds ``keep`` checkpoints and nothing else."""
+    from preemptible.checkpoint import _store
+
+    remove_path, removers = _store.remove_path, []
+
+    def slow(path: Path) -> None:  # a slow disk: without the wait, the loop returns first
+        if path.parent == tmp_path:  # not a removal some earlier test left running
+            removers.append(threading.current_thread().name)
+            threading.Event().wait(0.2)
+        remove_path(path)
+
+    monkeypatch.setattr(_store, "remove_path", slow)
+    h = PreemptionCheckpointHandler(tmp_path, model_state(), save_every_steps=3, keep=1)
+    assert list(h.steps(7)) == list(range(7))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".preemptible.lock",
+        "step-0000000007.ckpt",
+    ]
+    assert removers and set(removers) == {"preemptible-prune"}
+
+
 def test_save_fn_mode_commits_what_the_user_writes(tmp_path: Path) -> None:
     written = []
 

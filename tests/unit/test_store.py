@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from preemptible import (
     ConfigError,
 )
 from preemptible._files import host_tag
+from preemptible.checkpoint import _store
 from preemptible.checkpoint._store import FOREIGN_TEMP_MAX_AGE, LOCK_NAME
 
 
@@ -69,6 +71,58 @@ def test_saves_with_pruning_deferred_prune_nothing_and_the_next_save_prunes_them
     assert [c.step for c in store.committed()] == [3, 2, 1]
     store.save(4, write_text("four"))
     assert [c.step for c in store.committed()] == [4]
+
+
+@pytest.mark.parametrize("kind", ["file", "directory"])
+def test_a_save_retires_at_once_and_removes_in_a_thread_it_does_not_wait_for(
+    tmp_path: Path, monkeypatch, kind: str
+) -> None:
+    """Freeing a retired checkpoint's blocks is a sixth of writing it: the save returns
+    without it, and no reader ever sees a half-removed checkpoint under its name."""
+    release, removers = threading.Event(), []
+    remove_path = _store.remove_path
+
+    def held(path: Path) -> None:
+        if path.parent == tmp_path:  # not a removal some earlier test left running
+            removers.append(threading.current_thread().name)
+            assert release.wait(30)
+        remove_path(path)
+
+    def write(text: str):
+        def write(path: Path) -> None:
+            if kind == "file":
+                path.write_text(text)
+            else:
+                path.mkdir()
+                for shard in range(3):
+                    (path / f"shard{shard}").write_text(text)
+
+        return write
+
+    monkeypatch.setattr(_store, "remove_path", held)
+    store = CheckpointStore(tmp_path, keep=1)
+    store.save(1, write("one"))
+    store.save(2, write("two"))  # returns while the removal of step 1 is held
+    assert [c.step for c in store.committed()] == [2]
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith(".retired-")]
+    assert len(aside) == 1, aside
+    assert aside[0].startswith(f".retired-step-0000000001.ckpt.{host_tag()}.{os.getpid()}.")
+    assert not store.wait_for_removals(timeout=0.05)
+    release.set()
+    assert store.wait_for_removals(timeout=30)
+    assert removers == ["preemptible-prune"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-0000000002.ckpt"]
+
+
+def test_a_prune_without_a_thread_removes_before_it_returns(tmp_path: Path, monkeypatch) -> None:
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    store = CheckpointStore(tmp_path, keep=1)
+    store.save(1, write_text("one"))
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    store.save(2, write_text("two"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-0000000002.ckpt"]
 
 
 def test_failed_write_leaves_previous_and_no_temporary(tmp_path: Path) -> None:
@@ -452,10 +506,17 @@ def test_clean_stale_temporaries_across_hosts(tmp_path: Path) -> None:
         "pid_20_digits": f".tmp-step-0000000008.ckpt.{'9' * 20}.ab12",
         "pid_0": f".tmp-step-0000000009.ckpt.{me}.0.ab12",
         "pid_above_limit": f".tmp-step-0000000010.ckpt.{me}.4194305.ab12",
+        "retired_mine_dead": f".retired-step-0000000011.ckpt.{me}.{dead}.ab12cd34",
+        "retired_dir_mine_dead": f".retired-step-0000000012.ckpt.{me}.{dead}.ab12cd34",
+        "retired_mine_live": f".retired-step-0000000013.ckpt.{me}.{os.getpid()}.ab12cd34",
+        "retired_other_young": f".retired-step-0000000014.ckpt.other-host.{dead}.ab12cd34",
     }
     for key, name in names.items():
         path = tmp_path / name
-        if key == "other_dir_written_lately":
+        if key == "retired_dir_mine_dead":
+            path.mkdir()
+            (path / "shard0").write_text("retired")
+        elif key == "other_dir_written_lately":
             path.mkdir()
             (path / "shard0").write_text("written a moment ago")
             os.utime(path, (time.time() - 2 * hour,) * 2)  # the directory itself is old
@@ -471,6 +532,8 @@ def test_clean_stale_temporaries_across_hosts(tmp_path: Path) -> None:
         "pid_20_digits",
         "pid_0",
         "pid_above_limit",
+        "retired_mine_dead",
+        "retired_dir_mine_dead",
     }
     assert sorted(p.name for p in removed) == sorted(names[k] for k in expect_removed)
     left = {p.name for p in tmp_path.iterdir()}

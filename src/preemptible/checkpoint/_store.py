@@ -5,7 +5,10 @@ fsync every file and directory written, ``rename`` to the final name, then fsync
 directory so the rename itself is durable. A reader only ever considers final names
 (``step-<N>.ckpt``), so a kill at any moment leaves either the old set of checkpoints or the
 old set plus one complete new one, never a half-written "latest". Older checkpoints are
-pruned only after the new one is committed, so ``keep=1`` is safe as well.
+pruned only after the new one is committed, so ``keep=1`` is safe as well. A checkpoint
+retired by pruning is renamed aside (``.retired-<name>.<host>.<pid>.<hex>``, atomic, so no
+reader ever sees half of one under its name) and removed by a thread: freeing a file's blocks
+takes about 0.16 s per GB, a sixth of writing them, and the loop need not wait for it.
 
 A checkpoint is a regular file or a directory; the store does not care what is inside.
 Anything else under a checkpoint name (a FIFO, a socket, a dangling link) is not one: opening
@@ -60,6 +63,8 @@ _TEMP = re.compile(r"^\.tmp-step-(\d+)\.ckpt\.(?:([A-Za-z0-9-]+)\.)?(\d+)\.[0-9a
 # checkpoint-500): the host has no dots, so the name is what comes before the last three parts
 _NAMED_TEMP = re.compile(r"^\.tmp-(.+)\.([A-Za-z0-9-]+)\.(\d+)\.[0-9a-f]{8}$")
 _OLD = re.compile(r"^\.old-(.+)\.[0-9a-f]+$")
+# .retired-<name>.<host>.<pid>.<hex>: a pruned checkpoint a thread of <pid> is removing
+_RETIRED = re.compile(r"^\.retired-(.+)\.([A-Za-z0-9-]+)\.(\d+)\.[0-9a-f]{8}$")
 
 LOCK_NAME = ".preemptible.lock"
 """The advisory lock file of ``CheckpointStore.lock()``; it never looks like a checkpoint."""
@@ -142,6 +147,8 @@ class CheckpointStore:
         self._lock_key: tuple[int, int] | None = None
         self._warned_foreign: set[str] = set()
         self._pruning_deferred = False
+        self._removals: list[threading.Thread] = []  # an async save's writer prunes too
+        self._removals_guard = threading.Lock()
         if self.location is not None:
             with contextlib.suppress(OSError):  # private when we make it
                 self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -380,19 +387,64 @@ class CheckpointStore:
                 )
             committed = [c for c in committed if c.step <= upto]
         kept = 0 if keep_path is None else 1
+        retired = []
         for ckpt in committed:
             if keep_path is not None and ckpt.path == keep_path:
                 continue
             if kept < self.keep:
                 kept += 1
                 continue
+            aside = ckpt.path.with_name(
+                f".retired-{ckpt.path.name}.{host_tag()}.{os.getpid()}.{os.urandom(4).hex()}"
+            )
             try:
-                remove_path(ckpt.path)
-            except OSError as exc:  # pragma: no cover - best effort
-                logger.warning("preemptible: could not prune %s: %s", ckpt.path, exc)
+                os.rename(ckpt.path, aside)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                logger.warning(
+                    "preemptible: could not prune %s: %s", ckpt.path, exc.strerror or exc
+                )
+                continue
+            retired.append(aside)
+        if retired:
+            self._remove_later(retired)
+
+    def _remove_later(self, paths: list[Path]) -> None:
+        """Remove ``paths`` in a thread. Not a daemon: a run that ends waits for it at exit
+        (so it leaves ``keep`` checkpoints), however it ends; a kill leaves them to the next
+        start's ``clean_stale_temporaries``."""
+
+        def remove() -> None:
+            for path in paths:
+                remove_path(path)
+
+        thread = threading.Thread(target=remove, name="preemptible-prune")
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had (a limit, or the interpreter exiting)
+            remove()
+            return
+        with self._removals_guard:
+            self._removals = [t for t in self._removals if t.is_alive()]
+            self._removals.append(thread)
+
+    def wait_for_removals(self, timeout: float | None = None) -> bool:
+        """Wait until the checkpoints this store pruned are removed from the disk; True when
+        they are. A finished run waits here (its directory holds ``keep`` checkpoints, no
+        more); a stop does not, and its exit waits only for the removals under way."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._removals_guard:
+            removals = list(self._removals)
+        for thread in removals:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        with self._removals_guard:
+            self._removals = [t for t in self._removals if t.is_alive()]
+            return not self._removals
 
     def clean_stale_temporaries(self) -> list[Path]:
-        """Remove temporaries left by writers that no longer run (killed mid-save).
+        """Remove temporaries left by writers that no longer run (killed mid-save), and
+        pruned checkpoints that a killed run had not finished removing.
 
         One of this host is stale when its pid is dead; one of another host (shared file
         system) only when nothing in it was written for ``FOREIGN_TEMP_MAX_AGE`` seconds.
@@ -401,7 +453,11 @@ class CheckpointStore:
         me = host_tag()
         now = time.time()
         for entry in self._entries():
-            m = _TEMP.match(entry.name) or _NAMED_TEMP.match(entry.name)
+            m = (
+                _TEMP.match(entry.name)
+                or _NAMED_TEMP.match(entry.name)
+                or _RETIRED.match(entry.name)
+            )
             if m:
                 host, pid = m.group(2), int(m.group(3))
                 if host is None or host == me:

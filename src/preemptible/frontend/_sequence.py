@@ -342,8 +342,12 @@ class StopSequence:
 
     def close(self) -> None:
         """Finish any background save, restore the signal handlers (unless the exit of a
-        committed stop is under way), stop the watcher, release the directory; idempotent."""
+        committed stop is under way), stop the watcher, release the directory; idempotent.
+        A run that goes on or ends (not a stop) waits for the removal of what its saves
+        pruned, so its directory holds ``keep`` checkpoints when the loop returns."""
         self.saver.close()
+        if not self.stopping:
+            self.saver.store.wait_for_removals()
         self.controller.close()
         if self.agreement is not None:
             self.agreement.close()
