@@ -95,7 +95,9 @@ def test_the_grace_policy_counts_a_bucket_s_upload_in_a_save(
     s3_bucket: Bucket, signal_handlers: object
 ) -> None:
     """A stop's checkpoint must reach the bucket before the exit: the save time the grace
-    policy budgets with is the save and the last measured upload together."""
+    policy budgets with is the save and the last measured upload together, including for a
+    save made before any upload was measured (a notice's insurance checkpoint, the first of
+    its run: the stop after it must budget that checkpoint's own upload)."""
     config = TerminationConfig(save_fn=lambda path: path.write_text("{}"))
     with PreemptionCheckpointHandler(s3_bucket.url, termination_config=config) as handler:
         handler.save(1)
@@ -103,6 +105,7 @@ def test_the_grace_policy_counts_a_bucket_s_upload_in_a_save(
         assert handler.store.mirror is not None
         uploaded = handler.store.mirror.upload_seconds
         assert uploaded is not None and uploaded > 0
+        assert len(handler.save_times) == 1 and handler.save_times.max() >= uploaded
         handler.save(2)
         assert len(handler.save_times) == 2 and handler.save_times.max() >= uploaded
         assert handler.store.flush(time.monotonic() + 30)  # nothing left for the exit

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import random
 import statistics
+import time
 from dataclasses import dataclass
 
 import pytest
 
 from preemptible import ConfigError, Notice, TerminationConfig
+from preemptible.stop._controller import StopController
 from preemptible.stop._termination import (
     DECISION_MARGIN,
     EXIT_PRIOR_SPREAD,
@@ -218,3 +220,28 @@ def test_more_safety_stops_earlier() -> None:
 def test_exit_time_in_the_config() -> None:
     assert TerminationConfig().exit_time is None
     assert TerminationConfig(exit_time=3).exit_time == 3
+
+
+def test_a_bucket_s_upload_counts_in_the_save_as_known_at_the_boundary() -> None:
+    """A stop waits for its checkpoint's upload: the policy budgets the upload measured by the
+    time it decides, also for saves made before any upload was measured (a notice's insurance
+    checkpoint, the first one of its run)."""
+    controller = StopController(TerminationConfig(), ())
+    controller.step_times.add(0.1)
+    controller.save_times.add(1.0)  # saved before its upload was measured
+    controller.requests.add(Notice(source="ec2", received_at=time.time(), deadline=time.time() + 8))
+    assert not controller.must_stop_now()
+    known: list[float | None] = [None]
+    controller.upload_time = lambda: known[0]
+    assert not controller.must_stop_now()  # nothing uploaded yet: nothing known
+    known[0] = 10.0  # the insurance checkpoint's upload took 10 s
+    assert controller.save_time().max() == 11.0 and len(controller.save_time()) == 1
+    assert controller.must_stop_now()
+    assert controller.save_times.max() == 1.0  # the measurements themselves are kept
+
+
+def test_durations_plus_shifts_every_value_and_keeps_the_spread() -> None:
+    saves = Durations(values=[1.0, 2.0, 3.0], prior_spread=0.3)
+    shifted = saves.plus(5.0)
+    assert list(shifted._values) == [6.0, 7.0, 8.0] and shifted.prior_spread == 0.3
+    assert shifted.bound(1.25) > saves.bound(1.25) + 4.9

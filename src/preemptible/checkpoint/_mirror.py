@@ -79,6 +79,7 @@ class _Job:
     snapshot: Path
     queued: float = field(default_factory=time.monotonic)
     committed: bool = False  # its manifest is in the bucket (retention may still run)
+    started: float | None = None  # when its upload began (time.monotonic())
 
 
 _mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
@@ -290,7 +291,7 @@ class Mirror:
                     self._cond.notify_all()
 
     def _upload(self, job: _Job) -> None:
-        started = time.monotonic()
+        started = job.started = time.monotonic()
         key = self.remote.upload(job.name, job.snapshot)
         self.upload_seconds = time.monotonic() - started
         if key is None:  # fenced: said once; no upload of this process counts any more
@@ -324,6 +325,17 @@ class Mirror:
         the next takeover cleans, never a manifest without files)."""
         active = self._active
         return self._pending is not None or (active is not None and not active.committed)
+
+    def upload_estimate(self) -> float | None:
+        """How long an upload takes, as known now: the last one measured, or the time the one
+        going up has taken so far when that is longer (the first upload, still under way, is
+        already a lower bound); None before any upload began."""
+        active = self._active
+        running = None
+        if active is not None and active.started is not None and not active.committed:
+            running = time.monotonic() - active.started
+        known = [s for s in (self.upload_seconds, running) if s is not None]
+        return max(known) if known else None
 
     def newest_in_bucket(self) -> str:
         return self.newest_remote or "none"

@@ -92,7 +92,7 @@ class Saves:
         if not written:
             return path
         seconds = time.monotonic() - started
-        self.save_times.add(self._with_upload(seconds))
+        self.save_times.add(seconds)
         self.stall_times.add(seconds)
         self.last_end = time.monotonic()
         cost = None
@@ -124,16 +124,9 @@ class Saves:
         if self._background is not None and self._background[0] == step:
             self.newest = (self._background[1], path)
         if self.saver.write_seconds is not None:
-            self.save_times.add(self._with_upload(self.saver.write_seconds))
+            self.save_times.add(self.saver.write_seconds)
         self._record(path, step)
         self._log("preemptible: saved %s in the background (step %d)", path, step)
-
-    def _with_upload(self, seconds: float) -> float:
-        """What a stop's save costs the grace policy: the save, and in a bucket its upload (the
-        last one measured; the stop waits for it before the exit)."""
-        mirror = self.saver.store.mirror
-        uploaded = None if mirror is None else mirror.upload_seconds
-        return seconds if uploaded is None else seconds + uploaded
 
     def _record(self, path: Path, step: int, save_s: float | None = None) -> None:
         """The newest committed checkpoint, for the supervisor's next resume (rank 0)."""

@@ -116,6 +116,8 @@ class StopSession:
         _report.follow_steps(self)  # report() without step= reports at this step
         self.resume_path: Path | None = None
         self.saves = Saves(saver, periodic, self.controller.save_times, is_rank_zero())
+        if self.store.mirror is not None:
+            self.controller.upload_time = self.store.mirror.upload_estimate
         self.sequence = StopSequence(
             self.config,
             self.controller,
@@ -234,7 +236,7 @@ class StopSession:
 
     @property
     def save_times(self) -> Durations:
-        return self.controller.save_times
+        return self.controller.save_time()
 
     @property
     def stall_times(self) -> Durations:

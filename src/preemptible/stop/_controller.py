@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 
 from ._latch import SignalLatch, patch_dataloader_workers
 from ._termination import Durations, Notice, StopRequests, TerminationConfig, Watcher
@@ -34,6 +35,9 @@ class StopController:
         self.watcher: Watcher | None = None
         self.step_times = Durations()
         self.save_times = Durations()
+        # how long a checkpoint's upload takes, when the checkpoints go to a bucket: a stop
+        # waits for it before the exit, so the policy budgets it with each save
+        self.upload_time: Callable[[], float | None] | None = None
         self._acted_on = 0
 
     # -- life cycle ------------------------------------------------------------------------
@@ -63,12 +67,19 @@ class StopController:
         """Whether any stop request or warning arrived (cheap: for every step)."""
         return bool(self.requests)
 
+    def save_time(self) -> Durations:
+        """What a stop's save costs the grace policy: each save measured, plus the upload as
+        known now (an insurance checkpoint is saved before any upload was measured; its own
+        upload, done or under way by the notice's boundary, then counts)."""
+        upload = None if self.upload_time is None else self.upload_time()
+        return self.save_times if upload is None else self.save_times.plus(upload)
+
     def must_stop_now(self) -> bool:
         # the measured durations themselves: the policy budgets from their mean and spread
         exit_time = self.config.exit_time
         return self.requests.must_stop_now(
             now=time.time(),
-            save_time=self.save_times,
+            save_time=self.save_time(),
             step_time=self.step_times,
             safety=self.config.safety_factor,
             **({} if exit_time is None else {"exit_time": exit_time}),

@@ -238,6 +238,12 @@ class Durations:
     def add(self, seconds: float) -> None:
         self._values.append(seconds)
 
+    def plus(self, seconds: float) -> Durations:
+        """A copy with ``seconds`` added to each duration (a save and the upload after it)."""
+        added = Durations(self._values.maxlen or 16, prior_spread=self.prior_spread)
+        added._values.extend(v + seconds for v in self._values)
+        return added
+
     def __len__(self) -> int:
         return len(self._values)
 
