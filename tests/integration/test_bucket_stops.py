@@ -86,9 +86,25 @@ def test_a_stop_whose_upload_cannot_finish_is_gone_before_its_deadline_and_says_
     record = json.loads((attempt / "record.json").read_text())
     assert record["state"] == "stopped", record
     assert record["remote_checkpoint"] == "s3://stall/run/step-0000000000.ckpt", record
-    assert sorted(p.name for p in (tmp_path / "staging").glob("*/step-*.ckpt"))[-1] != (
-        "step-0000000000.ckpt"
-    ), "the stop's checkpoint is committed locally"
+    stopped = sorted(p.name for p in (tmp_path / "staging").glob("*/step-*.ckpt"))[-1]
+    assert stopped != "step-0000000000.ckpt", "the stop's checkpoint is committed locally"
+
+    # The same machine starts again, the server back: its writer uploads the checkpoint that
+    # never went up (else a finished run would stay finished here, and a new machine would
+    # resume from step 0).
+    again = subprocess.run([PY, "-c", RESTART], env=env, capture_output=True, text=True, timeout=90)
+    assert again.returncode == 0, again.stderr
+    assert f"uploading {stopped} to s3://stall/run" in again.stderr, again.stderr
+    keys = own_s3_server.objects("stall", "run/")
+    assert any(k.startswith(f"manifests/{stopped}/") for k in keys), sorted(keys)
+
+
+RESTART = """\
+import os, time, preemptible
+store = preemptible.CheckpointStore(os.environ["CKPT_URL"])
+store.lock()
+assert store.flush(time.monotonic() + 60)
+"""
 
 
 def test_the_grace_policy_counts_a_bucket_s_upload_in_a_save(

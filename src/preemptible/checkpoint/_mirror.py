@@ -17,7 +17,9 @@ process (``atexit``, up to ``EXIT_FLUSH_SECONDS``).
 
 Staging remembers, in ``.preemptible-mirror.json``, where each local checkpoint came from or
 went up as (a manifest's key), or when it was committed here and not yet uploaded: that is how
-a start knows that staging has the bucket's newest already, or something newer.
+a start knows that staging has the bucket's newest already, or something newer. A writer's
+start (``take_over``) uploads the newest one never uploaded, unless the bucket has one as new:
+a run killed, or whose exit stopped waiting, before its last upload leaves it only here.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ class Mirror:
         self.newest_remote: str | None = None  # the newest committed one seen in the bucket
         self.failed: str | None = None  # why the last upload failed, until one succeeds
         self.upload_seconds: float | None = None  # how long the last upload took (measured)
+        self._remotes: list[Remote] = []  # the bucket's committed ones, newest first (restore)
         _register(self)
 
     def __repr__(self) -> str:
@@ -135,7 +138,8 @@ class Mirror:
 
     def take_over(self) -> None:
         """Become the location's writer (``RemoteCheckpoints.take_over``); remove the upload
-        snapshots of this host's dead processes."""
+        snapshots of this host's dead processes; upload what an earlier run committed here and
+        never uploaded."""
         self.remote.take_over()
         me = host_tag()
         for entry in self.staging.glob(f"{SNAPSHOT_PREFIX}*"):
@@ -143,6 +147,50 @@ class Mirror:
             mine = len(parts) == 3 and parts[0] == me and parts[1].isdecimal()
             if mine and not pid_alive(int(parts[1])):
                 remove_path(entry)
+        unsent = self._unsent()
+        if unsent is not None:
+            logger.warning(
+                "preemptible: uploading %s to %s: an earlier run committed it in %s and exited "
+                "before its upload finished",
+                unsent,
+                self.location,
+                self.staging,
+            )
+            self.enqueue(unsent, self.staging / unsent)
+
+    def _unsent(self) -> str | None:
+        """The newest checkpoint committed in staging and never uploaded, when the bucket holds
+        nothing as new of its family: a run killed, or whose exit stopped waiting, before its
+        last upload was done. Left there, a run that had finished would say so on this machine
+        and never upload it, and a new machine would resume from an older one."""
+        newest: tuple[float, str] | None = None
+        for name, mark in self._read_state().items():
+            if not (isinstance(mark, dict) and isinstance(mark.get("local"), int | float)):
+                continue  # uploaded (its key), or brought back
+            path = self.staging / name
+            if not (path.is_file() or path.is_dir()) or self._bucket_as_new(name, mark):
+                continue
+            if newest is None or float(mark["local"]) > newest[0]:
+                newest = (float(mark["local"]), name)
+        return None if newest is None else newest[1]
+
+    def _bucket_as_new(self, name: str, mark: dict[str, Any]) -> bool:
+        """Whether the bucket holds ``name`` committed since it was here, or a newer one of its
+        family (the bucket's committed ones as ``restore`` read them)."""
+        family, pattern = _family(name)
+        for remote in self._remotes:  # newest first
+            if _family(remote.name)[0] != family:
+                continue
+            if remote.name == name:
+                committed_at = remote.body.get("committed_at")
+                if not isinstance(committed_at, int | float):
+                    return True
+                return float(committed_at) >= float(mark["local"])
+            m = pattern.match(name) if pattern is not None else None
+            r = pattern.match(remote.name) if pattern is not None else None
+            if m is None or r is None or int(r.group(1)) >= int(m.group(1)):
+                return True
+        return False
 
     # -- bringing the newest back --------------------------------------------------------------
     def restore(self, store: Staging) -> list[Path]:
@@ -156,6 +204,7 @@ class Mirror:
             raise  # its own line already
         except Exception as exc:
             raise self.remote.refused(exc) from None
+        self._remotes = remotes
         if not remotes:
             return []
         self.newest_remote = remotes[0].name
