@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,28 @@ def test_two_writers_cannot_commit_the_same_name(
     assert "another writer committed step-0000000005.ckpt generation 1 first" in caplog.text
     kept = manifests(bucket)["manifests/step-0000000005.ckpt/0000000001.json"]
     assert kept == other  # the create-only put did not replace it
+
+
+def test_a_replaced_writer_s_stop_says_its_checkpoint_did_not_reach_the_bucket(
+    bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
+) -> None:
+    """A run whose location another start took over saves on: its stop must not exit as if its
+    checkpoint were in the bucket (the next machine resumes from an older one)."""
+    old = store_on(bucket, monkeypatch, tmp_path, "old")
+    assert old.lock()
+    assert save_and_flush(old, 1, b"old one")
+    new = store_on(bucket, monkeypatch, tmp_path, "new")
+    assert new.lock()  # the takeover
+    assert not save_and_flush(old, 2, b"old two")  # said once, at the upload that found it
+    old.save(3, lambda tmp: tmp.write_bytes(b"old three"))  # the stop's save
+    assert old.mirror is not None
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        assert not old.mirror.flush(time.monotonic() + 30, say=True)  # the stop's exit
+    said = [r.getMessage() for r in caplog.records if "is not in" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert said[0].startswith(f"preemptible: step-0000000003.ckpt is not in {bucket.url}"), said
+    assert said[0].endswith("the newest this run put there is step-0000000001.ckpt"), said
+    assert not any("step-0000000003" in k for k in manifests(bucket))
 
 
 def test_a_writer_replaced_by_a_takeover_cannot_commit_after_it(

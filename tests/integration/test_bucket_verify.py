@@ -33,6 +33,8 @@ def test_a_file_of_another_size_quarantines_its_checkpoint(
     assert newest is not None and newest.step == 1 and newest.path.read_bytes() == b"good one"
     assert "quarantined" in caplog.text
     assert "quarantine/step-0000000002.ckpt/0000000001.json" in s3_bucket.objects()
+    assert reader.mirror is not None  # what the exit's lines name as the newest in the bucket
+    assert reader.mirror.newest_in_bucket() == "step-0000000001.ckpt"
 
 
 GOOD_SHA = "0" * 64

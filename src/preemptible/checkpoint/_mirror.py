@@ -131,6 +131,7 @@ class Mirror:
         self.failed: str | None = None  # why the last upload failed, until one succeeds
         self.upload_seconds: float | None = None  # how long the last upload took (measured)
         self._remotes: list[Remote] = []  # the bucket's committed ones, newest first (restore)
+        self.kept_here: str | None = None  # the newest committed after a takeover fenced us
         _register(self)
 
     def __repr__(self) -> str:
@@ -204,24 +205,28 @@ class Mirror:
             raise  # its own line already
         except Exception as exc:
             raise self.remote.refused(exc) from None
-        self._remotes = remotes
         if not remotes:
             return []
-        self.newest_remote = remotes[0].name
         with _one_restore_at_a_time(self.staging):
-            return self._restore(remotes, store)
+            brought, quarantined = self._restore(remotes, store)
+        self._remotes = [r for r in remotes if r.name not in quarantined]
+        self.newest_remote = self._remotes[0].name if self._remotes else None
+        return brought
 
-    def _restore(self, remotes: list[Remote], store: Staging) -> list[Path]:
+    def _restore(self, remotes: list[Remote], store: Staging) -> tuple[list[Path], set[str]]:
+        """What was brought back, and the names quarantined on the way."""
         families: dict[str, list[Remote]] = {}
         for remote in remotes:  # newest first, so is each family's list
             families.setdefault(_family(remote.name)[0], []).append(remote)
         brought = []
+        quarantined = set()
         for members in families.values():
             for remote in members:
                 if self._staging_as_new(remote, store):
                     break
                 path = self.remote.bring_back(remote, store.commit_local)
                 if path is None:  # it did not verify: quarantined, try the next older one
+                    quarantined.add(remote.name)
                     continue
                 self._mark(remote.name, remote.key)
                 logger.warning(
@@ -232,7 +237,7 @@ class Mirror:
                 )
                 brought.append(path)
                 break
-        return brought
+        return brought, quarantined
 
     def _staging_as_new(self, remote: Remote, store: Staging) -> bool:
         """Whether staging holds this very checkpoint, or a newer one of its family."""
@@ -277,6 +282,7 @@ class Mirror:
         """Upload the checkpoint just committed at ``path`` (in the background)."""
         self._mark(name, {"local": time.time()})
         if self.remote.fenced:
+            self.kept_here = name
             return
         snapshot = self._snapshot(path)
         with self._cond:
@@ -398,6 +404,17 @@ class Mirror:
         be silent for as long as the network takes."""
         with self._cond:
             waited = self._pending or self._active if self.busy else None
+        if say and self.kept_here is not None:  # a stop's exit: its checkpoint stays here
+            logger.error(
+                "preemptible: %s is not in %s: another writer took the location over, so this "
+                "run's checkpoints since stay in %s; the newest this run put there is %s",
+                self.kept_here,
+                self.location,
+                self.staging,
+                self.uploaded or "none",
+            )
+            self.kept_here = None
+            return False
         if say and waited is not None:
             left = ""
             if deadline is not None:
