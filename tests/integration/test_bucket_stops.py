@@ -148,6 +148,27 @@ def test_a_run_that_ends_uploads_its_last_checkpoint_at_the_exit(
     ], done.stderr
 
 
+def test_a_run_that_ends_leaves_keep_checkpoints_in_the_bucket(
+    s3_bucket: Bucket, tmp_path: Path
+) -> None:
+    """The retention after the last upload runs in the upload's thread; a run that ends
+    waits for it at the exit (a stop does not), or the bucket keeps one more for good."""
+    program = (
+        "import os, time, preemptible\n"
+        "store = preemptible.CheckpointStore(os.environ['CKPT_URL'], keep=1)\n"
+        "for step in (1, 2):\n"
+        "    store.save(step, lambda tmp: tmp.write_bytes(b'x'))\n"
+        "    assert store.flush(time.monotonic() + 30)\n"
+        "store.save(3, lambda tmp: tmp.write_bytes(b'last'))\n"
+    )
+    env = {**os.environ, **CLEAN, **s3_bucket.env, "CKPT_URL": s3_bucket.url}
+    done = subprocess.run([PY, "-c", program], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert sorted(k for k in s3_bucket.objects() if k.startswith("manifests/")) == [
+        "manifests/step-0000000003.ckpt/0000000001.json"
+    ], done.stderr
+
+
 TERM_TIMEOUT = 8.0  # preemptible run --term-timeout: the supervisor's SIGKILL of the job then
 
 

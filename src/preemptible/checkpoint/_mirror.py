@@ -392,6 +392,23 @@ class Mirror:
         known = [s for s in (self.upload_seconds, running) if s is not None]
         return max(known) if known else None
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, going up, or being retired after an upload."""
+        return self._pending is None and self._active is None
+
+    def settle(self, deadline: float) -> bool:
+        """Wait, until ``deadline`` (``time.monotonic()``), for the uploads and the retention
+        after the last one: a run that ends leaves ``keep`` checkpoints in the bucket, not one
+        more for good. True when nothing is left to do."""
+        with self._cond:
+            while not self.idle:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, _SLICE))
+        return True
+
     def newest_in_bucket(self) -> str:
         return self.newest_remote or "none"
 
@@ -524,14 +541,21 @@ def upload_deadline(requests: StopRequests) -> float:
 def _flush_at_exit() -> None:
     if _exit_flushed:  # a stop waited already, as long as its deadline allowed
         return
-    if not any(m.busy for m in list(_mirrors)):
+    from ..stop._termination import stops_received
+
+    # a run that ends waits for the bucket's retention after its last upload too (else it
+    # leaves a checkpoint more than ``keep`` there for good); a stop only for the upload
+    stopped, mirrors = bool(stops_received()), list(_mirrors)
+    if not any(m.busy or (not stopped and not m.idle) for m in mirrors):
         return
     from ..stop._latch import release_for_exit
-    from ..stop._termination import stops_received
 
     release_for_exit()  # a signal during this wait ends the process, as the line says
     # a stop whose run then trained to its end (the grace policy) still has its deadline and
     # the supervisor's kill coming: the last upload is waited for only until then
     deadline = min([time.monotonic() + EXIT_FLUSH_SECONDS, *map(upload_deadline, stops_received())])
-    for mirror in list(_mirrors):
+    for mirror in mirrors:
         mirror.flush(deadline, say=True)  # each busy one says what it waits for, and after
+    if not stopped:
+        for mirror in mirrors:
+            mirror.settle(deadline)
