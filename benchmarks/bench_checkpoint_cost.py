@@ -13,11 +13,18 @@ round), each figure beside the limit measured in the same round:
                 and of a sharded checkpoint (``sharded=True``: torch.distributed.checkpoint's
                 writer, ``keep=1``), over the *raw write*: the same number of random bytes
                 written 16 MiB a call and fsynced, on the same disk (the file's removal after
-                it is not timed). The four interleaved in one child, the order rotated.
+                it is not timed). The four interleaved in one child, the order rotated. A
+                retired checkpoint is deleted by a thread of the store; the next figure waits
+                for it, untimed, as a loop's next steps would overlap it.
   stop          SIGTERM to a child in its loop (100 ms steps) that resumed from a checkpoint of
                 its own (so ``keep=1`` has one to retire): its stop's save over the raw write
                 the child made just before its loop, and signal -> process gone over that
-                save. One child of ``bench_signal_to_exit.py``.
+                save. One child of ``bench_signal_to_exit.py``. Beside it, signal -> gone over
+                what no stop can go below: the rest of the step, the save, and a *bare exit*:
+                a child with the same state (torch, no preemptible) that leaves by
+                ``sys.exit`` from its signal handler, as fast as a Python program's exit goes
+                (``gc.freeze()`` first, as preemptible's). The same child by ``os._exit``
+                shows the kernel's part (freeing the memory) in the line below the table.
 
     .venv/bin/python benchmarks/bench_checkpoint_cost.py [--sizes 400 1000] [--repeats 3]
         [--device cpu|cuda] [--dir DIR] [--src DIR]
@@ -88,6 +95,9 @@ def saves_child(size_mb: int, directory: str, rounds: int, offset: int, device: 
             times[name].append(time.perf_counter() - t0)
             with contextlib.suppress(FileNotFoundError):
                 (base / "raw.bin").unlink()  # not timed: the limit is the write
+            for h in handlers.values():  # not timed either: a loop trains while it runs
+                if hasattr(h.store, "wait_for_removals"):  # not in a --src before it
+                    h.store.wait_for_removals()
     for name, h in handlers.items():
         assert len(h.store.committed()) == (1 if name != "kept" else 1 + rounds)
         h.close()
@@ -153,8 +163,14 @@ def main() -> None:
             add("raw", saves["raw"])
             with tempfile.TemporaryDirectory(dir=base) as d:
                 stop = bench_signal_to_exit.one(size, 0.1, Path(d), rng, args.device, None, True)
+            floor = bench_signal_to_exit.bare_exit(size, rng, args.device, "os._exit")
+            plain = bench_signal_to_exit.bare_exit(size, rng, args.device, "sys.exit")
             add("stop save/raw", [stop["save"] / stop["raw"]])
             add("gone/save", [stop["total"] / stop["save"]])
+            # what a stop cannot go below: the step's end, its save, a Python program's exit
+            add("gone/anchor", [stop["total"] / (stop["wait"] + stop["save"] + plain)])
+            add("floor", [floor])
+            add("plain", [plain])
             add("stop save", [stop["save"]])
             add("gone", [stop["total"]])
             add("boundary", [stop["wait"]])
@@ -172,11 +188,14 @@ def main() -> None:
                 f"{ms(m['sharded'])} ({m['sharded/raw']:.2f})",
                 f"{ms(m['stop save'])} ({m['stop save/raw']:.2f})",
                 f"{ms(m['gone'])} ({m['gone/save']:.2f})",
+                f"{m['gone/anchor']:.2f}",
             ]
         )
         lines.append(
             f"{size} MiB: signal -> gone = {ms(m['boundary'])} to the step's end + the save + "
-            f"{ms(m['exit'])} from exit_fn to gone (medians)"
+            f"{ms(m['exit'])} from exit_fn to gone; a child with the same state that leaves "
+            f"from its handler is gone {ms(m['plain'])} after the signal by sys.exit, "
+            f"{ms(m['floor'])} by os._exit (the kernel freeing its memory) (medians)"
         )
     print(
         f"machine: {machine()}; disk {disk_of(str(base))}; state on {args.device}; "
@@ -186,7 +205,11 @@ def main() -> None:
     header = ["state", "copy limit", "async stall (/limit)", "first save /limit"]
     header += ["raw write + fsync", "sync save, retiring one (/raw)", "nothing to retire (/raw)"]
     header += ["sharded save (/raw)"]
-    header += ["stop's save (/raw)", "signal → gone (/save)"]
+    header += [
+        "stop's save (/raw)",
+        "signal → gone (/save)",
+        "gone / (step end + save + bare exit)",
+    ]
     print(table(header, rows))
     print()
     for line in lines:

@@ -85,6 +85,46 @@ for step in handler.steps(10**9):
 """
 
 
+BARE_EXIT = r"""
+import gc, os, signal, sys
+import torch
+
+size_mb, device, how = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+weights = [torch.randn(size_mb * 2**20 // 4 // 8, device=device) for _ in range(8)]
+
+def leave(signum, frame):
+    if how == "os._exit":
+        os._exit(143)
+    gc.freeze()  # the interpreter's shutdown without its full collections, as exit_process
+    sys.exit(143)
+
+signal.signal(signal.SIGTERM, leave)
+print("ready", flush=True)
+signal.pause()
+"""
+
+
+def bare_exit(size_mb: int, rng: random.Random, device: str, how: str) -> float:
+    """Signal -> gone of a child holding the same state (torch imported, no preemptible)
+    that leaves from its handler at once: ``how="os._exit"``, the kernel's teardown of its
+    memory, the floor of any exit; ``"sys.exit"``, the interpreter's shutdown on top (torch's
+    included), as fast as a Python program's own exit goes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BARE_EXIT, str(size_mb), device, how],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready", "the bare child did not start"
+    time.sleep(rng.uniform(0.3, 0.5))  # as long as a child of ``one`` waits before its signal
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=600)
+    gone = time.time()
+    assert code == 143, code
+    return gone - sent
+
+
 def one(
     size_mb: int,
     step_s: float,
