@@ -546,7 +546,7 @@ def _flush_at_exit() -> None:
     # a run that ends waits for the bucket's retention after its last upload too (else it
     # leaves a checkpoint more than ``keep`` there for good); a stop only for the upload
     stopped, mirrors = bool(stops_received()), list(_mirrors)
-    if not any(m.busy or (not stopped and not m.idle) for m in mirrors):
+    if not any(m.busy or m.kept_here or (not stopped and not m.idle) for m in mirrors):
         return
     from ..stop._latch import release_for_exit
 
