@@ -56,6 +56,22 @@ PASSED_UP = (
 )
 
 
+def check_inherited_env() -> None:
+    """The ``PREEMPTIBLE_*`` variables an attempt inherits and preemptible reads in it,
+    checked by the readers the job uses: a bad value is one line (``ConfigError``) before any
+    attempt starts, not an attempt that fails at its handler with a traceback, restarted as a
+    FAILED job. The supervisor's own variables are its options' (``--term-timeout``...)."""
+    from ..checkpoint._interval import mtbf_from_env
+    from ..distributed._agreement import dist_poll
+    from ..distributed._group import dist_timeout
+    from ..notices import check_env
+
+    check_env()  # platform, grace period, poll interval, endpoints, stop file
+    mtbf_from_env()
+    dist_timeout()
+    dist_poll()
+
+
 def attempt_environment(
     number: int,
     attempt_dir: Path,
