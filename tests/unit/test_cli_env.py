@@ -169,3 +169,16 @@ def test_a_bad_grace_period_is_one_line_from_the_command(tmp_path: Path) -> None
     assert proc.stderr.strip() == (
         "preemptible: PREEMPTIBLE_GRACE_PERIOD='abc' is not valid; use seconds >= 0, e.g. 30"
     )
+
+
+@pytest.mark.parametrize("path", ["run", "agent", "doctor"])
+def test_checkpoint_dir_says_a_url_is_valid(path: str) -> None:
+    """``--checkpoint-dir DIRECTORY`` read as if a bucket's URL were not taken."""
+    args = [*path.split(), "--help"]
+    done = CliRunner().invoke(main, args, terminal_width=100)
+    assert done.exit_code == 0, done.output
+    assert "--checkpoint-dir DIR_OR_URL" in done.output
+    assert "checkpoint-dir DIRECTORY" not in done.output
+    assert "checkpoint-dir TEXT" not in done.output
+    option = next(p for p in dict(commands())[path].params if p.name == "checkpoint_dir")
+    assert "URL" in (option.help or "")
