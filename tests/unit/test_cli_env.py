@@ -182,3 +182,31 @@ def test_checkpoint_dir_says_a_url_is_valid(path: str) -> None:
     assert "checkpoint-dir TEXT" not in done.output
     option = next(p for p in dict(commands())[path].params if p.name == "checkpoint_dir")
     assert "URL" in (option.help or "")
+
+
+def test_a_run_s_checkpoint_directory_under_a_file_is_one_line(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    started = tmp_path / "started"
+    done = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--home",
+            str(tmp_path / "home"),
+            "--checkpoint-dir",
+            str(afile / "ckpt"),
+            "--",
+            sys.executable,
+            "-c",
+            f"open({str(started)!r}, 'w')",
+        ],
+    )
+    assert done.exit_code == 2, done.output
+    line = done.output.strip().splitlines()[-1]
+    assert line == (
+        f"preemptible: checkpoint directory: {afile / 'ckpt'} cannot be a directory: {afile} "
+        "is a file, not a directory; give --checkpoint-dir (PREEMPTIBLE_CHECKPOINT_DIR) a "
+        "directory"
+    )
+    assert not started.exists()

@@ -158,3 +158,24 @@ def test_a_bad_bucket_name_states_its_own_clouds_rule_and_the_url_as_typed(
 )
 def test_a_name_its_cloud_takes_is_valid(url: str) -> None:
     assert Location.parse(url).bucket == url.split("://")[1].split("/")[0]
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_staging_directory_that_is_a_file_names_the_variable(
+    below: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It said ``.../afile/s3-... cannot be created: Not a directory`` (or ``File exists``),
+    naming neither the variable nor the file in the way."""
+    from preemptible import CheckpointStore
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    staging = afile / below if below else afile
+    monkeypatch.setenv("PREEMPTIBLE_STAGING_DIR", str(staging))
+    with pytest.raises(ConfigError) as info:
+        CheckpointStore("s3://bucket/run")  # refused before any request or mkdir
+    line = str(info.value)
+    assert line.startswith("PREEMPTIBLE_STAGING_DIR: "), line
+    assert f"{afile} is a file, not a directory" in line and "\n" not in line
+    assert "set PREEMPTIBLE_STAGING_DIR to a directory" in line
+    assert afile.read_text() == ""

@@ -190,9 +190,47 @@ def staging_root() -> Path:
 
 
 def staging_dir(location: Location) -> Path:
+    """The local directory ``location``'s checkpoints are committed in before the upload;
+    ``ConfigError`` when it cannot be one (a file there, or above it), naming where it came
+    from, rather than the bare "cannot be created: File exists" of the first mkdir."""
     if location.staging:
-        return Path(location.staging)
-    return staging_root() / location.slug()
+        staging = Path(location.staging)
+        problem = not_a_directory(staging)
+        if problem:
+            raise ConfigError(f"the staging directory of {location}: {problem}")
+        return staging
+    root = staging_root()
+    problem = not_a_directory(root)
+    if problem:
+        where = "PREEMPTIBLE_STAGING_DIR" if env_str("PREEMPTIBLE_STAGING_DIR") else "staging"
+        raise ConfigError(
+            f"{where}: {problem}; set PREEMPTIBLE_STAGING_DIR to a directory (made when "
+            "missing) for the local copies of bucket checkpoints"
+        )
+    return root / location.slug()
+
+
+def not_a_directory(path: Path) -> str | None:
+    """What stops ``path`` from being (or becoming) a directory: it, or the nearest of its
+    parents that exists, is a file (or another non-directory); None when nothing does."""
+    for at in (path, *path.parents):
+        try:
+            if at.is_dir():
+                return None
+            if not os.path.lexists(at):
+                continue
+        except OSError:  # unreadable: the mkdir that follows says what is wrong
+            return None
+        if at.is_file():
+            kind = "a file, not a directory"
+        elif at.is_symlink() and not at.exists():
+            kind = "a symbolic link to nothing, not a directory"
+        else:
+            kind = "not a directory"
+        if at == path:
+            return f"{path} is {kind}"
+        return f"{path} cannot be a directory: {at} is {kind}"
+    return None
 
 
 def local_or_url(value: str | os.PathLike[str]) -> Path | str:

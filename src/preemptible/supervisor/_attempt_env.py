@@ -25,10 +25,11 @@ import os
 import time
 from pathlib import Path
 
-from .._errors import PreemptibleError
+from .._errors import ConfigError, PreemptibleError
 from .._files import write_text_atomic
 from .._paths import RECORD_NAME
 from .._run import current_run, read_record
+from ..checkpoint._location import not_a_directory
 from ..stop._signals import STOP_SIGNALS
 from ..stop._termination import EXIT_SECONDS_ENV
 from ._config import SupervisorConfig
@@ -118,6 +119,13 @@ def attempt_environment(
     try:
         latest = resumes.target()
     except OSError as exc:
+        where = resumes.directory
+        problem = not_a_directory(where) if isinstance(where, Path) else None
+        if problem:  # "Not a directory" alone names neither the file nor what to do
+            raise ConfigError(
+                f"checkpoint directory: {problem}; give --checkpoint-dir "
+                "(PREEMPTIBLE_CHECKPOINT_DIR) a directory"
+            ) from exc
         raise PreemptibleError(
             f"cannot read the checkpoint directory {resumes.directory}: {exc.strerror or exc}"
         ) from exc
