@@ -689,7 +689,7 @@ def _help(command: tuple[str, ...]) -> tuple[dict[str, bool], frozenset[str]]:
             section = line
             continue
         if section.startswith("Options"):
-            m = re.match(r"^  (?:(-\w), )?(--[\w-]+)( [A-Z][A-Z ]*?[A-Z])?(?:\s{2,}|$)", line)
+            m = re.match(r"^  (?:(-\w), )?(--[\w-]+)( [A-Z][A-Z_ ]*?[A-Z])?(?:\s{2,}|$)", line)
             if m:
                 for name in filter(None, (m.group(1), m.group(2))):
                     options[name] = m.group(3) is not None

@@ -5,6 +5,9 @@ its attempts (``--run-id``, ``--pid-file``) reads one."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from click.testing import CliRunner
 
 from preemptible.cli._main import main
 from tests.conftest import ROOT
+from tests.support.env import CLEAN
 
 # Each variable an option reads, by command; a new one must be documented
 # (docs/reference/environment.md) and added.
@@ -113,3 +117,96 @@ def test_a_documented_variable_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path
     run = dict(commands())["run"]
     ctx = run.make_context("run", ["--", "true"])
     assert ctx.params["max_failures"] == 4 and ctx.params["checkpoint_dir"] == tmp_path
+
+
+# a bad value of each variable an attempt inherits and preemptible reads in it
+BAD_JOB_VARIABLES = [
+    ("PREEMPTIBLE_GRACE_PERIOD", "abc", "use seconds >= 0"),
+    ("PREEMPTIBLE_PLATFORM", "aws", "use one of slurm, gce, ec2, azure, kubernetes, local"),
+    ("PREEMPTIBLE_POLL_INTERVAL", "0", "use seconds > 0"),
+    ("PREEMPTIBLE_GCE_NOTICE_SECONDS", "soon", "use seconds >= 0"),
+    ("PREEMPTIBLE_MTBF", "-1", "use seconds > 0"),
+    ("PREEMPTIBLE_DIST_TIMEOUT", "x", "use seconds > 0"),
+    ("PREEMPTIBLE_DIST_POLL", "0", "use seconds > 0"),
+    ("GCE_METADATA_HOST", "a b", "use host[:port] or an http(s):// URL"),
+    ("PREEMPTIBLE_STOP_FILE", "/", "it is a directory; name a file"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "valid"), BAD_JOB_VARIABLES)
+def test_run_refuses_a_bad_variable_of_its_job_before_the_job_starts(
+    name: str, value: str, valid: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The job would fail at its handler with a traceback, a FAILED attempt (exit 1), after
+    the supervisor warned "ignoring it" (the grace period) or said nothing: one line, exit 2,
+    and no job started, as docs/reference/environment.md says."""
+    for var in (n for n, _, _ in BAD_JOB_VARIABLES):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(name, value)
+    started = tmp_path / "started"
+    job = ["--", sys.executable, "-c", f"open({str(started)!r}, 'w')"]
+    done = CliRunner().invoke(main, ["run", "--home", str(tmp_path / "home"), *job])
+    line = done.output.strip()
+    assert done.exit_code == 2, done.output
+    assert line.startswith(f"preemptible: {name}={value!r} is not valid") and valid in line, line
+    assert "\n" not in line and not started.exists()
+    assert not (tmp_path / "home" / "runs").exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_bad_grace_period_is_one_line_from_the_command(tmp_path: Path) -> None:
+    """The report's case, through the real command: no "ignoring it", no traceback."""
+    env = {**os.environ, **CLEAN, "PREEMPTIBLE_GRACE_PERIOD": "abc"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "preemptible", "run", "--", sys.executable, "-c", "pass"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "preemptible: PREEMPTIBLE_GRACE_PERIOD='abc' is not valid; use seconds >= 0, e.g. 30"
+    )
+
+
+@pytest.mark.parametrize("path", ["run", "agent", "doctor"])
+def test_checkpoint_dir_says_a_url_is_valid(path: str) -> None:
+    """``--checkpoint-dir DIRECTORY`` read as if a bucket's URL were not taken."""
+    args = [*path.split(), "--help"]
+    done = CliRunner().invoke(main, args, terminal_width=100)
+    assert done.exit_code == 0, done.output
+    assert "--checkpoint-dir DIR_OR_URL" in done.output
+    assert "checkpoint-dir DIRECTORY" not in done.output
+    assert "checkpoint-dir TEXT" not in done.output
+    option = next(p for p in dict(commands())[path].params if p.name == "checkpoint_dir")
+    assert "URL" in (option.help or "")
+
+
+def test_a_run_s_checkpoint_directory_under_a_file_is_one_line(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    started = tmp_path / "started"
+    done = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--home",
+            str(tmp_path / "home"),
+            "--checkpoint-dir",
+            str(afile / "ckpt"),
+            "--",
+            sys.executable,
+            "-c",
+            f"open({str(started)!r}, 'w')",
+        ],
+    )
+    assert done.exit_code == 2, done.output
+    line = done.output.strip().splitlines()[-1]
+    assert line == (
+        f"preemptible: checkpoint directory: {afile / 'ckpt'} cannot be a directory: {afile} "
+        "is a file, not a directory; give --checkpoint-dir (PREEMPTIBLE_CHECKPOINT_DIR) a "
+        "directory"
+    )
+    assert not started.exists()

@@ -38,7 +38,7 @@ def test_valid_urls(url: str, scheme: str, bucket: str, prefix: str) -> None:
         ("s3://bucket/a/../b", "'..' are not valid"),
         ("s3://bucket/p?versionId=3", "query string"),
         ("s3://bucket/p#x", "query string"),
-        ("s3://Bucket_Upper/p", "not a valid bucket"),
+        ("s3://Bucket_Upper/p", "not a valid name"),
         ("s3://key:secret@bucket/p", "credentials in the URL"),
         ("file://host/p", "not a host"),
         ("s3://bucket/a%0Ab", "control characters"),
@@ -105,7 +105,77 @@ def test_an_azure_container_name_azure_refuses_is_one_line_at_parse(name: str) -
     with pytest.raises(ConfigError) as info:
         Location.parse(f"az://{name}/p")
     message = str(info.value)
-    assert f"{name!r} is not a valid Azure container name (3 to 63" in message
+    assert f"{name!r} is not a valid name: an Azure container name is 3 to 63" in message
     assert "\n" not in message
     assert Location.parse("az://ok-name-1/p").bucket == "ok-name-1"
     assert Location.parse("s3://a.b.c/p").bucket == "a.b.c"  # S3 and GCS take what they take
+
+
+S3_RULE = (
+    "an S3 bucket name is 3 to 63 lower-case letters, digits, dots and hyphens, starting and "
+    "ending with a letter or digit"
+)
+GCS_RULE = (
+    "a GCS bucket name is 3 to 63 lower-case letters, digits, hyphens, underscores and dots "
+    "(up to 222 with dots, each dot-separated part at most 63), starting and ending with a "
+    "letter or digit"
+)
+
+
+@pytest.mark.parametrize(
+    ("url", "rule"),
+    [
+        ("s3://hf/run", S3_RULE),  # too short
+        ("s3://My_Bucket/x", S3_RULE),
+        ("s3://my_bucket/x", S3_RULE),  # GCS takes underscores, S3 does not
+        ("s3://" + "a" * 64 + "/x", S3_RULE),
+        ("s3://-bucket/x", S3_RULE),
+        ("gs://My_Bucket/x", GCS_RULE),
+        ("gs://" + "a" * 64 + "/x", GCS_RULE),  # 64 without a dot
+        ("gs://a." + "b" * 64 + "/x", GCS_RULE),  # a dot-separated part over 63
+        ("gs://bucket_/x", GCS_RULE),
+    ],
+)
+def test_a_bad_bucket_name_states_its_own_clouds_rule_and_the_url_as_typed(
+    url: str, rule: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        Location.parse(url)
+    bucket = url.split("://")[1].split("/")[0]
+    assert str(info.value) == f"checkpoint location {url}: {bucket!r} is not a valid name: {rule}"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "s3://my.bucket-1/x",
+        "s3://abc",
+        "s3://" + "a" * 63,
+        "gs://my_bucket-1/x",
+        "gs://" + "a" * 63,
+        "gs://" + ".".join(["b" * 63] * 3) + "/x",  # 191 with dots
+    ],
+)
+def test_a_name_its_cloud_takes_is_valid(url: str) -> None:
+    assert Location.parse(url).bucket == url.split("://")[1].split("/")[0]
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_staging_directory_that_is_a_file_names_the_variable(
+    below: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It said ``.../afile/s3-... cannot be created: Not a directory`` (or ``File exists``),
+    naming neither the variable nor the file in the way."""
+    from preemptible import CheckpointStore
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    staging = afile / below if below else afile
+    monkeypatch.setenv("PREEMPTIBLE_STAGING_DIR", str(staging))
+    with pytest.raises(ConfigError) as info:
+        CheckpointStore("s3://bucket/run")  # refused before any request or mkdir
+    line = str(info.value)
+    assert line.startswith("PREEMPTIBLE_STAGING_DIR: "), line
+    assert f"{afile} is a file, not a directory" in line and "\n" not in line
+    assert "set PREEMPTIBLE_STAGING_DIR to a directory" in line
+    assert afile.read_text() == ""

@@ -292,7 +292,7 @@ def test_grace_period_must_be_finite_seconds(value: str, monkeypatch: pytest.Mon
     monkeypatch.setenv("PREEMPTIBLE_GRACE_PERIOD", value)
     with pytest.raises(ConfigError, match=rf"PREEMPTIBLE_GRACE_PERIOD='{value}' is not valid"):
         grace_period_from_env()
-    seconds, where = term_timeout()  # the supervisor ignores it (with a warning) ...
+    seconds, where = term_timeout()  # the doctor asks it: it goes on without the variable ...
     assert math.isfinite(seconds) and "GRACE_PERIOD" not in where  # ... and still escalates
 
 

@@ -35,6 +35,27 @@ RETRY_TIMEOUT = 60.0
 _TRUE = ("1", "true", "yes", "on")
 
 
+# the variables that allow a plain-HTTP endpoint (any one allows it for every scheme, as
+# _client_options reads them) and the one a message names for each scheme: obstore's own
+_ALLOW_HTTP = (
+    "AWS_ALLOW_HTTP",
+    "AZURE_ALLOW_HTTP",
+    "AZURE_STORAGE_ALLOW_HTTP",
+    "GOOGLE_ALLOW_HTTP",
+)
+_ALLOW_NAMED = {"s3": "AWS_ALLOW_HTTP", "az": "AZURE_ALLOW_HTTP", "gs": "GOOGLE_ALLOW_HTTP"}
+# where each client takes its endpoint from, as obstore reads the environment (GCS has no
+# variable: the endpoint is the service-account file's gcs_base_url)
+_ENDPOINTS = {
+    "s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
+    "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"),
+}
+
+
+def _http_allowed() -> bool:
+    return any(os.environ.get(name, "").lower() in _TRUE for name in _ALLOW_HTTP)
+
+
 def _client_options() -> dict[str, Any]:
     options: dict[str, Any] = {
         "timeout": timedelta(seconds=REQUEST_TIMEOUT),
@@ -44,17 +65,49 @@ def _client_options() -> dict[str, Any]:
     # (AZURE_ALLOW_HTTP and GOOGLE_ALLOW_HTTP are obstore's own names for Azure and GCS, read
     # for an endpoint that is plain HTTP: an emulator, a compatible service; Azure's emulator
     # mode allows HTTP itself)
-    if any(
-        os.environ.get(name, "").lower() in _TRUE
-        for name in (
-            "AWS_ALLOW_HTTP",
-            "AZURE_ALLOW_HTTP",
-            "AZURE_STORAGE_ALLOW_HTTP",
-            "GOOGLE_ALLOW_HTTP",
-        )
-    ):
+    if _http_allowed():
         options["allow_http"] = True
     return options
+
+
+def _plain_http_endpoint(scheme: str) -> str | None:
+    """``http://host (NAME)`` when the client of ``scheme`` is pointed at a plain-HTTP endpoint
+    that no variable allows (obstore then fails every request with "builder error", which
+    names neither the endpoint nor the variable); None otherwise."""
+    if _http_allowed():
+        return None
+    if scheme == "az" and os.environ.get("AZURE_STORAGE_USE_EMULATOR", "").lower() in _TRUE:
+        return None  # the emulator's mode allows HTTP itself
+    found = [(name, os.environ.get(name, "")) for name in _ENDPOINTS.get(scheme, ())]
+    if scheme == "gs":
+        found.append(_google_base_url())
+    for name, value in found:
+        if value.strip().lower().startswith("http://"):
+            shown = _QUERY.sub(r"\1", _USERINFO.sub(r"\1", value.strip()))  # no secrets
+            return f"{shown} ({name})"
+    return None
+
+
+def _google_base_url() -> tuple[str, str]:
+    """(where, URL) of the service-account file's ``gcs_base_url``, ("", "") when none."""
+    import json
+
+    for name in (
+        "GOOGLE_SERVICE_ACCOUNT",
+        "GOOGLE_SERVICE_ACCOUNT_PATH",
+        "GOOGLE_SERVICE_ACCOUNT_KEY",
+    ):
+        value = os.environ.get(name, "")
+        if not value:
+            continue
+        try:
+            text = value if name.endswith("_KEY") else Path(value).read_text()
+            account = json.loads(text)
+        except (OSError, ValueError, RecursionError):
+            return "", ""  # obstore says what is wrong with the file itself
+        url = account.get("gcs_base_url") if isinstance(account, dict) else None
+        return (f"gcs_base_url in {name}", url) if isinstance(url, str) else ("", "")
+    return "", ""
 
 
 def _retry() -> dict[str, Any]:
@@ -100,6 +153,14 @@ def open_bucket(location: Location) -> ObjectStore:
             f"checkpoint location {location}: the object-store client is not installed; "
             f"pip install 'preemptible[{extra}]'"
         ) from None
+    plain = _plain_http_endpoint(location.scheme)
+    if plain is not None:
+        allow = _ALLOW_NAMED[location.scheme]
+        raise ConfigError(
+            f"checkpoint location {location}: the endpoint {plain} is plain HTTP, which the "
+            f"client refuses unless {allow}=true is set: set it (an emulator, a service on "
+            "your own network) or use an https:// endpoint"
+        )
     prefix = location.prefix or None
     common: dict[str, Any] = {"client_options": _client_options(), "retry_config": _retry()}
     try:
@@ -135,6 +196,17 @@ _QUERY = re.compile(r"(\w+://[^\s?#]*)\?[^\s#]*")
 _USERINFO = re.compile(r"(\w+://)[^\s/?#@]*@")
 
 
+# each cloud's standard chain, named in a refusal: only the one of the scheme in use
+_CHAINS = {
+    "s3": "AWS's credential chain: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE "
+    "(~/.aws) or the instance role",
+    "gs": "Google's credential chain: GOOGLE_SERVICE_ACCOUNT, GOOGLE_APPLICATION_CREDENTIALS "
+    "(application default credentials) or the VM's service account",
+    "az": "Azure's credential chain: AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY, "
+    "a SAS token (AZURE_STORAGE_SAS_KEY), a service principal (AZURE_CLIENT_ID) or a managed "
+    "identity",
+}
+
 _MISSING = {"NoSuchBucket", "ContainerNotFound", "BucketNotFound"}
 _REFUSED = {
     "AccessDenied",
@@ -167,11 +239,7 @@ def refused(location: Location, exc: BaseException) -> CheckpointRemoteError:
         or type(exc).__name__ == "UnauthenticatedError"
         or (status is not None and status.group(1) in ("401", "403"))
     ):
-        why = (
-            f"the credentials were refused ({said}); check the cloud's standard chain: "
-            "AWS_ACCESS_KEY_ID or AWS_PROFILE or the instance role for S3, application "
-            "default credentials for GCS, AZURE_STORAGE_* or a managed identity for Azure"
-        )
+        why = f"the credentials were refused ({said}); check {_CHAINS[location.scheme]}"
     elif type(exc).__name__ == "InvalidPathError":
         # a key with a "." or ".." part, or an empty one: the client refuses to list past it
         why = (

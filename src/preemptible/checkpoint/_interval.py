@@ -193,7 +193,7 @@ class SaveInterval:
         if mtbf is not None:
             self._pinned = (_seconds("mtbf", mtbf), "mtbf argument")
         else:
-            env = env_float("PREEMPTIBLE_MTBF", min_value=0, strict_min=True, what="seconds")
+            env = mtbf_from_env()
             if env is not None:
                 self._pinned = (env, "PREEMPTIBLE_MTBF")
 
@@ -361,3 +361,8 @@ def _fmt(seconds: float) -> str:
     if seconds < 72 * HOUR:
         return f"{seconds / HOUR:.3g} h"
     return f"{seconds / (24 * HOUR):.3g} d"
+
+
+def mtbf_from_env() -> float | None:
+    """``PREEMPTIBLE_MTBF``: seconds > 0 between interruptions, None when unset."""
+    return env_float("PREEMPTIBLE_MTBF", min_value=0, strict_min=True, what="seconds")

@@ -31,11 +31,40 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # a scheme of ours without its "//" (s3:/bucket/p, s3:bucket): a typo, never meant as a relative
 # directory named "s3:" (which is what Path makes of it, the run then starting from zero)
 _NEAR_URL = re.compile(r"^(s3|gs|az|azure|file):(?!//)", re.IGNORECASE)
-# S3, GCS and Azure differ in the details; this is what all three can hold, roughly: lower case
-# letters, digits, dots, dashes (GCS also takes underscores), 3 to 222 characters
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
-# Azure's container names are narrower: caught here rather than as a 400 at the first request
-_CONTAINER = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*$")
+# each cloud's own naming rule, checked here rather than met as a 400 (or a request to a
+# different host) at the first request; the message states the rule of the scheme in use
+_NAMES = {
+    # S3 (general purpose buckets): 3 to 63, no underscores, no upper case
+    "s3": (
+        re.compile(r"^(?=.{3,63}$)[a-z0-9][a-z0-9.-]*[a-z0-9]$"),
+        "an S3 bucket name is 3 to 63 lower-case letters, digits, dots and hyphens, starting "
+        "and ending with a letter or digit",
+    ),
+    # GCS: up to 222 with dots, each dot-separated part at most 63 (checked below)
+    "gs": (
+        re.compile(r"^(?=.{3,222}$)[a-z0-9][a-z0-9._-]*[a-z0-9]$"),
+        "a GCS bucket name is 3 to 63 lower-case letters, digits, hyphens, underscores and "
+        "dots (up to 222 with dots, each dot-separated part at most 63), starting and ending "
+        "with a letter or digit",
+    ),
+    "az": (
+        re.compile(r"^(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*$"),
+        "an Azure container name is 3 to 63 lower-case letters, digits and hyphens, starting "
+        "and ending with a letter or digit, no two hyphens in a row",
+    ),
+}
+
+
+def _bucket_ok(scheme: str, bucket: str) -> bool:
+    pattern, _ = _NAMES[scheme]
+    if not pattern.match(bucket):
+        return False
+    if scheme == "gs":
+        parts = bucket.split(".")
+        return (len(bucket) <= 63 or len(parts) > 1) and all(len(p) <= 63 for p in parts)
+    return True
+
+
 _VALID = (
     "use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or file:///ABSOLUTE/PATH"
 )
@@ -84,7 +113,8 @@ class Location:
                 f"{_VALID}"
             )
         parts = urlsplit(text)
-        shown = f"{scheme_given}://{parts.hostname or ''}{parts.path}"  # never the secrets
+        # as typed (hostname would be lower-cased), never the secrets before an "@"
+        shown = f"{scheme_given}://{parts.netloc.rpartition('@')[2]}{parts.path}"
         if parts.query or parts.fragment or text.endswith(("?", "#")):
             raise ConfigError(
                 f"checkpoint location {shown}: a query string or fragment is not valid; {_VALID}"
@@ -107,16 +137,9 @@ class Location:
         bucket = parts.netloc
         if not bucket:
             raise ConfigError(f"checkpoint location {shown}: no bucket or container; {_VALID}")
-        if parts.port is not None or not _BUCKET.match(bucket):
+        if not _bucket_ok(scheme, bucket):
             raise ConfigError(
-                f"checkpoint location {shown}: {bucket!r} is not a valid bucket or container "
-                "name (3 to 222 lower-case letters, digits, dots, dashes or underscores)"
-            )
-        if scheme == "az" and not _CONTAINER.match(bucket):
-            raise ConfigError(
-                f"checkpoint location {shown}: {bucket!r} is not a valid Azure container name "
-                "(3 to 63 lower-case letters, digits and single dashes, a letter or digit first "
-                "and last)"
+                f"checkpoint location {shown}: {bucket!r} is not a valid name: {_NAMES[scheme][1]}"
             )
         decoded = unquote(parts.path)
         if any(ord(c) < 32 or c == "\x7f" for c in text + decoded):  # %0A as much as a newline
@@ -167,9 +190,47 @@ def staging_root() -> Path:
 
 
 def staging_dir(location: Location) -> Path:
+    """The local directory ``location``'s checkpoints are committed in before the upload;
+    ``ConfigError`` when it cannot be one (a file there, or above it), naming where it came
+    from, rather than the bare "cannot be created: File exists" of the first mkdir."""
     if location.staging:
-        return Path(location.staging)
-    return staging_root() / location.slug()
+        staging = Path(location.staging)
+        problem = not_a_directory(staging)
+        if problem:
+            raise ConfigError(f"the staging directory of {location}: {problem}")
+        return staging
+    root = staging_root()
+    problem = not_a_directory(root)
+    if problem:
+        where = "PREEMPTIBLE_STAGING_DIR" if env_str("PREEMPTIBLE_STAGING_DIR") else "staging"
+        raise ConfigError(
+            f"{where}: {problem}; set PREEMPTIBLE_STAGING_DIR to a directory (made when "
+            "missing) for the local copies of bucket checkpoints"
+        )
+    return root / location.slug()
+
+
+def not_a_directory(path: Path) -> str | None:
+    """What stops ``path`` from being (or becoming) a directory: it, or the nearest of its
+    parents that exists, is a file (or another non-directory); None when nothing does."""
+    for at in (path, *path.parents):
+        try:
+            if at.is_dir():
+                return None
+            if not os.path.lexists(at):
+                continue
+        except OSError:  # unreadable: the mkdir that follows says what is wrong
+            return None
+        if at.is_file():
+            kind = "a file, not a directory"
+        elif at.is_symlink() and not at.exists():
+            kind = "a symbolic link to nothing, not a directory"
+        else:
+            kind = "not a directory"
+        if at == path:
+            return f"{path} is {kind}"
+        return f"{path} cannot be a directory: {at} is {kind}"
+    return None
 
 
 def local_or_url(value: str | os.PathLike[str]) -> Path | str:

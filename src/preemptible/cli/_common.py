@@ -37,7 +37,7 @@ class CheckpointLocation(click.ParamType[Any, Any]):
     """A checkpoint directory, or a bucket's URL (``s3://bucket/prefix``, ``gs://``, ``az://``),
     which is kept as it is (checked here: a bad one is a usage error naming what is valid)."""
 
-    name = "directory"
+    name = "dir_or_url"  # --help shows DIR_OR_URL: a URL is as valid as a directory
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from ..checkpoint._location import is_url, local_or_url

@@ -48,9 +48,10 @@ def main(verbose: bool) -> None:
     type=CheckpointLocation(),
     envvar="PREEMPTIBLE_CHECKPOINT_DIR",
     show_envvar=True,
-    help="Checkpoints of the job (default: .preemptible/runs/RUN_ID/checkpoints); "
-    "each attempt gets the newest as PREEMPTIBLE_RESUME_FROM. A URL (s3://bucket/prefix, "
-    "gs://..., az://...) keeps them in a bucket: each attempt, on this machine or a new "
+    help="A directory or a bucket's URL for the checkpoints of the job (default: "
+    ".preemptible/runs/RUN_ID/checkpoints); each attempt gets the newest as "
+    "PREEMPTIBLE_RESUME_FROM. A URL (s3://bucket/prefix, gs://..., az://...) keeps them "
+    "in a bucket: each attempt, on this machine or a new "
     "one, resumes from the newest committed there. The variable is the one attempts get, so "
     "a nested `preemptible run` keeps its parent's checkpoints.",
 )
@@ -168,6 +169,7 @@ def run(
     envvar="PREEMPTIBLE_CHECKPOINT_DIR",
     show_envvar=True,
     default=None,
+    metavar="DIR_OR_URL",
     help="Also check this checkpoint location: for a URL (s3://, gs://, az://), that its "
     "bucket answers here, with which credentials.",
 )

@@ -183,9 +183,9 @@ def sweep_cancel(sweep_id: str, now: bool, db: str | None) -> None:
     default=None,
     envvar="PREEMPTIBLE_AGENT_CHECKPOINT_DIR",
     show_envvar=True,
-    help="Keep each run's checkpoints under DIR/RUN_ID [default: the run's directory under "
-    "--home]. A URL (s3://bucket/prefix, gs://..., az://...): in a bucket, so that agents on "
-    "several machines share no disk; a run preempted on one resumes on another from there.",
+    help="Keep each run's checkpoints under DIR_OR_URL/RUN_ID [default: the run's directory "
+    "under --home]. A bucket's URL (s3://bucket/prefix, gs://..., az://...) needs no disk "
+    "shared by agents on several machines; a run preempted on one resumes on another.",
 )
 @_home_option(
     "Where run directories and checkpoints go (without a --checkpoint-dir URL: "

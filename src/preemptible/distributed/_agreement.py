@@ -52,13 +52,18 @@ class Agreed:
 CONTINUE = Agreed(Decision.CONTINUE)
 
 
+def dist_poll() -> float:
+    """``PREEMPTIBLE_DIST_POLL``: seconds between two looks of the poller at the store."""
+    poll = env_float("PREEMPTIBLE_DIST_POLL", DEFAULT_POLL, strict_min=True)
+    assert poll is not None
+    return poll
+
+
 def agreement_of(ranks: Ranks) -> StopAgreement:
     """The stop agreement of ``ranks`` (``PREEMPTIBLE_DIST_POLL``: seconds between two looks of
     its poller at the store)."""
-    poll = env_float("PREEMPTIBLE_DIST_POLL", DEFAULT_POLL, strict_min=True)
-    assert poll is not None
     return StopAgreement(
-        ranks.store, ranks.rank, ranks.world, poll_interval=poll, timeout=ranks.timeout
+        ranks.store, ranks.rank, ranks.world, poll_interval=dist_poll(), timeout=ranks.timeout
     )
 
 

@@ -283,7 +283,7 @@ def _term_timeout(platform: str, slurm: _Slurm | None) -> Check:
         grace = grace_period_from_env()
     except ConfigError as exc:
         grace = None
-        problems.append(f"{exc} (preemptible run ignores it)")
+        problems.append(f"{exc} (preemptible run refuses it)")
         fixes.append("fix or unset PREEMPTIBLE_GRACE_PERIOD")
     with _quiet():
         seconds, source = term_timeout(explicit)

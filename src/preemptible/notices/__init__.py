@@ -80,6 +80,32 @@ def grace_period_from_env() -> float | None:
     return env_float("PREEMPTIBLE_GRACE_PERIOD")
 
 
+def poll_interval_from_env() -> float | None:
+    """``PREEMPTIBLE_POLL_INTERVAL``: seconds > 0 between two looks at the metadata server."""
+    return env_float("PREEMPTIBLE_POLL_INTERVAL", 1.0, strict_min=True)
+
+
+def check_env() -> None:
+    """Every variable a job's notice sources read, checked as they read it, whatever the
+    platform (``ConfigError``, one line, for the first bad one): for a supervisor, which
+    refuses a bad value before its job starts rather than leave the job to fail at its
+    handler with a traceback."""
+    from ._http import parse_endpoint
+    from ._sources import StopFile, gce_notice_seconds
+
+    env_choice("PREEMPTIBLE_PLATFORM", PLATFORMS)
+    grace_period_from_env()
+    poll_interval_from_env()
+    gce_notice_seconds()
+    for var in OVERRIDES:
+        value = env_str(var)
+        if value:
+            parse_endpoint(value, var)
+    stop_file = env_str("PREEMPTIBLE_STOP_FILE")
+    if stop_file:
+        StopFile(stop_file)
+
+
 def sources_for(platform: str) -> list[Source]:
     # imported here: http.client and ssl cost ~20 ms that `import preemptible` need not pay
     from ._sources import EC2, GCE, Azure, SlurmTimeLimit, StopFile
@@ -116,7 +142,7 @@ def default_config(platform: str | None = None) -> TerminationConfig:
     """The TerminationConfig for ``platform`` (detected when None)."""
     platform = platform or detect_platform()
     window = grace_period_from_env()
-    poll = env_float("PREEMPTIBLE_POLL_INTERVAL", 1.0, strict_min=True)
+    poll = poll_interval_from_env()
     if platform == "kubernetes" and window is None:
         window = KUBERNETES_DEFAULT_GRACE  # terminationGracePeriodSeconds' default
     # The trainer aims to be done EXIT_MARGIN before the platform's SIGKILL: the process still

@@ -51,6 +51,12 @@ def _endpoint(given: str | None, var: str, default: str) -> Endpoint:
     return parse_endpoint(env_str(var) or default, var)
 
 
+def gce_notice_seconds() -> float:
+    """``PREEMPTIBLE_GCE_NOTICE_SECONDS``: the window a GCE Spot notice gives."""
+    seconds = env_float("PREEMPTIBLE_GCE_NOTICE_SECONDS", GCE_SPOT_NOTICE)
+    return GCE_SPOT_NOTICE if seconds is None else seconds
+
+
 class GCE:
     """GCE: ``instance/preempted`` (Spot/preemptible) and ``instance/maintenance-event``.
 
@@ -64,8 +70,7 @@ class GCE:
         self.base = self._endpoint.base + "/computeMetadata/v1/instance/"
         self.display = self.base
         self.timeout = timeout
-        seconds = env_float("PREEMPTIBLE_GCE_NOTICE_SECONDS", GCE_SPOT_NOTICE)
-        self.notice_seconds = GCE_SPOT_NOTICE if seconds is None else seconds
+        self.notice_seconds = gce_notice_seconds()
         self._clear_at: float | None = None  # when the last poll that saw nothing started
 
     def _get(self, key: str) -> str:

@@ -25,10 +25,11 @@ import os
 import time
 from pathlib import Path
 
-from .._errors import PreemptibleError
+from .._errors import ConfigError, PreemptibleError
 from .._files import write_text_atomic
 from .._paths import RECORD_NAME
 from .._run import current_run, read_record
+from ..checkpoint._location import not_a_directory
 from ..stop._signals import STOP_SIGNALS
 from ..stop._termination import EXIT_SECONDS_ENV
 from ._config import SupervisorConfig
@@ -54,6 +55,22 @@ PASSED_UP = (
     "checkpoint_dir",
     "remote_checkpoint",
 )
+
+
+def check_inherited_env() -> None:
+    """The ``PREEMPTIBLE_*`` variables an attempt inherits and preemptible reads in it,
+    checked by the readers the job uses: a bad value is one line (``ConfigError``) before any
+    attempt starts, not an attempt that fails at its handler with a traceback, restarted as a
+    FAILED job. The supervisor's own variables are its options' (``--term-timeout``...)."""
+    from ..checkpoint._interval import mtbf_from_env
+    from ..distributed._agreement import dist_poll
+    from ..distributed._group import dist_timeout
+    from ..notices import check_env
+
+    check_env()  # platform, grace period, poll interval, endpoints, stop file
+    mtbf_from_env()
+    dist_timeout()
+    dist_poll()
 
 
 def attempt_environment(
@@ -102,6 +119,13 @@ def attempt_environment(
     try:
         latest = resumes.target()
     except OSError as exc:
+        where = resumes.directory
+        problem = not_a_directory(where) if isinstance(where, Path) else None
+        if problem:  # "Not a directory" alone names neither the file nor what to do
+            raise ConfigError(
+                f"checkpoint directory: {problem}; give --checkpoint-dir "
+                "(PREEMPTIBLE_CHECKPOINT_DIR) a directory"
+            ) from exc
         raise PreemptibleError(
             f"cannot read the checkpoint directory {resumes.directory}: {exc.strerror or exc}"
         ) from exc

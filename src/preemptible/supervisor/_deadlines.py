@@ -120,7 +120,7 @@ def term_timeout(explicit: float | None = None) -> tuple[float, str]:
     choices: list[tuple[float, str]] = []
     try:
         grace = grace_period_from_env()
-    except ConfigError as exc:
+    except ConfigError as exc:  # a supervisor refused it at its start; the doctor asks anyway
         logger.warning("preemptible: ignoring it: %s", exc)
         grace = None
     if grace is not None:

@@ -151,10 +151,10 @@ def _checkpoint_dirs(run_dir: Path) -> list[Path]:
         if where is not None and is_url(where):
             try:
                 location = Location.parse(where)
-            except ConfigError:
-                return places
-            if not location.is_local:
-                places.append(staging_dir(location))
+                if not location.is_local:
+                    places.append(staging_dir(location))
+            except ConfigError:  # a bad URL, or no staging directory here: nothing to look at
+                pass
             return places
         if where is not None and os.path.isabs(where) and Path(where) != places[0]:
             places.append(Path(where))
