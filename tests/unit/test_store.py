@@ -229,10 +229,18 @@ def test_bad_keep(tmp_path: Path, keep: object) -> None:
 
 
 def test_directory_that_is_a_file(tmp_path: Path) -> None:
+    """One line saying which file is in the way (mkdir said "File exists" or "Not a
+    directory"), for the directory itself (a reader's too) and for one under it."""
     f = tmp_path / "file"
     f.write_text("")
-    with pytest.raises(CheckpointSaveError, match=str(f)):
-        CheckpointStore(f)
+    for where, create, said in [
+        (f, True, f"checkpoint directory: {f} is a file, not a directory"),
+        (f, False, f"checkpoint directory: {f} is a file, not a directory"),
+        (f / "c", True, f"checkpoint directory: {f / 'c'} cannot be a directory: {f} is a file"),
+    ]:
+        with pytest.raises(CheckpointSaveError) as info:
+            CheckpointStore(where, create=create)
+        assert str(info.value).startswith(said), info.value
 
 
 # -- an unloadable file above the good ones: retention and quarantine ----------------------

@@ -47,7 +47,7 @@ from .._files import (
     remove_path,
 )
 from .._paths import MAX_STEP
-from ._location import Location, is_url, staging_dir
+from ._location import Location, is_url, not_a_directory, staging_dir
 
 if TYPE_CHECKING:
     from ._mirror import Mirror
@@ -161,6 +161,9 @@ class CheckpointStore:
             self._open_directory(create)
 
     def _open_directory(self, create: bool) -> None:
+        problem = not_a_directory(self.directory)
+        if problem:  # mkdir would say only "File exists" or "Not a directory"
+            raise CheckpointSaveError(f"checkpoint directory: {problem}", self.directory)
         try:
             if create:
                 self.directory.mkdir(parents=True, exist_ok=True)
