@@ -61,7 +61,13 @@ class CheckpointLockError(CheckpointError):
 
 class CheckpointRemoteError(CheckpointError):
     """A checkpoint URL's bucket or container cannot be used: it does not exist, the credentials
-    of the cloud's standard chain are missing or refused, or it cannot be reached in time."""
+    of the cloud's standard chain are missing or refused, or it cannot be reached in time.
+
+    ``reason``: ``"missing"`` (no such bucket or container), ``"refused"`` (the credentials
+    refused), or ``""`` (anything else, which may pass by itself: unreachable, no credentials
+    from a metadata server yet)."""
+
+    reason: str = ""
 
 
 class AgreementError(PreemptibleError):

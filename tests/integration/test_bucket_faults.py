@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -61,6 +63,49 @@ def test_a_missing_bucket_is_one_line_at_start(s3_bucket: Bucket) -> None:
     message = str(info.value)
     assert "\n" not in message
     assert "bucket or container 'no-such-bucket-here' does not exist (NoSuchBucket)" in message
+
+
+def test_run_on_a_missing_bucket_is_one_line_and_exit_2_before_any_attempt(
+    s3_bucket: Bucket, tmp_path: Path
+) -> None:
+    """The job would raise it at its handler after a traceback, and the supervisor then offer
+    to resume from that very bucket: ``preemptible run`` asks the bucket first."""
+    run = [PY, "-m", "preemptible", "run", "--home", str(tmp_path / "home")]
+    where = ["--checkpoint-dir", "s3://no-such-bucket-here/ckpt"]
+    done = subprocess.run(
+        [*run, *where, "--", PY, "-c", "print('ran')"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "bucket or container 'no-such-bucket-here' does not exist (NoSuchBucket)" in lines[0]
+    assert "ran" not in done.stdout
+    assert not list((tmp_path / "home").glob("runs/*/attempts/*")), "no attempt started"
+
+
+def test_run_on_a_bucket_that_does_not_answer_goes_on_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """What may pass by itself is the job's to meet (its client retries): not refused."""
+    import socket
+
+    from preemptible.supervisor import _attempt_env
+
+    with socket.socket() as sock:  # a port where nothing listens: connections are refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setattr(_attempt_env, "BUCKET_CHECK_SECONDS", 0.5)
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        _attempt_env.check_bucket("s3://some-bucket/ckpt")
+    assert "no answer within 0.5 s; the job will try again itself" in caplog.text
 
 
 def test_refused_credentials_are_one_line_at_start(monkeypatch: pytest.MonkeyPatch) -> None:

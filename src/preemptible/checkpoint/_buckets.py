@@ -228,7 +228,9 @@ def refused(location: Location, exc: BaseException) -> CheckpointRemoteError:
     status = re.search(r"status code: (\d{3})", text)
     code = found.group(1) if found else ""
     said = code or (f"HTTP {status.group(1)}" if status else first_line(exc))
+    reason = "refused"
     if code in _MISSING or (not code and status and status.group(1) == "404"):
+        reason = "missing"
         why = (
             f"bucket or container {location.bucket!r} does not exist ({said}); "
             "create it or fix the URL"
@@ -242,12 +244,17 @@ def refused(location: Location, exc: BaseException) -> CheckpointRemoteError:
         why = f"the credentials were refused ({said}); check {_CHAINS[location.scheme]}"
     elif type(exc).__name__ == "InvalidPathError":
         # a key with a "." or ".." part, or an empty one: the client refuses to list past it
+        reason = ""
         why = (
             f"an object there has a name the client cannot read ({first_line(exc)}); "
             "preemptible never writes such a name: remove that object"
         )
-    elif "credential" in text.lower():
+    elif "credential" in text.lower():  # a VM's metadata server may answer on the next try
+        reason = ""
         why = f"no usable credentials from the cloud's standard chain ({first_line(exc)})"
     else:
+        reason = ""
         why = f"cannot be reached ({first_line(exc)})"
-    return CheckpointRemoteError(f"checkpoint location {location}: {why}", None)
+    error = CheckpointRemoteError(f"checkpoint location {location}: {why}", None)
+    error.reason = reason
+    return error

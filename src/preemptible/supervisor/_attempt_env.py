@@ -21,11 +21,13 @@ the attempt of its parent run (``PASSED_UP``).
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
 import time
 from pathlib import Path
 
-from .._errors import ConfigError, PreemptibleError
+from .._errors import CheckpointRemoteError, ConfigError, PreemptibleError
 from .._files import write_text_atomic
 from .._paths import RECORD_NAME
 from .._run import current_run, read_record
@@ -36,6 +38,8 @@ from ._config import SupervisorConfig
 from ._journal import measured_exits
 from ._resume import Resumes
 from ._runfiles import RunFiles
+
+logger = logging.getLogger("preemptible")
 
 # torch's default (SIGTERM,SIGINT,SIGHUP,SIGQUIT) and every stop signal a supervisor passes on
 ELASTIC_SIGNALS = ",".join(
@@ -71,6 +75,44 @@ def check_inherited_env() -> None:
     mtbf_from_env()
     dist_timeout()
     dist_poll()
+
+
+BUCKET_CHECK_SECONDS = 15.0
+"""How long ``preemptible run`` waits for a checkpoint URL's bucket to answer at its start."""
+
+
+def check_bucket(url: str) -> None:
+    """A checkpoint URL whose bucket does not exist or refuses the credentials is one line
+    (``ConfigError``) before any attempt starts, as the job's own start would raise it after a
+    traceback, and the supervisor then offer to resume from that very bucket. Anything that may
+    pass by itself (no answer within ``BUCKET_CHECK_SECONDS``, unreachable) is the job's to
+    meet, with its retries: said in one line here, not refused."""
+    from ..checkpoint._location import Location
+    from ..checkpoint._remote import RemoteCheckpoints
+
+    location = Location.parse(url)
+    if location.is_local:
+        return
+    outcome: list[BaseException | None] = []
+
+    def probe() -> None:  # the job's own start check (it writes nothing): in a thread, bounded
+        try:
+            RemoteCheckpoints(location, keep=1)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=probe, name="preemptible-bucket-check", daemon=True)
+    thread.start()
+    thread.join(BUCKET_CHECK_SECONDS)
+    problem = outcome[0] if outcome else None
+    if isinstance(problem, ConfigError) or (
+        isinstance(problem, CheckpointRemoteError) and problem.reason in ("missing", "refused")
+    ):
+        raise ConfigError(str(problem)) from None
+    if not outcome or problem is not None:
+        said = f"no answer within {BUCKET_CHECK_SECONDS:g} s" if not outcome else problem
+        logger.warning("preemptible: %s; the job will try again itself", said)
 
 
 def attempt_environment(

@@ -55,7 +55,7 @@ from .._run import current_run
 from .._states import HeartbeatState, RecordState, RunState
 from ..stop._termination import signal_exit_code
 from . import _slurm
-from ._attempt_env import attempt_environment, check_inherited_env, tell_parent
+from ._attempt_env import attempt_environment, check_bucket, check_inherited_env, tell_parent
 from ._cgroup import Containment, cgroup_name, choose, remove_stale
 from ._classify import Ending, classify, exit_code_for
 from ._config import SupervisorConfig
@@ -213,6 +213,8 @@ class Supervisor:
     def _prepare(self) -> None:
         """Everything that can fail on bad input, before any job starts: one line each."""
         check_inherited_env()
+        if isinstance(self.checkpoint_dir, str):  # a bucket's URL
+            check_bucket(self.checkpoint_dir)
         self.files.check_pid_file()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
