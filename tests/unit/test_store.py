@@ -108,10 +108,19 @@ def test_a_save_retires_at_once_and_removes_in_a_thread_it_does_not_wait_for(
     assert len(aside) == 1, aside
     assert aside[0].startswith(f".retired-step-0000000001.ckpt.{host_tag()}.{os.getpid()}.")
     assert not store.wait_for_removals(timeout=0.05)
+
+    def pruning() -> int:
+        return sum(t.name == "preemptible-prune" for t in threading.enumerate())
+
+    before = pruning()
+    store.save(3, write("three"))  # saves faster than the disk frees: one thread, a queue
+    store.save(4, write("four"))
+    assert [c.step for c in store.committed()] == [4]
+    assert pruning() == before  # no thread more
     release.set()
     assert store.wait_for_removals(timeout=30)
-    assert removers == ["preemptible-prune"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-0000000002.ckpt"]
+    assert removers == ["preemptible-prune"] * 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-0000000004.ckpt"]
 
 
 def test_a_prune_without_a_thread_removes_before_it_returns(tmp_path: Path, monkeypatch) -> None:

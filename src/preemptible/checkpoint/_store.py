@@ -147,8 +147,9 @@ class CheckpointStore:
         self._lock_key: tuple[int, int] | None = None
         self._warned_foreign: set[str] = set()
         self._pruning_deferred = False
-        self._removals: list[threading.Thread] = []  # an async save's writer prunes too
-        self._removals_guard = threading.Lock()
+        self._retired: list[Path] = []  # renamed aside, to be removed by ``_remover``
+        self._remover: threading.Thread | None = None
+        self._removals = threading.Condition()  # an async save's writer prunes too
         if self.location is not None:
             with contextlib.suppress(OSError):  # private when we make it
                 self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -414,36 +415,45 @@ class CheckpointStore:
             self._remove_later(retired)
 
     def _remove_later(self, paths: list[Path]) -> None:
-        """Remove ``paths`` in a thread. Not a daemon: a run that ends waits for it at exit
-        (so it leaves ``keep`` checkpoints), however it ends; a kill leaves them to the next
-        start's ``clean_stale_temporaries``."""
+        """Remove ``paths`` in this store's one removing thread (started when none runs). Not
+        a daemon: a run that ends waits for it at exit (so it leaves ``keep`` checkpoints),
+        however it ends; a kill leaves them to the next start's ``clean_stale_temporaries``.
+        Saves faster than the disk frees their predecessors queue up behind one thread."""
+        with self._removals:
+            self._retired.extend(paths)
+            if self._remover is not None:
+                return
+            self._remover = threading.Thread(target=self._remove_retired, name="preemptible-prune")
+            try:
+                self._remover.start()
+                return
+            except RuntimeError:  # no thread to be had (a limit, or the interpreter exiting)
+                self._remover = None
+        self._remove_retired()
 
-        def remove() -> None:
-            for path in paths:
-                remove_path(path)
-
-        thread = threading.Thread(target=remove, name="preemptible-prune")
-        try:
-            thread.start()
-        except RuntimeError:  # no thread to be had (a limit, or the interpreter exiting)
-            remove()
-            return
-        with self._removals_guard:
-            self._removals = [t for t in self._removals if t.is_alive()]
-            self._removals.append(thread)
+    def _remove_retired(self) -> None:
+        while True:
+            with self._removals:
+                if not self._retired:
+                    if self._remover is threading.current_thread():
+                        self._remover = None
+                    self._removals.notify_all()
+                    return
+                path = self._retired.pop(0)
+            remove_path(path)
 
     def wait_for_removals(self, timeout: float | None = None) -> bool:
         """Wait until the checkpoints this store pruned are removed from the disk; True when
         they are. A finished run waits here (its directory holds ``keep`` checkpoints, no
         more); a stop does not, and its exit waits only for the removals under way."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._removals_guard:
-            removals = list(self._removals)
-        for thread in removals:
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        with self._removals_guard:
-            self._removals = [t for t in self._removals if t.is_alive()]
-            return not self._removals
+        with self._removals:
+            while self._retired or self._remover is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._removals.wait(left)
+        return True
 
     def clean_stale_temporaries(self) -> list[Path]:
         """Remove temporaries left by writers that no longer run (killed mid-save), and
