@@ -24,11 +24,11 @@ device=cpu
 "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' && device=cuda
 # 1. the async stall over a pinned device-to-host copy, the sync save over the raw write, the
 # stop's save and signal -> gone: state on the GPU, checkpoints on the local disk
-timeout 300 "$py" benchmarks/bench_checkpoint_cost.py --device "$device" --sizes "${sizes[@]}" \
+timeout 360 "$py" benchmarks/bench_checkpoint_cost.py --device "$device" --sizes "${sizes[@]}" \
     --repeats "$repeats" >"$out/cost-$device.txt" 2>"$out/cost-$device.err"
 echo "bench_checkpoint_cost --device $device: exit $?" | tee -a "$out/machine.txt"
 # 2. the same with the state in host memory, side by side on the same machine
-timeout 180 "$py" benchmarks/bench_checkpoint_cost.py --device cpu --sizes "${sizes[@]}" \
+timeout 200 "$py" benchmarks/bench_checkpoint_cost.py --device cpu --sizes "${sizes[@]}" \
     --repeats "$repeats" >"$out/cost-cpu.txt" 2>"$out/cost-cpu.err"
 echo "bench_checkpoint_cost --device cpu: exit $?" | tee -a "$out/machine.txt"
 cat "$out"/cost-*.txt
