@@ -127,32 +127,14 @@ def test_the_grace_policy_counts_a_bucket_s_upload_in_a_save(
         assert handler.store.flush(time.monotonic() + 30)  # nothing left for the exit
 
 
-def test_a_run_that_ends_uploads_its_last_checkpoint_at_the_exit(
+def test_a_run_that_ends_uploads_its_last_checkpoint_at_the_exit_and_leaves_keep_there(
     s3_bucket: Bucket, tmp_path: Path
 ) -> None:
     """A run that ends without a stop leaves its last upload to the interpreter's exit (the
     atexit flush): by then Python refuses new work to its thread pools, so the upload must need
-    none. The process saves and returns at once; its checkpoint is in the bucket after."""
-    program = (
-        "import os, preemptible\n"
-        "store = preemptible.CheckpointStore(os.environ['CKPT_URL'])\n"
-        "store.save(1, lambda tmp: tmp.write_bytes(b'last'))\n"
-    )
-    env = {**os.environ, **CLEAN, **s3_bucket.env, "CKPT_URL": s3_bucket.url}
-    done = subprocess.run([PY, "-c", program], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert "failed" not in done.stderr, done.stderr
-    objects = s3_bucket.objects()
-    assert [k for k in objects if k.startswith("manifests/")] == [
-        "manifests/step-0000000001.ckpt/0000000001.json"
-    ], done.stderr
-
-
-def test_a_run_that_ends_leaves_keep_checkpoints_in_the_bucket(
-    s3_bucket: Bucket, tmp_path: Path
-) -> None:
-    """The retention after the last upload runs in the upload's thread; a run that ends
-    waits for it at the exit (a stop does not), or the bucket keeps one more for good."""
+    none. The retention after it runs in the upload's thread, and the exit waits for it too (a
+    stop does not), or the bucket keeps one more than ``keep`` for good. The process saves and
+    returns at once; after it, the bucket holds its last checkpoint only."""
     program = (
         "import os, time, preemptible\n"
         "store = preemptible.CheckpointStore(os.environ['CKPT_URL'], keep=1)\n"
@@ -164,6 +146,7 @@ def test_a_run_that_ends_leaves_keep_checkpoints_in_the_bucket(
     env = {**os.environ, **CLEAN, **s3_bucket.env, "CKPT_URL": s3_bucket.url}
     done = subprocess.run([PY, "-c", program], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    assert "failed" not in done.stderr, done.stderr
     assert sorted(k for k in s3_bucket.objects() if k.startswith("manifests/")) == [
         "manifests/step-0000000003.ckpt/0000000001.json"
     ], done.stderr
