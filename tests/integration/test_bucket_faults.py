@@ -105,7 +105,8 @@ def test_run_on_a_bucket_that_does_not_answer_goes_on_and_says_so(
     monkeypatch.setattr(_attempt_env, "BUCKET_CHECK_SECONDS", 0.5)
     with caplog.at_level(logging.WARNING, logger="preemptible"):
         _attempt_env.check_bucket("s3://some-bucket/ckpt")
-    assert "no answer within 0.5 s; the job will try again itself" in caplog.text
+    said = "checkpoint location s3://some-bucket/ckpt: no answer within 0.5 s; the job will try"
+    assert said in caplog.text, caplog.text
 
 
 def test_refused_credentials_are_one_line_at_start(monkeypatch: pytest.MonkeyPatch) -> None:

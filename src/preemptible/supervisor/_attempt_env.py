@@ -87,6 +87,7 @@ def check_bucket(url: str) -> None:
     traceback, and the supervisor then offer to resume from that very bucket. Anything that may
     pass by itself (no answer within ``BUCKET_CHECK_SECONDS``, unreachable) is the job's to
     meet, with its retries: said in one line here, not refused."""
+    from ..checkpoint._buckets import first_line
     from ..checkpoint._location import Location
     from ..checkpoint._remote import RemoteCheckpoints
 
@@ -110,9 +111,15 @@ def check_bucket(url: str) -> None:
         isinstance(problem, CheckpointRemoteError) and problem.reason in ("missing", "refused")
     ):
         raise ConfigError(str(problem)) from None
-    if not outcome or problem is not None:
-        said = f"no answer within {BUCKET_CHECK_SECONDS:g} s" if not outcome else problem
-        logger.warning("preemptible: %s; the job will try again itself", said)
+    if not outcome:
+        said = f"checkpoint location {location}: no answer within {BUCKET_CHECK_SECONDS:g} s"
+    elif isinstance(problem, PreemptibleError):
+        said = str(problem)
+    elif problem is not None:  # the client's own: its first line, no secrets
+        said = f"checkpoint location {location}: {first_line(problem)}"
+    else:
+        return
+    logger.warning("preemptible: %s; the job will try again itself", said)
 
 
 def attempt_environment(
