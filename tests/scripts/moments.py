@@ -30,7 +30,10 @@ WAIT = 60.0
 
 def hold(moment: str, until: Callable[[], object] | None = None) -> None:
     """Say ``waiting at MOMENT``, then wait for a stop (or until ``until()`` is true)."""
-    print(f"waiting at {moment}", flush=True)
+    # one write: under PYTHONUNBUFFERED print() writes the text and its newline apart, and a
+    # supervisor's log line on the same pipe can land between them
+    sys.stdout.write(f"waiting at {moment}\n")
+    sys.stdout.flush()
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
         if until is not None and until():
