@@ -57,6 +57,26 @@ def test_slow_down_is_retried_with_backoff(
     assert list(verified_manifests(s3_bucket)) == ["step-0000000001.ckpt"]
 
 
+def test_slow_deletes_hold_up_no_upload(s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bucket's retention after an upload runs beside the uploads: deletes answered slowly
+    (a throttled bucket) held the next upload, the stop's too, behind them."""
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        store = CheckpointStore(s3_bucket.url, keep=1)
+        assert store.lock() and store.mirror is not None
+        store.save(1, lambda tmp: tmp.write_bytes(b"one"))
+        assert store.flush(time.monotonic() + 30)
+        proxy.hold_deletes.set()
+        store.save(2, lambda tmp: tmp.write_bytes(b"two"))  # its retention (of 1) is held
+        assert store.flush(time.monotonic() + 30)
+        store.save(3, lambda tmp: tmp.write_bytes(b"three"))
+        assert store.flush(time.monotonic() + 10), "the upload waited for the deletes"
+        assert not store.mirror.idle  # the retention is still held
+        proxy.hold_deletes.clear()
+        assert store.mirror.settle(time.monotonic() + 30)
+    assert list(verified_manifests(s3_bucket)) == ["step-0000000003.ckpt"]
+
+
 def test_a_missing_bucket_is_one_line_at_start(s3_bucket: Bucket) -> None:
     with pytest.raises(CheckpointRemoteError) as info:
         CheckpointStore("s3://no-such-bucket-here/ckpt")

@@ -100,6 +100,23 @@ def test_a_replaced_writer_s_stop_says_its_checkpoint_did_not_reach_the_bucket(
     assert not any("step-0000000003" in k for k in manifests(bucket))
 
 
+def test_a_takeover_found_by_the_stop_s_own_upload_is_said_too(
+    bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
+) -> None:
+    old = store_on(bucket, monkeypatch, tmp_path, "old")
+    assert old.lock()
+    assert save_and_flush(old, 1, b"old one")
+    new = store_on(bucket, monkeypatch, tmp_path, "new")
+    assert new.lock()  # the takeover, not yet met by the old writer
+    old.save(2, lambda tmp: tmp.write_bytes(b"old two"))  # the stop's save: its upload meets it
+    assert old.mirror is not None
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        assert not old.mirror.flush(time.monotonic() + 30, say=True)  # the stop's exit
+    said = [r.getMessage() for r in caplog.records if "is not in" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert said[0].startswith(f"preemptible: step-0000000002.ckpt is not in {bucket.url}"), said
+
+
 def test_a_writer_replaced_by_a_takeover_cannot_commit_after_it(
     bucket: Bucket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog
 ) -> None:

@@ -39,6 +39,7 @@ def test_saves_go_up_and_a_new_machine_brings_the_newest_back(
         assert store.flush(time.monotonic() + 60)
     store.commit("named.ckpt", write_dir)
     assert store.flush(time.monotonic() + 60)
+    settled(store)  # the retention after the last upload
     store.unlock()
     # the bucket holds the newest two step checkpoints, each behind its manifest
     keys = bucket.objects()

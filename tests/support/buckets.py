@@ -28,8 +28,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
-
 S3_SCRIPT = Path(__file__).resolve().parent.parent / "services" / "s3.sh"
 
 # every AWS variable that could point a child elsewhere (a developer's own profile or keys)
@@ -235,8 +233,7 @@ def save_and_flush(store: Any, step: int, data: bytes) -> bool:
 def settled(store: Any, timeout: float = 60) -> None:
     """Wait until ``store``'s uploader is idle: a flush returns once the checkpoint is
     committed, and the retention of older ones in the bucket goes on after it."""
-    mirror = store.mirror
-    wait_for(lambda: mirror._pending is None and mirror._active is None, timeout, "retention")
+    assert store.mirror.settle(time.monotonic() + timeout), "the retention did not end"
 
 
 def manifests(bucket: Bucket) -> dict[str, dict[str, Any]]:

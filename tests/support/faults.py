@@ -43,6 +43,9 @@ class FaultProxy:
         # requests that follow it hang: a fault at an exact point of a protocol)
         self.stall_after: str | None = None
         self.cut = threading.Event()  # set: every request's connection is closed unanswered
+        # set: deletes (DELETE, a bulk POST ?delete) wait until it is cleared, then go on (a
+        # bucket that answers deletes slowly, as a throttled one does)
+        self.hold_deletes = threading.Event()
         self._release = threading.Event()
         proxy = self
 
@@ -61,6 +64,11 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else b""
                 if self.command == "POST":  # a bulk delete names its keys in the body
                     proxy.requests[-1] += " " + body[:4000].decode("utf-8", "replace")
+                deleting = self.command == "DELETE" or (
+                    self.command == "POST" and "delete" in self.path
+                )
+                while deleting and proxy.hold_deletes.is_set() and not proxy._release.wait(0.02):
+                    pass
                 if proxy.cut.is_set():  # as a server that died: no answer, the connection gone
                     self.close_connection = True
                     return

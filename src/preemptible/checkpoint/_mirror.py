@@ -132,6 +132,9 @@ class Mirror:
         self.upload_seconds: float | None = None  # how long the last upload took (measured)
         self._remotes: list[Remote] = []  # the bucket's committed ones, newest first (restore)
         self.kept_here: str | None = None  # the newest committed after a takeover fenced us
+        # the newest upload of each family of names whose retention is still to run
+        self._retire: dict[str, str] = {}
+        self._retainer: threading.Thread | None = None
         _register(self)
 
     def __repr__(self) -> str:
@@ -351,6 +354,7 @@ class Mirror:
         self.upload_seconds = time.monotonic() - started
         if key is None:  # fenced: said once; no upload of this process counts any more
             self.failed = f"another writer took over {self.location}"
+            self.kept_here = job.name
             return
         self.failed = None
         self.uploaded = self.newest_remote = job.name
@@ -359,18 +363,36 @@ class Mirror:
         from .. import _run
 
         _run.update_record(remote_checkpoint=f"{self.location}/{job.name}")
-        remove_path(job.snapshot.parent)  # up: the retention below does not need it
+        remove_path(job.snapshot.parent)  # up: the retention does not need it
         with self._cond:  # a flush waits no longer: the retention of older ones may lag
             job.committed = True
+            # The retention runs in a thread of its own: deletes the bucket answers slowly
+            # (throttled) must not hold up the next upload, the stop's least of all.
+            self._retire[_family(job.name)[0]] = job.name
+            if self._retainer is None:
+                self._retainer = threading.Thread(
+                    target=self._retain, name="preemptible-retention", daemon=True
+                )
+                self._retainer.start()
             self._cond.notify_all()
-        try:
+
+    def _retain(self) -> None:
+        """Keep ``keep`` in the bucket after each upload: of each family of names, the newest
+        upload's retention only, when uploads come faster than the deletes."""
+        while True:
             with self._cond:
+                if not self._retire:
+                    self._retainer = None
+                    self._cond.notify_all()
+                    return
+                name = self._retire.pop(next(iter(self._retire)))
                 patterns = list(self._patterns)
-            self.remote.retire_after(job.name, patterns)
-        except Exception as exc:  # the commit stands; the next upload retires again
-            logger.info(
-                "preemptible: retention in %s postponed: %s", self.location, first_line(exc)
-            )
+            try:
+                self.remote.retire_after(name, patterns)
+            except Exception as exc:  # the commit stands; the next upload retires again
+                logger.info(
+                    "preemptible: retention in %s postponed: %s", self.location, first_line(exc)
+                )
 
     # -- waiting -------------------------------------------------------------------------------
     @property
@@ -395,7 +417,7 @@ class Mirror:
     @property
     def idle(self) -> bool:
         """Nothing queued, going up, or being retired after an upload."""
-        return self._pending is None and self._active is None
+        return self._pending is None and self._active is None and self._retainer is None
 
     def settle(self, deadline: float) -> bool:
         """Wait, until ``deadline`` (``time.monotonic()``), for the uploads and the retention
@@ -421,17 +443,6 @@ class Mirror:
         be silent for as long as the network takes."""
         with self._cond:
             waited = self._pending or self._active if self.busy else None
-        if say and self.kept_here is not None:  # a stop's exit: its checkpoint stays here
-            logger.error(
-                "preemptible: %s is not in %s: another writer took the location over, so this "
-                "run's checkpoints since stay in %s; the newest this run put there is %s",
-                self.kept_here,
-                self.location,
-                self.staging,
-                self.uploaded or "none",
-            )
-            self.kept_here = None
-            return False
         if say and waited is not None:
             left = ""
             if deadline is not None:
@@ -445,6 +456,17 @@ class Mirror:
                 self.newest_in_bucket(),
             )
         done = self._wait(deadline)
+        if say and self.kept_here is not None:  # the process exits: its checkpoint stays here
+            logger.error(
+                "preemptible: %s is not in %s: another writer took the location over, so this "
+                "run's checkpoints since stay in %s; the newest this run put there is %s",
+                self.kept_here,
+                self.location,
+                self.staging,
+                self.uploaded or "none",
+            )
+            self.kept_here = None
+            return False
         if say and waited is not None and done:
             logger.warning("preemptible: uploaded %s to %s", self.uploaded, self.location)
         return done
@@ -558,4 +580,12 @@ def _flush_at_exit() -> None:
         mirror.flush(deadline, say=True)  # each busy one says what it waits for, and after
     if not stopped:
         for mirror in mirrors:
+            if not mirror.idle:  # said: the wait is as long as the bucket's deletes take
+                logger.warning(
+                    "preemptible: removing the checkpoints keep=%d retires from %s before "
+                    "exiting, up to %.0f s (a signal now exits at once without it)",
+                    mirror.remote.keep,
+                    mirror.location,
+                    max(0.0, deadline - time.monotonic()),
+                )
             mirror.settle(deadline)
