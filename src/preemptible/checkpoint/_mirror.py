@@ -12,9 +12,8 @@ newer one replaces a waiting older one (which is then never uploaded; the bucket
 previous ones). The retention of older ones in the bucket after each upload runs in a
 thread of its own, so that deletes answered slowly never hold up an upload (the stop's above
 all); a run that ends waits for it at its exit, a stop does not. The committed checkpoint is
-hard-linked into ``.upload-*`` in staging first,
-so the local retention may remove it meanwhile. A failed upload is logged once; the next save
-uploads anew. ``flush`` waits for the queue with a deadline; a stop flushes by its notice's
+hard-linked into ``.upload-*`` in staging first, so the local retention may remove it
+meanwhile. A failed upload is logged once; the next save uploads anew. ``flush`` waits for the queue with a deadline; a stop flushes by its notice's
 deadline (``upload_deadline``), and a normal interpreter exit flushes every mirror of the
 process (``atexit``, up to ``EXIT_FLUSH_SECONDS``).
 
