@@ -13,9 +13,10 @@ previous ones). The retention of older ones in the bucket after each upload runs
 thread of its own, so that deletes answered slowly never hold up an upload (the stop's above
 all); a run that ends waits for it at its exit, a stop does not. The committed checkpoint is
 hard-linked into ``.upload-*`` in staging first, so the local retention may remove it
-meanwhile. A failed upload is logged once; the next save uploads anew. ``flush`` waits for the queue with a deadline; a stop flushes by its notice's
-deadline (``upload_deadline``), and a normal interpreter exit flushes every mirror of the
-process (``atexit``, up to ``EXIT_FLUSH_SECONDS``).
+meanwhile. A failed upload is logged once; the next save uploads anew. ``flush`` waits for
+the queue with a deadline; a stop flushes by its notice's deadline (``upload_deadline``), and
+a normal interpreter exit flushes every mirror of the process (``atexit``, up to
+``EXIT_FLUSH_SECONDS``).
 
 Staging remembers, in ``.preemptible-mirror.json``, where each local checkpoint came from or
 went up as (a manifest's key), or when it was committed here and not yet uploaded: that is how

@@ -445,7 +445,8 @@ class CheckpointStore:
     def wait_for_removals(self, timeout: float | None = None) -> bool:
         """Wait until the checkpoints this store pruned are removed from the disk; True when
         they are. A finished run waits here (its directory holds ``keep`` checkpoints, no
-        more); a stop does not, and its exit waits only for the removals under way."""
+        more); a stop does not, and its exit waits only for what periodic saves queued before
+        it (the stop's save retires nothing), as the interpreter joins the removing thread."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._removals:
             while self._retired or self._remover is not None:
