@@ -173,7 +173,7 @@ def test_a_signal_during_a_periodic_save_stops_at_that_step(tmp_path: Path, spaw
     ), fresh.output
 
 
-WINDOW = 6.0  # seconds of notice the fake GCE gives
+WINDOW = 8.0  # seconds of notice the fake GCE gives: room for three steps and the saves
 
 
 def test_gce_notice_trains_on_then_stops_before_the_deadline(
@@ -187,8 +187,9 @@ def test_gce_notice_trains_on_then_stops_before_the_deadline(
             "PREEMPTIBLE_GCE_NOTICE_SECONDS": str(WINDOW),
             "PREEMPTIBLE_POLL_INTERVAL": "0.2",
         }
-        # 0.8 s steps: the 10 steps left after the notice outlast its window
-        child = spawn(hf_args(out, "--sleep", "0.8"), env=env)
+        # 1 s steps: the 10 steps left after the notice outlast its window, and three of them
+        # fit in it beside an insurance save of 1 s (a save is that slow on two busy cores)
+        child = spawn(hf_args(out, "--sleep", "1.0"), env=env)
         child.wait_line(step_line(2), timeout=120)
         noticed = time.monotonic()
         server.state.gce_preempted = "TRUE"

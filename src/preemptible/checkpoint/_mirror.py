@@ -359,7 +359,7 @@ class Mirror:
             self.failed = f"another writer took over {self.location}"
             self.kept_here = job.name
             return
-        self.failed = None
+        self.failed = self.kept_here = None
         self.uploaded = self.newest_remote = job.name
         self._mark(job.name, key)
         logger.info("preemptible: uploaded %s to %s", job.name, self.location)
