@@ -114,15 +114,22 @@ def bare_exit(size_mb: int, rng: random.Random, device: str, how: str) -> float:
         stdout=subprocess.PIPE,
         text=True,
     )
+    sent, gone = term_when_ready(proc, rng)
+    return gone - sent
+
+
+def term_when_ready(proc: subprocess.Popen[str], rng: random.Random) -> tuple[float, float]:
+    """SIGTERM to ``proc`` at a random moment once it said ``ready`` (inside a step, for a
+    child of ``one``); (sent, gone) by the wall clock, the exit code checked (143)."""
     assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready", "the bare child did not start"
-    time.sleep(rng.uniform(0.3, 0.5))  # as long as a child of ``one`` waits before its signal
+    assert proc.stdout.readline().strip() == "ready", "the child did not start"
+    time.sleep(rng.uniform(0.3, 0.5))
     sent = time.time()
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(timeout=600)
     gone = time.time()
     assert code == 143, code
-    return gone - sent
+    return sent, gone
 
 
 def one(
@@ -156,14 +163,7 @@ def one(
         text=True,
         env=env,
     )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready", "the child did not start"
-    time.sleep(rng.uniform(0.3, 0.5))  # a random moment inside a step
-    sent = time.time()
-    proc.send_signal(signal.SIGTERM)
-    code = proc.wait(timeout=600)
-    gone = time.time()
-    assert code == 143, code
+    sent, gone = term_when_ready(proc, rng)
     t = json.loads(out.read_text())
     save = t["save"]
     return {

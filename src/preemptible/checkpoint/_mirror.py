@@ -188,11 +188,9 @@ class Mirror:
         for remote in self._remotes:  # newest first
             if _family(remote.name)[0] != family:
                 continue
-            if remote.name == name:
-                committed_at = remote.body.get("committed_at")
-                if not isinstance(committed_at, int | float):
-                    return True
-                return float(committed_at) >= float(mark["local"])
+            if remote.name == name:  # without its time, taken as newer: no upload over it
+                committed_at = _committed_at(remote)
+                return committed_at is None or committed_at >= float(mark["local"])
             m = pattern.match(name) if pattern is not None else None
             r = pattern.match(remote.name) if pattern is not None else None
             if m is None or r is None or int(r.group(1)) >= int(m.group(1)):
@@ -252,10 +250,8 @@ class Mirror:
             if mark == remote.key:
                 return True
             if isinstance(mark, dict) and "local" in mark:  # committed here, maybe not uploaded
-                committed_at = remote.body.get("committed_at")
-                if not isinstance(committed_at, int | float):
-                    committed_at = 0.0
-                return float(mark["local"]) >= float(committed_at)
+                # without its time, taken as older: no download over the local one
+                return float(mark["local"]) >= (_committed_at(remote) or 0.0)
         _key, pattern = _family(remote.name)
         m = pattern.match(remote.name) if pattern is not None else None
         if pattern is None or m is None:
@@ -493,6 +489,12 @@ class Mirror:
                 # (a second SIGTERM: exit at once) when it next runs code, not in this wait
                 self._cond.wait(_SLICE if left is None else min(left, _SLICE))
         return self.failed is None
+
+
+def _committed_at(remote: Remote) -> float | None:
+    """When ``remote`` was committed (its manifest's ``committed_at``), None when it says not."""
+    value = remote.body.get("committed_at")
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _family(name: str) -> tuple[str, re.Pattern[str] | None]:

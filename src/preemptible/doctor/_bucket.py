@@ -19,7 +19,6 @@ identity).
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
@@ -170,24 +169,7 @@ def _unprefixed(line: str) -> str:
 
 def _probe(location: Location) -> str | None:
     """None when the bucket answered the run's first request; else the run's one line."""
-    outcome: list[str | None] = []
+    from ..checkpoint._remote import probe
 
-    def probe() -> None:
-        from .._errors import PreemptibleError
-        from ..checkpoint._buckets import first_line
-        from ..checkpoint._remote import RemoteCheckpoints
-
-        try:
-            RemoteCheckpoints(location, keep=1)  # the run's own start check, nothing written
-            outcome.append(None)
-        except PreemptibleError as exc:
-            outcome.append(str(exc))
-        except Exception as exc:
-            outcome.append(f"checkpoint location {location}: {first_line(exc)}")
-
-    thread = threading.Thread(target=probe, name="preemptible-doctor-bucket", daemon=True)
-    thread.start()
-    thread.join(PROBE_SECONDS)
-    if outcome:
-        return outcome[0]
-    return f"{location}: no answer within {PROBE_SECONDS:.0f} s"
+    error = probe(location, PROBE_SECONDS)
+    return None if error is None else str(error)

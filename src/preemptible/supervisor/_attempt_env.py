@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -87,39 +86,20 @@ def check_bucket(url: str) -> None:
     traceback, and the supervisor then offer to resume from that very bucket. Anything that may
     pass by itself (no answer within ``BUCKET_CHECK_SECONDS``, unreachable) is the job's to
     meet, with its retries: said in one line here, not refused."""
-    from ..checkpoint._buckets import first_line
     from ..checkpoint._location import Location
-    from ..checkpoint._remote import RemoteCheckpoints
+    from ..checkpoint._remote import probe
 
     location = Location.parse(url)
     if location.is_local:
         return
-    outcome: list[BaseException | None] = []
-
-    def probe() -> None:  # the job's own start check (it writes nothing): in a thread, bounded
-        try:
-            RemoteCheckpoints(location, keep=1)
-            outcome.append(None)
-        except BaseException as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=probe, name="preemptible-bucket-check", daemon=True)
-    thread.start()
-    thread.join(BUCKET_CHECK_SECONDS)
-    problem = outcome[0] if outcome else None
+    problem = probe(location, BUCKET_CHECK_SECONDS)
+    if problem is None:
+        return
     if isinstance(problem, ConfigError) or (
         isinstance(problem, CheckpointRemoteError) and problem.reason in ("missing", "refused")
     ):
         raise ConfigError(str(problem)) from None
-    if not outcome:
-        said = f"checkpoint location {location}: no answer within {BUCKET_CHECK_SECONDS:g} s"
-    elif isinstance(problem, PreemptibleError):
-        said = str(problem)
-    elif problem is not None:  # the client's own: its first line, no secrets
-        said = f"checkpoint location {location}: {first_line(problem)}"
-    else:
-        return
-    logger.warning("preemptible: %s; the job will try again itself", said)
+    logger.warning("preemptible: %s; the job will try again itself", problem)
 
 
 def attempt_environment(
