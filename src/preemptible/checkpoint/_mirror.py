@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._errors import CheckpointRemoteError
+from .._errors import CheckpointRemoteError, PreemptibleError
 from .._files import host_tag, open_in_place, pid_alive, remove_path, write_text_atomic
 from .._run import current_run
 from ._buckets import first_line
@@ -489,6 +489,34 @@ class Mirror:
                 # (a second SIGTERM: exit at once) when it next runs code, not in this wait
                 self._cond.wait(_SLICE if left is None else min(left, _SLICE))
         return self.failed is None
+
+
+def probe(location: Location, seconds: float) -> PreemptibleError | None:
+    """What a run's start meets at ``location`` (``RemoteCheckpoints``, which writes nothing), in
+    a daemon thread that is waited for ``seconds`` at most: None when the bucket answered, else
+    the run's one line as an error; a client's own error by its first line, and no answer in
+    time, are a ``CheckpointRemoteError`` without a ``reason`` (they may pass by themselves)."""
+    outcome: list[PreemptibleError | None] = []
+
+    def check() -> None:
+        try:
+            RemoteCheckpoints(location, keep=1)
+            outcome.append(None)
+        except PreemptibleError as exc:
+            outcome.append(exc)
+        except Exception as exc:
+            outcome.append(
+                CheckpointRemoteError(f"checkpoint location {location}: {first_line(exc)}", None)
+            )
+
+    thread = threading.Thread(target=check, name="preemptible-bucket-probe", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if outcome:
+        return outcome[0]
+    return CheckpointRemoteError(
+        f"checkpoint location {location}: no answer within {seconds:g} s", None
+    )
 
 
 def _committed_at(remote: Remote) -> float | None:

@@ -647,31 +647,3 @@ class RemoteCheckpoints:
                     self.location,
                     len(metas),
                 )
-
-
-def probe(location: Location, seconds: float) -> PreemptibleError | None:
-    """A run's own start check of ``location`` (``RemoteCheckpoints``, which writes nothing), in
-    a daemon thread that is waited for ``seconds`` at most: None when the bucket answered, else
-    the run's one line as an error; a client's own error by its first line, and no answer in
-    time, are a ``CheckpointRemoteError`` without a ``reason`` (they may pass by themselves)."""
-    outcome: list[PreemptibleError | None] = []
-
-    def check() -> None:
-        try:
-            RemoteCheckpoints(location, keep=1)
-            outcome.append(None)
-        except PreemptibleError as exc:
-            outcome.append(exc)
-        except Exception as exc:
-            outcome.append(
-                CheckpointRemoteError(f"checkpoint location {location}: {first_line(exc)}", None)
-            )
-
-    thread = threading.Thread(target=check, name="preemptible-bucket-probe", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if outcome:
-        return outcome[0]
-    return CheckpointRemoteError(
-        f"checkpoint location {location}: no answer within {seconds:g} s", None
-    )

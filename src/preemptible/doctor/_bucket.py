@@ -169,7 +169,7 @@ def _unprefixed(line: str) -> str:
 
 def _probe(location: Location) -> str | None:
     """None when the bucket answered the run's first request; else the run's one line."""
-    from ..checkpoint._remote import probe
+    from ..checkpoint._mirror import probe
 
     error = probe(location, PROBE_SECONDS)
     return None if error is None else str(error)

@@ -87,7 +87,7 @@ def check_bucket(url: str) -> None:
     pass by itself (no answer within ``BUCKET_CHECK_SECONDS``, unreachable) is the job's to
     meet, with its retries: said in one line here, not refused."""
     from ..checkpoint._location import Location
-    from ..checkpoint._remote import probe
+    from ..checkpoint._mirror import probe
 
     location = Location.parse(url)
     if location.is_local:
