@@ -3,12 +3,21 @@ URL is never taken for a relative directory (``Path("s3://b/p")`` collapses the 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from preemptible import ConfigError
-from preemptible.checkpoint._location import Location, is_url, staging_dir, staging_root
+from preemptible.checkpoint._location import (
+    Location,
+    is_url,
+    not_a_directory,
+    staging_dir,
+    staging_root,
+)
 from preemptible.frontend import checkpoint_directory
 
 
@@ -179,3 +188,32 @@ def test_a_staging_directory_that_is_a_file_names_the_variable(
     assert f"{afile} is a file, not a directory" in line and "\n" not in line
     assert "set PREEMPTIBLE_STAGING_DIR to a directory" in line
     assert afile.read_text() == ""
+
+
+def test_a_directory_another_process_makes_meanwhile_is_never_called_a_file(
+    tmp_path: Path,
+) -> None:
+    """Two ranks open one checkpoint directory at once: one makes it while the other looks.
+    The look never says "is not a directory" of a directory (it once did: the fresh-clone CI
+    of stop 40 failed a torchrun test with it)."""
+    target = tmp_path / "ckpt"
+    toggler = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time\n"
+            "end = time.monotonic() + 20\n"
+            "while time.monotonic() < end:\n"
+            "    os.mkdir(sys.argv[1]); os.rmdir(sys.argv[1])\n",
+            str(target),
+        ]
+    )
+    try:
+        said = set()
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and toggler.poll() is None:
+            said.add(not_a_directory(target))
+        assert said == {None}
+    finally:
+        toggler.kill()
+        toggler.wait(timeout=10)

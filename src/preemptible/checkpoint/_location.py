@@ -18,8 +18,10 @@ URL, readable and short, with a hash so that two URLs never share one.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,21 +214,27 @@ def staging_dir(location: Location) -> Path:
 
 def not_a_directory(path: Path) -> str | None:
     """What stops ``path`` from being (or becoming) a directory: it, or the nearest of its
-    parents that exists, is a file (or another non-directory); None when nothing does."""
+    parents that exists, is a file (or another non-directory); None when nothing does.
+
+    Each path is judged from one ``stat`` (and a look at the link when that finds nothing),
+    so a directory that another process (another rank) makes meanwhile is never taken for a
+    file."""
     for at in (path, *path.parents):
+        dangling = "a symbolic link to nothing, not a directory"
         try:
-            if at.is_dir():
-                return None
-            if not os.path.lexists(at):
-                continue
-        except OSError:  # unreadable: the mkdir that follows says what is wrong
-            return None
-        if at.is_file():
-            kind = "a file, not a directory"
-        elif at.is_symlink() and not at.exists():
-            kind = "a symbolic link to nothing, not a directory"
+            st = os.stat(at)
+        except (FileNotFoundError, NotADirectoryError):
+            if not os.path.islink(at):
+                continue  # not there (or under a file): its parent decides
+            kind = dangling
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                return None  # unreadable: the mkdir that follows says what is wrong
+            kind = dangling
         else:
-            kind = "not a directory"
+            if stat.S_ISDIR(st.st_mode):
+                return None
+            kind = "a file, not a directory" if stat.S_ISREG(st.st_mode) else "not a directory"
         if at == path:
             return f"{path} is {kind}"
         return f"{path} cannot be a directory: {at} is {kind}"
