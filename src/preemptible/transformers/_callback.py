@@ -62,6 +62,7 @@ from ..frontend import (
     normalize_signals,
     saving_config,
     staged_in,
+    without_crc32,
 )
 from ..trackers import Tracker, TrackerGroup
 
@@ -115,6 +116,7 @@ class _Staged:
     step: int
     started: float  # time.monotonic() when the save was asked for
     paths: _FinalPaths  # the Trainer's log lines of the save name output_dir
+    crc: Any  # entered: the Trainer's torch.saves (the optimizer's) skip torch's CRC32
 
 
 class PreemptionCallback(TrainerCallback):
@@ -402,9 +404,13 @@ class PreemptionCallback(TrainerCallback):
             return
         parent = self._saver().stage(state.global_step)
         paths = _FinalPaths(str(parent), args.output_dir)
-        self._staged = _Staged(args.output_dir, state.global_step, time.monotonic(), paths)
+        # the optimizer's state, twice the weights with Adam, is the Trainer's torch.save: its
+        # CRC32 is CPU time of the save that nothing reads (see ``without_crc32``)
+        crc = without_crc32()
+        self._staged = _Staged(args.output_dir, state.global_step, time.monotonic(), paths, crc)
         args.output_dir = str(parent)
         paths.attach()
+        crc.__enter__()
 
     def _unstage(self, args: Any, *, discard: bool = True) -> None:
         """Put ``output_dir`` back; ``discard``: the save did not come, drop its temporary."""
@@ -413,6 +419,7 @@ class PreemptionCallback(TrainerCallback):
             return
         args.output_dir = staged.output_dir
         staged.paths.detach()
+        staged.crc.__exit__(None, None, None)
         if discard:
             self._saver().discard()
 
