@@ -48,7 +48,8 @@ from .._files import host_tag, open_in_place, pid_alive, remove_path, write_text
 from .._run import current_run
 from ._buckets import first_line
 from ._location import Location
-from ._remote import Remote, RemoteCheckpoints
+from ._manifest import Remote
+from ._remote import RemoteCheckpoints
 
 if TYPE_CHECKING:
     from ..stop._termination import StopRequests

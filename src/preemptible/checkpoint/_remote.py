@@ -5,6 +5,7 @@ Object stores have no rename, so nothing here is ever moved. Layout under the pr
     writer.json                          who writes here: {"epoch": E, "adopted": [...], ...}
     uploads/<upload-id>/<name>[/...]     a checkpoint's files, under an id used once
     manifests/<name>/<generation>.json   the commit: files, sizes, sha256, epoch, upload id
+                                         (what one holds, and is checked for: ``_manifest``)
     quarantine/<name>/<generation>.json  a manifest whose files did not verify (kept, with why)
 
 The commit. The files are uploaded first under a fresh upload id; the manifest is written
@@ -49,19 +50,26 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._errors import CheckpointError, CheckpointRemoteError, PreemptibleError
-from .._files import host_tag
 from ._buckets import first_line, open_bucket, refused
 from ._location import Location
+from ._manifest import (
+    FORMAT,
+    Corrupt,
+    Files,
+    Remote,
+    manifest,
+    named_writer,
+    whole,
+    writer_name,
+)
 from ._transfer import progress, safe_rel, sha256_file, walk_files
 
 logger = logging.getLogger("preemptible")
 
-FORMAT = 1
 WRITER = "writer.json"
 MANIFESTS = "manifests/"
 UPLOADS = "uploads/"
@@ -77,40 +85,14 @@ _GEN = re.compile(r"^(\d{10})\.json$")
 # the client's line for a ranged GET past an object's end; only the status, never a bare
 # "416" (an upload id in the key is random hex: "1-a5b46416a1d7e187")
 _RANGE_NOT_SATISFIABLE = re.compile(r"status code: 416\b")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 MANIFEST_MAX = 64 * 1024 * 1024
 """Bytes past which a manifest (or writer.json) is not read: one of a checkpoint with 400 000
 files fits; a larger object there is not ours, and reading it whole could exhaust memory."""
 
 
-def _whole(value: object) -> int | None:
-    """``value`` when it is an integer (a JSON number without a fraction), else None: a
-    manifest's numbers are read only as what this version writes."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 class _Fenced(CheckpointError):
     """Another writer took over the location: this one must not commit there any more."""
-
-
-class _Corrupt(CheckpointError):
-    """A remote checkpoint's files do not match its manifest."""
-
-
-@dataclass
-class Remote:
-    """A checkpoint committed in the bucket (its manifest read)."""
-
-    name: str
-    generation: int
-    key: str
-    body: dict[str, Any]
-
-    @property
-    def order(self) -> tuple[int, int]:
-        """Commit order: a later epoch (writer) first, then the writer's own count."""
-        return _whole(self.body.get("epoch")) or 0, _whole(self.body.get("seq")) or 0
 
 
 def _obstore() -> Any:
@@ -229,7 +211,7 @@ class RemoteCheckpoints:
             body = {
                 "format": FORMAT,
                 "epoch": epoch,
-                "writer": f"{host_tag()} {os.getpid()}",
+                "writer": writer_name(),
                 "since": time.time(),
                 "adopted": adopted,
             }
@@ -261,7 +243,7 @@ class RemoteCheckpoints:
         and its takeover would leave every checkpoint there unread from then on."""
         if writer is None:
             return 0, set()
-        epoch, adopted = _whole(writer.get("epoch")), writer.get("adopted")
+        epoch, adopted = whole(writer.get("epoch")), writer.get("adopted")
         if (
             writer.get("format") != FORMAT
             or epoch is None
@@ -291,10 +273,18 @@ class RemoteCheckpoints:
         if meta.get("e_tag") != self._writer_etag:
             self.fenced = True
             raise _Fenced(
-                f"another writer took over {self.location}: this run's checkpoints are no "
-                "longer uploaded there",
+                f"{self._successor()} took over {self.location}: this run's checkpoints are "
+                "no longer uploaded there (one location, one run: when that run is a mistake, "
+                "stop it and start this one again)",
                 None,
             )
+
+    def _successor(self) -> str:
+        """Who took the location over, as ``writer.json`` names them (``named_writer``)."""
+        try:
+            return named_writer(self._get_json(WRITER)[0])
+        except Exception:  # the line says what it can
+            return named_writer(None)
 
     def committed(self) -> list[Remote]:
         """The checkpoints committed in the bucket, newest first."""
@@ -326,7 +316,7 @@ class RemoteCheckpoints:
             if not safe_rel(name):
                 continue  # nor one no local file system holds (staging could not commit it)
             body = self._body(key)
-            written = _whole(body.get("epoch")) if body else None
+            written = whole(body.get("epoch")) if body else None
             if body is None or written is None:
                 continue  # not a manifest this version writes: never taken for a checkpoint
             if written > epoch and not settled:
@@ -346,20 +336,20 @@ class RemoteCheckpoints:
             try:
                 return commit(remote.name, lambda tmp: self.download(remote, tmp))
             except CheckpointError as exc:  # the commit wraps what the download raised
-                if isinstance(exc.__cause__, _Corrupt):
+                if isinstance(exc.__cause__, Corrupt):
                     raise exc.__cause__ from None
                 if exc.__cause__ is not None and "obstore" in type(exc.__cause__).__module__:
                     raise self.refused(exc.__cause__) from None  # the bucket, not the file
                 raise
-        except _Corrupt as exc:
+        except Corrupt as exc:
             self.quarantine(remote, str(exc))
             return None
 
     def download(self, remote: Remote, tmp: Path) -> None:
         """Write ``remote``'s files at ``tmp`` (a file, or a directory tree), each checked
-        against the manifest's size and sha256 (``_Corrupt`` when one differs or is missing)."""
+        against the manifest's size and sha256 (``Corrupt`` when one differs or is missing)."""
         body = remote.body
-        kind, files, dirs = self._contents(remote)
+        kind, files, dirs = remote.contents()
         base = f"{UPLOADS}{body['upload']}/{remote.name}"
         if kind == "dir":
             tmp.mkdir()
@@ -378,54 +368,9 @@ class RemoteCheckpoints:
             for job, future in zip(jobs, done, strict=True):
                 exc = future.exception()
                 if exc is not None and _is(exc, "NotFoundError"):
-                    raise _Corrupt(f"{job[0]}: missing from the bucket", None)
+                    raise Corrupt(f"{job[0]}: missing from the bucket", None)
                 if exc is not None:
                     raise exc
-
-    def _contents(self, remote: Remote) -> tuple[str, list[tuple[str, int, str]], list[str]]:
-        """A manifest's kind, files (relative name, size, sha256) and directories, checked
-        before anything is written: ``_Corrupt`` (a quarantine) for anything this version does
-        not write, such as a name that escapes, a size that is not a whole number of bytes, or a
-        file that is also a directory."""
-        body = remote.body
-        bad = _Corrupt(f"{remote.key}: not a manifest this version can read", None)
-        upload, kind, entries = body.get("upload"), body.get("kind"), body.get("files")
-        dirs = body.get("dirs", [])
-        if not isinstance(upload, str) or not upload or "/" in upload or upload in (".", ".."):
-            raise bad
-        if kind not in ("file", "dir") or not isinstance(entries, list):
-            raise bad
-        if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
-            raise bad
-        files = []
-        for entry in entries:
-            if not isinstance(entry, dict):
-                raise bad
-            rel, size, sha = entry.get("path"), _whole(entry.get("size")), entry.get("sha256")
-            if not isinstance(rel, str) or size is None or size < 0:
-                raise bad
-            if not isinstance(sha, str) or not _SHA256.match(sha):
-                raise bad
-            files.append((rel, size, sha))
-        if kind == "file":
-            if len(files) != 1 or dirs:
-                raise bad
-            return kind, files, []
-        for d in dirs:
-            if not safe_rel(d):
-                raise _Corrupt(f"{remote.key}: a directory name escapes: {d!r}", None)
-        names = [rel for rel, _size, _sha in files]
-        for rel in names:
-            if not safe_rel(rel):
-                raise _Corrupt(f"{remote.key}: a file name escapes: {rel!r}", None)
-        parents = {rel.rsplit("/", 1)[0] for rel in names if "/" in rel}
-        folders: set[str] = set()
-        for folder in parents | set(dirs):
-            parts = folder.split("/")
-            folders.update("/".join(parts[: i + 1]) for i in range(len(parts)))
-        if len(set(names)) != len(names) or folders & set(names):
-            raise bad  # a file named twice, or a file that is also a directory
-        return kind, files, list(dirs)
 
     def _get_file(
         self, key: str, target: Path, size: int, sha: str, advance: Callable[[int], None]
@@ -443,19 +388,19 @@ class RemoteCheckpoints:
                 except Exception as exc:  # 416: it ends before the manifest's size
                     if not _RANGE_NOT_SATISFIABLE.search(first_line(exc)):
                         raise  # a missing object among them (its key may hold "416")
-                    raise _Corrupt(f"{key}: shorter than the manifest says", None) from None
+                    raise Corrupt(f"{key}: shorter than the manifest says", None) from None
                 stored = int(result.meta["size"])  # the whole object's size
                 if stored != size:
-                    raise _Corrupt(f"{key}: {stored} bytes, the manifest says {size}", None)
+                    raise Corrupt(f"{key}: {stored} bytes, the manifest says {size}", None)
                 data = memoryview(result.bytes())
                 if not len(data):
-                    raise _Corrupt(f"{key}: ended after {done} bytes of {size}", None)
+                    raise Corrupt(f"{key}: ended after {done} bytes of {size}", None)
                 digest.update(data)
                 f.write(data)
                 done += len(data)
                 advance(len(data))
         if digest.hexdigest() != sha:
-            raise _Corrupt(f"{key}: its sha256 differs from the manifest's", None)
+            raise Corrupt(f"{key}: its sha256 differs from the manifest's", None)
 
     def quarantine(self, remote: Remote, reason: str) -> None:
         key = f"{QUARANTINE}{remote.name}/{remote.generation:010d}.json"
@@ -497,32 +442,22 @@ class RemoteCheckpoints:
             raise _Fenced(f"another writer took over {self.location}", None)
         if self.epoch is None:
             self.take_over()
+        assert self.epoch is not None  # or take_over raised
         upload = f"{self.epoch}-{os.urandom(8).hex()}"
         base = f"{UPLOADS}{upload}/{name}"
-        files: list[dict[str, Any]] = []
+        files: Files = []
         dirs: list[str] = []
         if local.is_dir():
             kind = "dir"
             for rel, path in walk_files(local, dirs):
-                size, sha = self._put_file(f"{base}/{rel}", path)
-                files.append({"path": rel, "size": size, "sha256": sha})
+                files.append((rel, *self._put_file(f"{base}/{rel}", path)))
         else:
             kind = "file"
-            size, sha = self._put_file(base, local)
-            files.append({"path": "", "size": size, "sha256": sha})
+            files.append(("", *self._put_file(base, local)))
         self._seq += 1
-        body = {
-            "format": FORMAT,
-            "name": name,
-            "kind": kind,
-            "epoch": self.epoch,
-            "seq": self._seq,
-            "writer": f"{host_tag()} {os.getpid()}",
-            "upload": upload,
-            "committed_at": time.time(),
-            "files": files,
-            "dirs": dirs,
-        }
+        body = manifest(
+            name, kind, epoch=self.epoch, seq=self._seq, upload=upload, files=files, dirs=dirs
+        )
         return self._commit_manifest(name, body)
 
     def _put_file(self, key: str, path: Path) -> tuple[int, str]:
@@ -567,7 +502,7 @@ class RemoteCheckpoints:
                 if not _is(exc, "AlreadyExistsError"):
                     raise
             other, _ = self._get_json(key)
-            if other and (_whole(other.get("epoch")) or 0) >= int(body["epoch"]):
+            if other and (whole(other.get("epoch")) or 0) >= int(body["epoch"]):
                 raise CheckpointError(
                     f"{self.location}: another writer committed {name} generation {generation} "
                     "first",
