@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from preemptible import PreemptionCheckpointHandler, TerminationConfig
+from preemptible.checkpoint._location import Location
 from tests.conftest import PY, attempts, supervise
 from tests.support.buckets import Bucket, S3Server
 from tests.support.env import CLEAN
@@ -226,9 +227,22 @@ def test_a_stop_says_what_it_waits_for_and_a_second_signal_leaves_at_once(
     assert "waiting up to 6" in waiting and f"to {s3_bucket.url} before exiting" in waiting
     assert waiting.endswith("the newest checkpoint in the bucket is step-0000000000.ckpt)")
     assert not any(line.startswith("preemptible: uploaded") for line in child.lines)
+    # the second signal's line says where the stop's checkpoint is, and that it is not lost
+    abandoned = waiting.split("for the upload of ")[1].split()[0]
+    [second] = [line for line in child.lines if "after the checkpoint was committed" in line]
+    staging = tmp_path / "staging" / Location.parse(s3_bucket.url).slug()
+    assert second.endswith(
+        f"exiting now with 143; {abandoned} is not in {s3_bucket.url} (the newest there is "
+        f"step-0000000000.ckpt): it stays in {staging}, and the next start on this machine "
+        "uploads it"
+    ), child.output
 
     child = spawn([PY, "-c", PROGRAM], env=env)  # resumes from staging, the bucket answering
     child.wait_line(lambda line: line.startswith("step ") and int(line[5:]) > 3, timeout=60)
+    assert any(
+        line.startswith(f"preemptible: uploading {abandoned} to {s3_bucket.url}: an earlier run")
+        for line in child.lines
+    ), child.output
     child.signal(signal.SIGTERM)
     assert child.wait(60) == 143, child.output
     [stopped] = [line for line in child.lines if line.startswith("preemptible: stopped at step")]

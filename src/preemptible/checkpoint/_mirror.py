@@ -444,6 +444,14 @@ class Mirror:
         with self._cond:
             waited = self._pending or self._active if self.busy else None
         if say and waited is not None:
+            from ..stop._latch import note_for_exit
+
+            # set before the line: a signal that answers it finds it
+            note_for_exit(
+                f"; {waited.name} is not in {self.location} (the newest there is "
+                f"{self.newest_in_bucket()}): it stays in {self.staging}, and the next start "
+                "on this machine uploads it"
+            )
             left = ""
             if deadline is not None:
                 left = f" up to {max(0.0, deadline - time.monotonic()):.0f} s"
@@ -455,7 +463,11 @@ class Mirror:
                 self.location,
                 self.newest_in_bucket(),
             )
-        done = self._wait(deadline)
+        try:
+            done = self._wait(deadline)
+        finally:
+            if say and waited is not None:
+                note_for_exit("")
         if say and self.kept_here is not None:  # the process exits: its checkpoint stays here
             logger.error(
                 "preemptible: %s is not in %s: another writer took the location over, so this "

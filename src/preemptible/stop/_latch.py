@@ -250,7 +250,7 @@ class SignalLatch:
         if self._exit_code is not None:
             _raw_stderr(
                 f"{prefix()}received {signal_name(signum)} after the checkpoint was "
-                f"committed; exiting now with {self._exit_code}\n"
+                f"committed; exiting now with {self._exit_code}{_exit_note}\n"
             )
             os._exit(self._exit_code)
         if within_duplicate_window(now - received[0][1]):
@@ -277,6 +277,14 @@ def _raw_stderr(text: str) -> None:
 
 _holding: list[SignalLatch] = []
 _atexit_registered = False
+_exit_note = ""  # what that line adds while the exit waits for something (an upload)
+
+
+def note_for_exit(text: str) -> None:
+    """What the line of a signal that ends a committed stop's exit adds (``""``: nothing),
+    set by what the exit waits for: the handler reads one string, it formats nothing."""
+    global _exit_note
+    _exit_note = text
 
 
 def _register_atexit() -> None:
