@@ -195,6 +195,13 @@ def test_a_plain_sigterm_under_run_ends_the_upload_wait_before_the_supervisor_s_
     assert json.loads(record.read_text())["remote_checkpoint"] == (
         f"{s3_bucket.url}/step-0000000000.ckpt"
     )
+    # the run's last line: the stop's checkpoint is kept here and resumed from by the next
+    # start on this machine; another machine resumes from the bucket's (it used to name only
+    # the bucket's, as if the stop's checkpoint were lost)
+    stopped = json.loads(record.read_text())["checkpoint"]
+    [end] = [line for line in sup.lines if "ends PREEMPTED, exit code 143" in line]
+    assert f"resumes it from {Path(stopped).name}, kept in {Path(stopped).parent}" in end, end
+    assert end.endswith(f"another machine resumes from {s3_bucket.url}/step-0000000000.ckpt)")
 
 
 def test_a_stop_says_what_it_waits_for_and_a_second_signal_leaves_at_once(
