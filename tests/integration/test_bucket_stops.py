@@ -346,7 +346,7 @@ def test_a_torchrun_worker_s_upload_wait_ends_before_the_agent_s_kill(
         program = tmp_path / "train.py"
         program.write_text(PROGRAM)
         child = spawn(
-            [torchrun, "--nproc-per-node", "1", "--master-port", "0", str(program)],
+            [torchrun, "--standalone", "--nproc-per-node", "1", str(program)],
             env={**env, "AWS_ENDPOINT_URL": proxy.endpoint},
         )
         child.wait_line(lambda line: line == "step 3", timeout=90)  # step 0 is in the bucket
