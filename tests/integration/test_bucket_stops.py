@@ -196,6 +196,13 @@ def test_a_plain_sigterm_under_run_ends_the_upload_wait_before_the_supervisor_s_
     assert json.loads(record.read_text())["remote_checkpoint"] == (
         f"{s3_bucket.url}/step-0000000000.ckpt"
     )
+    # the run's last line: the stop's checkpoint is kept here and resumed from by the next
+    # start on this machine; another machine resumes from the bucket's (it used to name only
+    # the bucket's, as if the stop's checkpoint were lost)
+    stopped = json.loads(record.read_text())["checkpoint"]
+    [end] = [line for line in sup.lines if "ends PREEMPTED, exit code 143" in line]
+    assert f"resumes it from {Path(stopped).name}, kept in {Path(stopped).parent}" in end, end
+    assert end.endswith(f"another machine resumes from {s3_bucket.url}/step-0000000000.ckpt)")
 
 
 def test_a_stop_says_what_it_waits_for_and_a_second_signal_leaves_at_once(
@@ -327,3 +334,47 @@ def test_a_run_that_trains_to_its_end_after_a_stop_leaves_before_the_supervisor_
     assert took < 4 + 1.5, f"{took:.2f} s\n{child.output}"
     said = [line for line in child.lines if "did not finish in time" in line]
     assert len(said) == 1 and said[0].endswith("in the bucket is step-0000000000.ckpt"), said
+
+
+AGENT_SHUTDOWN = 6  # torchrun's SIGKILL of its workers, in seconds after it passes a stop on
+
+
+def test_a_torchrun_worker_s_upload_wait_ends_before_the_agent_s_kill(
+    s3_bucket: Bucket, tmp_path: Path, spawn
+) -> None:
+    """torchrun passes a SIGTERM on to its workers and SIGKILLs them its shutdown timeout
+    later (30 s unless told; here ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``), while the bucket
+    stalls: the worker's wait for the stop's upload ends before that kill, one line names the
+    newest checkpoint in the bucket, and the worker exits 143 by itself. It used to wait up to
+    600 s (or the supervisor's term timeout, 60 s by default) and be killed by the agent
+    without a word."""
+    torchrun = str(Path(PY).with_name("torchrun"))
+    env = {
+        **CLEAN,
+        "PREEMPTIBLE_STAGING_DIR": str(tmp_path / "staging"),
+        "CKPT_URL": s3_bucket.url,
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(AGENT_SHUTDOWN),
+        "OMP_NUM_THREADS": "1",
+    }
+    with fault_proxy(s3_bucket.server.endpoint) as proxy:
+        program = tmp_path / "train.py"
+        program.write_text(PROGRAM)
+        child = spawn(
+            [torchrun, "--standalone", "--nproc-per-node", "1", str(program)],
+            env={**env, "AWS_ENDPOINT_URL": proxy.endpoint},
+        )
+        child.wait_line(lambda line: line == "step 3", timeout=90)  # step 0 is in the bucket
+        proxy.stall.set()
+        child.signal(signal.SIGTERM)
+        sent = time.monotonic()
+        child.wait(60)
+        took = time.monotonic() - sent
+    [waiting] = [line for line in child.lines if "for the upload of" in line]
+    bound = re.search(r"waiting up to (\d+) s", waiting)
+    assert bound and int(bound.group(1)) < AGENT_SHUTDOWN, waiting
+    said = [line for line in child.lines if "did not finish in time" in line]
+    assert len(said) == 1, child.output
+    assert said[0].endswith("in the bucket is step-0000000000.ckpt"), said
+    assert not any("forcefully exiting via 9" in line for line in child.lines), child.output
+    assert "exiting with 143" in child.output, child.output
+    assert took < AGENT_SHUTDOWN + 5, f"{took:.2f} s\n{child.output}"

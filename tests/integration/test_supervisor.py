@@ -572,3 +572,26 @@ def test_torchs_elastic_agent_is_told_to_pass_every_stop_signal_on(
     sup = supervise(spawn, tmp_path, "--", PY, "-c", prints, env=own)
     assert sup.wait(30) == 0, sup.output
     assert [line for line in sup.lines if line.startswith(("SIG", "-"))] == seen, sup.output
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("own", "seen"),
+    [({}, "45"), ({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "7"}, "7")],
+    ids=["told", "own"],
+)
+def test_torchs_elastic_agent_kills_its_workers_no_earlier_than_the_supervisor(
+    own: dict[str, str], seen: str, tmp_path: Path, spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun SIGKILLs its workers 30 s after it passes a stop on unless told otherwise, so
+    a worker had 30 s of a 45 s term timeout (its upload's wait cut short, killed without a
+    word): the agent is told the term timeout (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``); the job's
+    own is kept."""
+    prints = (
+        "import os; os.write(1, ('timeout ' + os.environ.get('TORCH_ELASTIC_SHUTDOWN_TIMEOUT', "
+        "'-') + '\\n').encode())"
+    )
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    sup = supervise(spawn, tmp_path, "--term-timeout", "44.5", "--", PY, "-c", prints, env=own)
+    assert sup.wait(30) == 0, sup.output
+    assert [line for line in sup.lines if line.startswith("timeout ")] == [f"timeout {seen}"]

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._errors import CheckpointRemoteError, PreemptibleError
 from .._files import host_tag, open_in_place, pid_alive, remove_path, write_text_atomic
 from .._run import current_run
+from ..stop._launcher import elastic_kill_after
 from ._buckets import first_line
 from ._location import Location
 from ._manifest import Remote
@@ -589,6 +590,8 @@ def upload_deadline(requests: StopRequests) -> float:
       after the first stop signal's receipt: the supervisor passes a signal on and escalates
       by its term timeout, whether the stop has a deadline of its own (which may be later) or
       none (a plain SIGTERM). A stop by no signal (a stop file) has no kill coming.
+    - in a worker of torch's elastic agent (torchrun), the agent's SIGKILL of its workers,
+      its shutdown timeout after it passed the signal on (``elastic_kill_after``).
 
     So the process says which checkpoint reached the bucket and exits by itself."""
     now = time.monotonic()
@@ -599,7 +602,8 @@ def upload_deadline(requests: StopRequests) -> float:
         if wall is not None:
             ends.append(now + (wall - time.time()) - EXIT_MARGIN)
     signalled = [n for n in requests.stopping if n.signum is not None]
-    kill_after = current_run().kill_after
+    kills = [k for k in (current_run().kill_after, elastic_kill_after()) if k is not None]
+    kill_after = min(kills, default=None)
     if signalled and kill_after is not None:
         killed_at = signalled[0].received_at + kill_after  # wall clock
         ends.append(now + (killed_at - time.time()) - EXIT_MARGIN)

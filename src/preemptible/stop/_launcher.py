@@ -19,6 +19,12 @@ passes the signal on. What was seen on real processes (tests/integration/test_la
 signal whatever the launcher does. Only what can be told for sure is reported: the parent's
 command line (``/proc``) and torch's elastic agent's environment (``TORCHELASTIC_RUN_ID``,
 which every worker of torchrun and of accelerate's multi-process launcher has).
+
+torch's elastic agent also ends what it passed a stop on to: it SIGKILLs its workers its
+shutdown timeout after (``--shutdown-timeout``, ``PET_SHUTDOWN_TIMEOUT``,
+``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30 s), whatever a supervisor above it allows.
+``elastic_kill_after`` is that time, so that a worker's stop stops waiting for its upload before
+the kill and says what reached the bucket, rather than dying in the wait without a word.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ logger = logging.getLogger("preemptible")
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
 _ELASTIC_ENV = "TORCHELASTIC_RUN_ID"  # set by torch's elastic agent for its workers
+ELASTIC_SHUTDOWN_DEFAULT = 30.0  # torch's own, when nothing sets it
 _said = False
 
 
@@ -87,6 +94,34 @@ def warn_if_unforwarded(*, supervised: bool) -> None:
             found.pid,
             found.why,
         )
+
+
+def elastic_kill_after() -> float | None:
+    """Seconds from a stop that torch's elastic agent passed on to this worker to its SIGKILL
+    of the worker; None when this process is not such a worker. Read as the agent reads it:
+    its command line's ``--shutdown-timeout`` (``/proc`` of the parent, the agent), else
+    ``PET_SHUTDOWN_TIMEOUT``, else ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30; a value that
+    is not a number of seconds counts as the default."""
+    if not os.environ.get(_ELASTIC_ENV):
+        return None
+    given: str | None = None
+    argv = _cmdline(os.getppid()) or []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        name, eq, inline = arg.partition("=")
+        if name in ("--shutdown-timeout", "--shutdown_timeout"):
+            given = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    value = (
+        given
+        or os.environ.get("PET_SHUTDOWN_TIMEOUT")
+        or os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    )
+    try:
+        seconds = float(value) if value is not None else ELASTIC_SHUTDOWN_DEFAULT
+    except ValueError:
+        return ELASTIC_SHUTDOWN_DEFAULT
+    return seconds if seconds >= 0 else ELASTIC_SHUTDOWN_DEFAULT
 
 
 def _is_accelerate_launch(argv: list[str]) -> bool:

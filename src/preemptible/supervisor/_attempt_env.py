@@ -14,14 +14,18 @@ supervisor passes on. The agent starts each worker in a session of its own, so t
 supervisor's signal to the job's group reaches the agent alone; by default the agent passes on
 TERM, INT, HUP and QUIT, and a USR1 (``sbatch --signal``) or USR2 killed it, and with it the
 store its workers agree through, before they could save. A torch without that option ignores
-the variable. And, when a nested run ends, the record its last attempt passes up to
-the attempt of its parent run (``PASSED_UP``).
+the variable. The agent also SIGKILLs its workers its shutdown timeout after it passed a stop
+on (30 s by default), before the supervisor's term timeout (60 s by default) is up: the
+attempt's agent is given the term timeout (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, unless the
+job's environment sets it), so that a worker's stop has all of it. And, when a nested run
+ends, the record its last attempt passes up to the attempt of its parent run (``PASSED_UP``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -139,6 +143,8 @@ def attempt_environment(
         kill_after = min(kill_after, outer.kill_after)
     env["PREEMPTIBLE_KILL_AFTER"] = f"{kill_after:.3f}"
     env.setdefault("PET_SIGNALS_TO_HANDLE", ELASTIC_SIGNALS)
+    # the agent's own SIGKILL of its workers no earlier than the supervisor's (torch: 30 s)
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(math.ceil(kill_after)))
     env.pop("PREEMPTIBLE_RESUME_FROM", None)
     env.update(config.extra_env)
     exits = measured_exits(journal)

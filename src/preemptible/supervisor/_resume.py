@@ -8,7 +8,9 @@ checkpoint there, ``step-N.ckpt``, or one of a framework's own name (Lightning's
 A checkpoint location that is a URL (a bucket) is not looked into here: the attempt's store
 brings the newest checkpoint committed there into its staging directory when it starts, on
 whichever machine it runs, so no ``PREEMPTIBLE_RESUME_FROM`` is given; the log lines name what
-the record says reached the bucket last.
+the record says reached the bucket last, and the stop's checkpoint when its upload did not
+finish: it is kept in this machine's staging, and the next start here uploads it and resumes
+from it, while another machine resumes from the bucket's.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Resumes:
         self.directory = directory  # a str: a bucket's URL
         self._named: tuple[int, Path] | None = None  # (step, path) the record named
         self._uploaded: str | None = None  # the newest checkpoint in the bucket, by the record
+        self._staged: Path | None = None  # a bucket's newer checkpoint kept in local staging
         self._said: Path | None = None  # the job's own directory, said once per run
 
     def said_before(self, record: RunRecord) -> None:
@@ -59,7 +62,14 @@ class Resumes:
     def newest_name(self) -> str:
         """The checkpoint the next attempt would resume from, for a log line."""
         if isinstance(self.directory, str):
-            return self._uploaded or f"the newest in {self.directory}"
+            uploaded = self._uploaded or f"the newest in {self.directory}"
+            staged = self._staged
+            if staged is None or not (staged.is_file() or staged.is_dir()):
+                return uploaded
+            return (
+                f"{staged.name}, kept in {staged.parent} (its upload did not finish: the next "
+                f"start on this machine uploads it; another machine resumes from {uploaded})"
+            )
         try:
             latest = self.target()
         except (OSError, PreemptibleError):
@@ -73,6 +83,13 @@ class Resumes:
         if record.remote_checkpoint is not None:
             self._uploaded = record.remote_checkpoint
         if record.checkpoint_dir is not None and is_url(record.checkpoint_dir):
+            # the attempt's newest checkpoint (in staging), when it is not the bucket's newest
+            staged = Path(record.checkpoint) if record.checkpoint else None
+            uploaded = (record.remote_checkpoint or "").rsplit("/", 1)[-1]
+            if staged is not None and staged.is_absolute() and staged.name != uploaded:
+                self._staged = staged
+            elif record.remote_checkpoint is not None:
+                self._staged = None
             if record.checkpoint_dir != self.directory:
                 logger.info(
                     "preemptible: the job keeps its checkpoints in %s, not in %s",
