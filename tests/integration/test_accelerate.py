@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCRIPTS, Child, attempts, supervise
+from tests.conftest import SCRIPTS, Child, attempts, python_args, supervise
 from tests.support.buckets import Bucket
 from tests.support.checkpoints import committed, same_weights, temporaries
 from tests.support.machines import Machine
@@ -200,3 +200,22 @@ def test_a_bucket_under_preemptible_run_resumes_on_a_new_machine_exactly(
     assert a["state"] == "FINISHED", a
     reference = reference_runs.result(REFERENCE, ENV) / "w.pt"
     assert same_weights(reference, two.cwd / "w.pt"), second.output
+
+
+def test_the_example_s_own_load_state_after_the_loop_resumed_is_named(
+    tmp_path: Path, spawn
+) -> None:
+    """accelerate's example keeps its ``--resume_from_checkpoint`` if the user leaves it on: its
+    ``load_state`` after the loop's resume puts that folder's weights at the loop's position,
+    which no line said (one process, ``python script.py``)."""
+    out = tmp_path / "ckpt"
+    args = python_args("accelerate_train.py", "--output_dir", str(out), "--epochs", "1")
+    first = spawn(args, env=ENV)
+    assert first.wait(120) == 0, first.output
+    [name] = committed(out, "checkpoint-*")
+    again = spawn([*args, "--resume_from_checkpoint", str(out / name)], env=ENV)
+    assert again.wait(120) == 0, again.output
+    assert (
+        f"preemptible: accelerator.load_state({str(out / name)!r}) after PreemptibleLoop "
+        f"resumed from {out / name} at step 12: the weights are now that folder's"
+    ) in again.output, again.output

@@ -7,6 +7,8 @@ Run by ``accelerate launch --multi_gpu --num_processes 2`` (CPU, gloo). Every pr
 ``rank R pid P`` once prepared and ``rank R step N`` as step N starts (``--sleep``: seconds
 per step); rank 0 prints the evaluation per epoch and writes the weights to ``--weights``.
 ``--plain``: the same loop without preemptible (the run never stopped, to compare with).
+``--resume_from_checkpoint DIR``: the example's own ``accelerator.load_state(DIR)``, after the
+loop's resume.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def training_function(args: argparse.Namespace) -> None:
             accelerator, args.output_dir or None, save_every_steps=args.checkpointing_steps
         )
         epochs = loop.epochs(args.epochs)
+    if args.resume_from_checkpoint:  # the example's own resume, kept where the docs say not to
+        accelerator.load_state(args.resume_from_checkpoint)
     step = 0
     for epoch in epochs:
         model.train()
@@ -99,6 +103,7 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--weights", default=None)
     parser.add_argument("--plain", action="store_true")
+    parser.add_argument("--resume_from_checkpoint", default=None)
     training_function(parser.parse_args())
 
 

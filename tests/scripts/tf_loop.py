@@ -1,7 +1,8 @@
 """A custom TensorFlow loop written after TensorFlow's ``PreemptionCheckpointHandler`` docs (a
 ``tf.function`` step, ``tf.train.Checkpoint`` of a Keras model and optimizer, an iterator
 over a ``tf.data`` dataset, epochs and steps from ``total_run_calls``), ported by the one
-import. Its step draws noise from TensorFlow's global generator. Run it again with the same
+import. Its step draws noise from TensorFlow's global generator, and its dropout masks from
+the layer's Keras ``SeedGenerator``. Run it again with the same
 arguments and it resumes.
 
 Several workers: ``RANK``, ``WORLD_SIZE`` and ``RANK_PORTS`` (one localhost port per worker, as
@@ -64,6 +65,7 @@ with strategy.scope():
         [
             tf.keras.Input((4,)),
             tf.keras.layers.Dense(8, activation="relu"),
+            tf.keras.layers.Dropout(0.25),  # its masks come from a SeedGenerator's state
             tf.keras.layers.Dense(1),
         ]
     )

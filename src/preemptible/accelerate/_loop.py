@@ -30,6 +30,7 @@ make it a function of the index, as an uninterrupted run's order is.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -51,6 +52,8 @@ from ..frontend import (
     saving_config,
     without_crc32,
 )
+
+logger = logging.getLogger("preemptible")
 
 NAME = "checkpoint-{step}"
 POSITION = "preemptible_position_{rank}.pt"  # beside accelerate's random_states_{rank}.pkl
@@ -168,6 +171,23 @@ class PreemptibleLoop(EpochLoop):
             tracker=tracker,
             periodic=periodic,
             exit_code=exit_code,
+        )
+        if self.resume_path is not None and hasattr(accelerator, "register_load_state_pre_hook"):
+            accelerator.register_load_state_pre_hook(self._loaded_after_resume)
+
+    def _loaded_after_resume(self, models: Any, input_dir: str) -> None:
+        """A ``load_state`` of the script's own after the loop resumed (accelerate's example
+        keeps its ``--resume_from_checkpoint``): it puts another checkpoint's weights back at
+        the loop's position, and the run would end unlike one never stopped, each line saying
+        it resumed. Said where it happens."""
+        logger.warning(
+            "preemptible: accelerator.load_state(%r) after PreemptibleLoop resumed from %s at "
+            "step %d: the weights are now that folder's, the data position still step %d's; "
+            "leave the script's own resume off (the loop resumes by itself)",
+            input_dir,
+            self.resume_path,
+            self.step,
+            self.step,
         )
 
     def batches(self, dataloader: Any) -> Iterator[Any]:

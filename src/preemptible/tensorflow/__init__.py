@@ -8,10 +8,11 @@ latch, the platform watcher, the grace policy, periodic saves, the directory loc
 record and the exit. The handler says where its boundaries are (before each ``run()`` call,
 where TensorFlow's handler checks too: a stop requested during a step is acted on before the
 next one starts, with the count of steps done) and how it saves: the user's
-``tf.train.Checkpoint``, the number of ``run()`` calls and the state of TensorFlow's global
-random generator, written by ``tf.train.Checkpoint.write`` into a directory ``tf-<step>``
-(``ckpt.index``, ``ckpt.data-*``) that the kit commits as a whole (a temporary directory,
-fsync of each file, rename, directory fsync).
+``tf.train.Checkpoint``, the number of ``run()`` calls, the state of TensorFlow's global
+random generator and those of the Keras models' ``SeedGenerator``s (dropout's), written by
+``tf.train.Checkpoint.write`` into a directory ``tf-<step>`` (``ckpt.index``, ``ckpt.data-*``)
+that the kit commits as a whole (a temporary directory, fsync of each file, rename, directory
+fsync).
 """
 
 from __future__ import annotations

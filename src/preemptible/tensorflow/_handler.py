@@ -92,6 +92,25 @@ def _build_optimizers(checkpoint: Any) -> None:
                 )
 
 
+def _seed_states(checkpoint: Any) -> dict[str, list[Any]]:
+    """The states of the Keras ``SeedGenerator``s of the Keras layers and models in
+    ``checkpoint``, by the checkpoint's attribute. A layer's dropout draws its masks from such a
+    generator, whose state is one of ``layer.variables`` but not of ``layer.weights``, and
+    ``tf.train.Checkpoint`` saves only the weights: without these, a resumed run would draw the
+    masks of a run's first steps again, and not end as one never stopped."""
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return {}
+    states: dict[str, list[Any]] = {}
+    for name, child in vars(checkpoint).items():
+        if name.startswith("_") or not isinstance(child, keras.layers.Layer):
+            continue
+        weights = {id(w) for w in child.weights}
+        if extra := [v for v in child.variables if id(v) not in weights]:
+            states[name] = extra
+    return states
+
+
 class PreemptionCheckpointHandler:
     """TensorFlow's ``PreemptionCheckpointHandler``, with preemption's stop path::
 
@@ -104,9 +123,10 @@ class PreemptionCheckpointHandler:
 
     Created, it restores the newest committed checkpoint of ``checkpoint_dir`` (the
     ``tf.train.Checkpoint`` given, or a ``tf.train.CheckpointManager``'s checkpoint and
-    directory), the number of ``run()`` calls made (``total_run_calls``) and TensorFlow's
-    global random generator. ``run(fn, *args, **kwargs)`` calls ``fn`` once; before it, a stop
-    that was requested (the first signal of ``signals``, default INT, TERM, HUP, USR1, USR2,
+    directory), the number of ``run()`` calls made (``total_run_calls``), TensorFlow's
+    global random generator and the ``SeedGenerator``s of its Keras models (dropout's).
+    ``run(fn, *args, **kwargs)`` calls ``fn`` once; before it, a stop that was requested
+    (the first signal of ``signals``, default INT, TERM, HUP, USR1, USR2,
     or a notice of ``termination_config``: the detected platform's by default) commits
     ``tf-<total_run_calls>`` and exits with 128 + signum (143 for a notice), or ``exit_code``
     (``exit_code=42``: TensorFlow's), or calls ``termination_config.exit_fn`` (with no
@@ -163,7 +183,10 @@ class PreemptionCheckpointHandler:
         self.termination_config = _termination_config(termination_config)
         self._calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="total_run_calls")
         self._saved = tf.train.Checkpoint(
-            checkpoint=checkpoint, total_run_calls=self._calls, rng=tf.random.get_global_generator()
+            checkpoint=checkpoint,
+            total_run_calls=self._calls,
+            rng=tf.random.get_global_generator(),
+            keras_seeds=_seed_states(checkpoint),  # dropout's, not among the layers' weights
         )
         self.store = CheckpointStore(checkpoint_directory(directory), keep=keep)
         periodic = Periodic.of(save_every_steps, save_every_seconds)
