@@ -336,7 +336,11 @@ def test_the_next_supervisor_stops_what_an_attempt_left_when_both_were_killed(
     assert "of an earlier attempt of run" in again.output, again.output
     assert f"pids {sleeper}" in again.output or str(sleeper) in again.output
     assert not still_running(seen) and not of_the_test(tmp_path)
-    [second] = attempts(tmp_path)  # the killed attempt never got a journal line
+    # the killed attempt, which its supervisor never journaled, is journaled by the next one:
+    # lost, and CRASHED (nothing marked it preempting)
+    first, second = attempts(tmp_path)
+    assert (first["attempt"], first["state"], first["ending"]) == (1, "CRASHED", "lost")
+    assert "attempt 1 of run" in again.output and "ended unseen" in again.output
     assert second["attempt"] == 2 and second["state"] == "FINISHED"
     assert not [n for n in cgroups_left() if n.startswith("preemptible.bash-")]
 

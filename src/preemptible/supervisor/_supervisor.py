@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._errors import PreemptibleError
-from .._paths import OWNER_NAME, RunPaths
+from .._paths import OWNER_NAME, RunPaths, read_journal, read_json_object
 from .._run import current_run
 from .._states import HeartbeatState, RecordState, RunState
 from ..stop._termination import signal_exit_code
@@ -62,7 +62,7 @@ from ._config import SupervisorConfig
 from ._deadlines import Escalation, escalate, kill_after, term_timeout
 from ._earlier import stop_earlier_attempts
 from ._forwarding import Forwarder
-from ._journal import Attempt, Received, exit_seconds
+from ._journal import JOURNAL_TAIL_BYTES, Attempt, Received, exit_seconds
 from ._lock import lock_run
 from ._parent import find_parent, mark_attempt
 from ._policy import RestartPolicy
@@ -193,6 +193,7 @@ class Supervisor:
         self.forwarding.install()
         try:
             self._stop_earlier_attempts()
+            self._journal_lost_attempt()
             yield
         finally:
             self.forwarding.uninstall()
@@ -256,6 +257,40 @@ class Supervisor:
             term_timeout=self.term_timeout,
             stopped=lambda: bool(self.signals),
             sleep=self._sleep,
+        )
+
+    def _journal_lost_attempt(self) -> None:
+        """The run's last attempt, when its supervisor died without a word (SIGKILL, its
+        machine gone) and never journaled it: journaled now, its processes stopped, as lost
+        (CRASHED, or PREEMPTED when it had marked itself preempting at its start: ``_classify``),
+        so that the run's history and ``preemptible runs`` count it. Its duration runs from its
+        start to the dead supervisor's last heartbeat of it."""
+        earlier = self.paths.attempt_numbers()
+        if not earlier:
+            return
+        number = max(earlier)
+        journal = read_journal(self.paths.journal, JOURNAL_TAIL_BYTES)
+        if any(entry.get("attempt") == number for entry in journal):
+            return
+        attempt_dir = self.paths.attempt(number)
+        record, ending = load_record(attempt_dir), Ending(lost=True)
+        state = classify(ending, record, first_signal_at=None, stops=set(), killed=False)
+        beat = read_json_object(self.paths.heartbeat, 1 << 14)
+        duration = 0.0
+        with contextlib.suppress(OSError, TypeError, ValueError):
+            if beat.get("attempt") == number:
+                started = (attempt_dir / OWNER_NAME).stat().st_mtime
+                duration = min(max(float(beat["at"]) - started, 0.0), 10.0**8)
+        pid = beat.get("child_pid") if beat.get("attempt") == number else None
+        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else 0
+        code = exit_code_for(state, ending, record, None)
+        self.files.journal(Attempt(number, pid, state, ending, code, duration))
+        logger.warning(
+            "preemptible: attempt %d of run %s ended unseen (its supervisor was killed "
+            "before it could say how): journaled as %s",
+            number,
+            self.run_id,
+            state,
         )
 
     def _loop(self) -> int:
