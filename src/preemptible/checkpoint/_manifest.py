@@ -9,8 +9,8 @@ A manifest (``manifests/<name>/<generation>.json``, see ``_remote``) is a JSON o
 Anyone with write access to the bucket can put anything there, so a manifest is read only as
 what this version writes: whole numbers as integers, a sha256 as 64 hex digits, names that
 stay inside the checkpoint (no ``..``, no absolute path), no file that is also a directory.
-Anything else is ``Corrupt``: the reader quarantines it and tries an older checkpoint, and
-nothing of it is written locally.
+Anything else is a ``ValueError`` from ``Remote.contents``: the reader quarantines it and
+tries an older checkpoint, and nothing of it is written locally.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import CheckpointError
 from .._files import host_tag
 from ._transfer import safe_rel
 
@@ -31,10 +30,6 @@ _WRITER_NAME = re.compile(r"[A-Za-z0-9-]{1,63} [0-9]{1,10}")  # what writer_name
 
 Files = list[tuple[str, int, str]]
 """A checkpoint's files: relative name ("" for a checkpoint that is one file), size, sha256."""
-
-
-class Corrupt(CheckpointError):
-    """A remote checkpoint's files do not match its manifest, or it is not one we write."""
 
 
 def whole(value: object) -> int | None:
@@ -97,11 +92,11 @@ class Remote:
 
     def contents(self) -> tuple[str, Files, list[str]]:
         """The manifest's kind, files and directories, checked before anything is written:
-        ``Corrupt`` (a quarantine) for anything this version does not write, such as a name
+        ``ValueError`` (a quarantine) for anything this version does not write, such as a name
         that escapes, a size that is not a whole number of bytes, or a file that is also a
         directory."""
         body = self.body
-        bad = Corrupt(f"{self.key}: not a manifest this version can read", None)
+        bad = ValueError(f"{self.key}: not a manifest this version can read")
         upload, kind, entries = body.get("upload"), body.get("kind"), body.get("files")
         dirs = body.get("dirs", [])
         if not isinstance(upload, str) or not upload or "/" in upload or upload in (".", ".."):
@@ -126,11 +121,11 @@ class Remote:
             return kind, files, []
         for d in dirs:
             if not safe_rel(d):
-                raise Corrupt(f"{self.key}: a directory name escapes: {d!r}", None)
+                raise ValueError(f"{self.key}: a directory name escapes: {d!r}")
         names = [rel for rel, _size, _sha in files]
         for rel in names:
             if not safe_rel(rel):
-                raise Corrupt(f"{self.key}: a file name escapes: {rel!r}", None)
+                raise ValueError(f"{self.key}: a file name escapes: {rel!r}")
         parents = {rel.rsplit("/", 1)[0] for rel in names if "/" in rel}
         folders: set[str] = set()
         for folder in parents | set(dirs):

@@ -58,7 +58,6 @@ from ._buckets import first_line, open_bucket, refused
 from ._location import Location
 from ._manifest import (
     FORMAT,
-    Corrupt,
     Files,
     Remote,
     manifest,
@@ -89,6 +88,10 @@ _RANGE_NOT_SATISFIABLE = re.compile(r"status code: 416\b")
 MANIFEST_MAX = 64 * 1024 * 1024
 """Bytes past which a manifest (or writer.json) is not read: one of a checkpoint with 400 000
 files fits; a larger object there is not ours, and reading it whole could exhaust memory."""
+
+
+class _Corrupt(CheckpointError):
+    """A remote checkpoint's files do not match its manifest, or it is not one we write."""
 
 
 class _Fenced(CheckpointError):
@@ -336,20 +339,23 @@ class RemoteCheckpoints:
             try:
                 return commit(remote.name, lambda tmp: self.download(remote, tmp))
             except CheckpointError as exc:  # the commit wraps what the download raised
-                if isinstance(exc.__cause__, Corrupt):
+                if isinstance(exc.__cause__, _Corrupt):
                     raise exc.__cause__ from None
                 if exc.__cause__ is not None and "obstore" in type(exc.__cause__).__module__:
                     raise self.refused(exc.__cause__) from None  # the bucket, not the file
                 raise
-        except Corrupt as exc:
+        except _Corrupt as exc:
             self.quarantine(remote, str(exc))
             return None
 
     def download(self, remote: Remote, tmp: Path) -> None:
         """Write ``remote``'s files at ``tmp`` (a file, or a directory tree), each checked
-        against the manifest's size and sha256 (``Corrupt`` when one differs or is missing)."""
+        against the manifest's size and sha256 (``_Corrupt`` when one differs or is missing)."""
         body = remote.body
-        kind, files, dirs = remote.contents()
+        try:
+            kind, files, dirs = remote.contents()
+        except ValueError as odd:  # not a manifest this version writes
+            raise _Corrupt(str(odd), None) from None
         base = f"{UPLOADS}{body['upload']}/{remote.name}"
         if kind == "dir":
             tmp.mkdir()
@@ -368,7 +374,7 @@ class RemoteCheckpoints:
             for job, future in zip(jobs, done, strict=True):
                 exc = future.exception()
                 if exc is not None and _is(exc, "NotFoundError"):
-                    raise Corrupt(f"{job[0]}: missing from the bucket", None)
+                    raise _Corrupt(f"{job[0]}: missing from the bucket", None)
                 if exc is not None:
                     raise exc
 
@@ -388,19 +394,19 @@ class RemoteCheckpoints:
                 except Exception as exc:  # 416: it ends before the manifest's size
                     if not _RANGE_NOT_SATISFIABLE.search(first_line(exc)):
                         raise  # a missing object among them (its key may hold "416")
-                    raise Corrupt(f"{key}: shorter than the manifest says", None) from None
+                    raise _Corrupt(f"{key}: shorter than the manifest says", None) from None
                 stored = int(result.meta["size"])  # the whole object's size
                 if stored != size:
-                    raise Corrupt(f"{key}: {stored} bytes, the manifest says {size}", None)
+                    raise _Corrupt(f"{key}: {stored} bytes, the manifest says {size}", None)
                 data = memoryview(result.bytes())
                 if not len(data):
-                    raise Corrupt(f"{key}: ended after {done} bytes of {size}", None)
+                    raise _Corrupt(f"{key}: ended after {done} bytes of {size}", None)
                 digest.update(data)
                 f.write(data)
                 done += len(data)
                 advance(len(data))
         if digest.hexdigest() != sha:
-            raise Corrupt(f"{key}: its sha256 differs from the manifest's", None)
+            raise _Corrupt(f"{key}: its sha256 differs from the manifest's", None)
 
     def quarantine(self, remote: Remote, reason: str) -> None:
         key = f"{QUARANTINE}{remote.name}/{remote.generation:010d}.json"
