@@ -147,6 +147,7 @@ class Supervisor:
     def run(self) -> int:
         """Attempts until the run ends (the restart policy); the exit code of the last."""
         with self._session():
+            self._journal_lost_attempt()
             self._exit_code = self._loop()
             if self.parent is not None and self.attempts:
                 self._tell_parent()
@@ -193,7 +194,6 @@ class Supervisor:
         self.forwarding.install()
         try:
             self._stop_earlier_attempts()
-            self._journal_lost_attempt()
             yield
         finally:
             self.forwarding.uninstall()
@@ -264,7 +264,9 @@ class Supervisor:
         machine gone) and never journaled it: journaled now, its processes stopped, as lost
         (CRASHED, or PREEMPTED when it had marked itself preempting at its start: ``_classify``),
         so that the run's history and ``preemptible runs`` count it. Its duration runs from its
-        start to the dead supervisor's last heartbeat of it."""
+        start to the dead supervisor's last heartbeat of it. Not under a sweep agent
+        (``run_attempt``): there the queue says how an attempt ended, and a frozen agent's
+        supervisor may yet journal its own."""
         earlier = self.paths.attempt_numbers()
         if not earlier:
             return
