@@ -29,9 +29,10 @@ pytestmark = pytest.mark.timeout(120)
 # a handler on a bucket (save_fn: no torch to import); its first checkpoint is uploaded, then
 # it trains until stopped
 PROGRAM = """\
-import dataclasses, json, os, time
+import dataclasses, json, os, sys, time
 import preemptible
 from preemptible.notices import default_config
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
 
 state = {"x": 0}
 save = lambda path: path.write_text(json.dumps(state))

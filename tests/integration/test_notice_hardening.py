@@ -24,6 +24,7 @@ SECRET = "s3cr3t-Pa55"
 TRAINER = """
 import dataclasses, sys, time, preemptible
 from preemptible.notices import default_config
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
 config = dataclasses.replace(default_config(), save_fn=lambda path: path.write_text("x"))
 handler = preemptible.PreemptionCheckpointHandler(sys.argv[1], termination_config=config)
 print("resumed", handler.resume(), flush=True)

@@ -402,10 +402,11 @@ def test_a_forged_record_cannot_crash_the_supervisor_or_make_it_exit_0(
 
 
 SAVE_RAISES = """
-import time
+import sys, time
 import numpy as np
 import torch
 import preemptible
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
 
 state = {"model": torch.nn.Linear(2, 2), "best": 0.0}
 handler = preemptible.PreemptionCheckpointHandler("ck", state, save_every_steps=5)

@@ -24,6 +24,8 @@ from accelerate.utils import set_seed
 from torch.optim import AdamW
 from torch.utils.data import DataLoader, TensorDataset
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 def get_dataloaders(batch_size: int) -> tuple[DataLoader, DataLoader]:
     seeded = torch.Generator().manual_seed(1234)  # the same data in every process

@@ -28,6 +28,8 @@ import torch.distributed as dist
 
 import preemptible
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 def say(line: str) -> None:
     """One write per line: the background writer prints too, and print() writes the text and

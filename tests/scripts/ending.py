@@ -14,6 +14,8 @@ import sys
 
 from preemptible import _run, mark_preempting
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 def main() -> None:
     mark, end = sys.argv[1], sys.argv[2]

@@ -29,6 +29,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from preemptible.lightning import GracefulInterruptCallback
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 class Model(pl.LightningModule):
     def __init__(

@@ -44,6 +44,8 @@ if args.distributed:  # one CPU device per process, the processes found as torch
 
 from preemptible.jax import PreemptibleLoop  # noqa: E402
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 class MLP(nnx.Module):
     def __init__(self, rngs: nnx.Rngs) -> None:

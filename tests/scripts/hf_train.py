@@ -35,6 +35,8 @@ from transformers import (
 )
 from transformers.trainer_utils import get_last_checkpoint
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __init__(self, n: int = 64, length: int = 16) -> None:

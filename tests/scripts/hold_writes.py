@@ -17,6 +17,8 @@ import time
 from preemptible.sweeps.store._pause import CtrlZ
 from preemptible.sweeps.store._queue import open_store
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 def main() -> None:
     url = sys.argv[1]

@@ -22,6 +22,8 @@ from typing import Any
 
 import preemptible
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 def step_state(state: dict[str, Any], step: int, quality: float) -> float:
     """One step: the new state (in place) and the loss reported at it."""

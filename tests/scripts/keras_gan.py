@@ -30,6 +30,8 @@ import keras  # noqa: E402
 
 from preemptible.keras import PreemptionCallback  # noqa: E402
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 backend = keras.backend.backend()
 if backend == "torch":
     import random

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import preemptible
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 def main() -> int:
     p = argparse.ArgumentParser()

@@ -29,6 +29,8 @@ from typing import Any
 import preemptible
 from preemptible.notices import default_config
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 PRIME = 1_000_003
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import preemptible
 from preemptible.notices import default_config
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 def main() -> int:
     p = argparse.ArgumentParser()

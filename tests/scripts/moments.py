@@ -25,6 +25,8 @@ import sys
 import time
 from collections.abc import Callable
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 WAIT = 60.0
 
 

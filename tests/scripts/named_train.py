@@ -16,6 +16,8 @@ from typing import Any
 
 from preemptible.frontend import CheckpointStore, NamedSaver, Phase, StopSession
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 def main() -> int:
     p = argparse.ArgumentParser()

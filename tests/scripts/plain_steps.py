@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 def main() -> int:
     p = argparse.ArgumentParser()

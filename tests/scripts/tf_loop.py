@@ -49,6 +49,8 @@ import tensorflow as tf  # noqa: E402
 
 from preemptible.tensorflow import PreemptionCheckpointHandler  # noqa: E402  (the one change)
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 tf.config.threading.set_inter_op_parallelism_threads(1)
 tf.config.threading.set_intra_op_parallelism_threads(1)
 strategy = tf.distribute.MultiWorkerMirroredStrategy()  # first: before anything starts TF

@@ -18,6 +18,8 @@ import torch
 
 import preemptible
 
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # one write per line
+
 
 class SlowState:
     """Makes every save take a while, so a test can act while a save is running."""
