@@ -219,8 +219,8 @@ def not_a_directory(path: Path) -> str | None:
     Each path is judged from one ``stat`` (and a look at the link when that finds nothing),
     so a directory that another process (another rank) makes meanwhile is never taken for a
     file."""
+    dangling = "a symbolic link to nothing, not a directory"
     for at in (path, *path.parents):
-        dangling = "a symbolic link to nothing, not a directory"
         try:
             st = os.stat(at)
         except (FileNotFoundError, NotADirectoryError):

@@ -47,11 +47,11 @@ def named_writer(writer: dict[str, Any] | None) -> str:
     """The writer that ``writer`` (``writer.json``'s content) names, for a line: the host and
     pid of the run to look for when a second start with the same URL took it over. Only what
     ``writer_name`` writes is repeated (the bucket is not ours alone to write)."""
-    who = writer.get("writer") if writer else None
-    if not isinstance(who, str) or not _WRITER_NAME.fullmatch(who):
+    who = (writer or {}).get("writer")
+    if writer is None or not isinstance(who, str) or not _WRITER_NAME.fullmatch(who):
         return "another writer"
     host, pid = who.split(" ")
-    since = writer.get("since") if writer else None
+    since = writer.get("since")
     when = ""
     if isinstance(since, int | float) and not isinstance(since, bool) and 0 < since < 2**33:
         when = time.strftime(", its writer since %Y-%m-%d %H:%M:%S UTC", time.gmtime(since))

@@ -444,12 +444,13 @@ class Mirror:
         be silent for as long as the network takes."""
         with self._cond:
             waited = self._pending or self._active if self.busy else None
-        if say and waited is not None:
+        announced = waited if say else None  # what a line says this exit waits for
+        if announced is not None:
             from ..stop._latch import note_for_exit
 
             # set before the line: a signal that answers it finds it
             note_for_exit(
-                f"; {waited.name} is not in {self.location} (the newest there is "
+                f"; {announced.name} is not in {self.location} (the newest there is "
                 f"{self.newest_in_bucket()}): it stays in {self.staging}, and the next start "
                 "on this machine uploads it"
             )
@@ -460,14 +461,14 @@ class Mirror:
                 "preemptible: waiting%s for the upload of %s to %s before exiting (a signal now "
                 "exits at once without it; the newest checkpoint in the bucket is %s)",
                 left,
-                waited.name,
+                announced.name,
                 self.location,
                 self.newest_in_bucket(),
             )
         try:
             done = self._wait(deadline)
         finally:
-            if say and waited is not None:
+            if announced is not None:
                 note_for_exit("")
         if say and self.kept_here is not None:  # the process exits: its checkpoint stays here
             logger.error(
@@ -480,7 +481,7 @@ class Mirror:
             )
             self.kept_here = None
             return False
-        if say and waited is not None and done:
+        if announced is not None and done:
             logger.warning("preemptible: uploaded %s to %s", self.uploaded, self.location)
         return done
 

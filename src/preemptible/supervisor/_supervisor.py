@@ -278,12 +278,13 @@ class Supervisor:
         record, ending = load_record(attempt_dir), Ending(lost=True)
         state = classify(ending, record, first_signal_at=None, stops=set(), killed=False)
         beat = read_json_object(self.paths.heartbeat, 1 << 14)
+        if beat.get("attempt") != number:  # the last beat was of another attempt: no use here
+            beat = {}
         duration = 0.0
-        with contextlib.suppress(OSError, TypeError, ValueError):
-            if beat.get("attempt") == number:
-                started = (attempt_dir / OWNER_NAME).stat().st_mtime
-                duration = min(max(float(beat["at"]) - started, 0.0), 10.0**8)
-        pid = beat.get("child_pid") if beat.get("attempt") == number else None
+        with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
+            started = (attempt_dir / OWNER_NAME).stat().st_mtime
+            duration = min(max(float(beat["at"]) - started, 0.0), 10.0**8)
+        pid = beat.get("child_pid")
         pid = pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else 0
         code = exit_code_for(state, ending, record, None)
         self.files.journal(Attempt(number, pid, state, ending, code, duration))
